@@ -1,0 +1,264 @@
+//! Wiring: the shared state handle every task gets, the listeners, the janitor,
+//! signals (SIGHUP reload, SIGTERM graceful shutdown, SIGINT immediate exit) and the
+//! shutdown sequence. No globals: each `App` is self-contained, so tests build their own.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::{Notify, watch};
+use tracing::{error, info, warn};
+
+use crate::auth::UserStore;
+use crate::cancel::CancelRegistry;
+use crate::config::{Config, secs};
+use crate::net::listener::Listener;
+use crate::pool::Pools;
+
+/// Where the process is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Running,
+    /// SIGTERM: no new clients; each client is closed once its transaction ends.
+    Draining,
+    /// SIGINT or the shutdown timeout: everything is closed now.
+    Stopping,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
+    #[error("cannot listen on {what}: {source}")]
+    Listen { what: String, source: std::io::Error },
+    #[error("invalid secret in the users section: {0}")]
+    Secret(#[from] crate::auth::scram::ScramError),
+}
+
+/// The handle shared by every task.
+#[derive(Debug)]
+pub struct App {
+    pub config: ArcSwap<Config>,
+    pub users: ArcSwap<UserStore>,
+    pub pools: Pools,
+    pub cancel: Arc<CancelRegistry>,
+    clients: AtomicUsize,
+    no_clients: Notify,
+    phase: watch::Sender<Phase>,
+    /// Key for deterministic fake SCRAM salts of unknown users.
+    pub mock_key: [u8; 32],
+}
+
+/// Counts a connected client for as long as it lives.
+pub struct ClientGuard(Arc<App>);
+
+impl Drop for ClientGuard {
+    fn drop(&mut self) {
+        if self.0.clients.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.no_clients.notify_waiters();
+        }
+    }
+}
+
+impl App {
+    pub fn new(cfg: Config) -> Result<Arc<App>, AppError> {
+        let users = UserStore::from_config(&cfg)?;
+        Ok(Arc::new(App {
+            config: ArcSwap::from_pointee(cfg),
+            users: ArcSwap::from_pointee(users),
+            pools: Pools::default(),
+            cancel: Arc::new(CancelRegistry::default()),
+            clients: AtomicUsize::new(0),
+            no_clients: Notify::new(),
+            phase: watch::channel(Phase::Running).0,
+            mock_key: rand::random(),
+        }))
+    }
+
+    pub fn client_count(&self) -> usize {
+        self.clients.load(Ordering::Acquire)
+    }
+
+    pub fn track_client(self: &Arc<Self>) -> ClientGuard {
+        self.clients.fetch_add(1, Ordering::AcqRel);
+        ClientGuard(self.clone())
+    }
+
+    pub fn phase(&self) -> watch::Receiver<Phase> {
+        self.phase.subscribe()
+    }
+
+    pub fn set_phase(&self, p: Phase) {
+        self.phase.send_if_modified(|cur| {
+            let advance = (p as u8) > (*cur as u8);
+            if advance {
+                *cur = p;
+            }
+            advance
+        });
+    }
+
+    /// Re-reads the config file; on error the running config stays.
+    pub fn reload(&self) {
+        let path = self.config.load().path.clone();
+        let cfg = match Config::load(&path) {
+            Ok(c) => c,
+            Err(e) => return error!("reload failed, keeping the running configuration: {e}"),
+        };
+        let mut users = match UserStore::from_config(&cfg) {
+            Ok(u) => u,
+            Err(e) => return error!("reload failed, keeping the running configuration: {e}"),
+        };
+        users.inherit(&self.users.load());
+        let old = self.config.load();
+        if old.general.listen_addr != cfg.general.listen_addr || old.general.listen_port != cfg.general.listen_port {
+            warn!("listen_addr/listen_port changes need a restart");
+        }
+        self.pools.reload(&cfg, &users);
+        self.users.store(Arc::new(users));
+        self.config.store(Arc::new(cfg));
+        info!("configuration reloaded");
+    }
+}
+
+/// Binds every configured listener; failing to bind any of them is an error.
+pub fn bind(cfg: &Config) -> Result<Vec<Listener>, AppError> {
+    let g = &cfg.general;
+    let mut out = Vec::new();
+    for ip in &cfg.listen {
+        let l = Listener::tcp(*ip, g.listen_port)
+            .map_err(|source| AppError::Listen { what: format!("{ip} port {}", g.listen_port), source })?;
+        out.push(l);
+    }
+    if !g.unix_socket_dir.is_empty() {
+        let mode = u32::from_str_radix(&g.unix_socket_mode, 8).unwrap_or(0o777);
+        let l = Listener::unix(&g.unix_socket_dir, g.listen_port, mode)
+            .map_err(|source| AppError::Listen { what: g.unix_socket_dir.clone(), source })?;
+        out.push(l);
+    }
+    Ok(out)
+}
+
+/// Runs Sluice until shutdown.
+pub async fn run(app: Arc<App>, listeners: Vec<Listener>) {
+    for l in listeners {
+        info!("listening on {}", l.describe());
+        tokio::spawn(accept_loop(app.clone(), l));
+    }
+    tokio::spawn(janitor(app.clone()));
+    signals(app.clone()).await;
+    let timeout = secs(app.config.load().general.shutdown_timeout);
+    if *app.phase.borrow() == Phase::Draining {
+        let drained = wait_for_no_clients(&app);
+        let finished = match timeout {
+            Some(t) => tokio::time::timeout(t, drained).await.is_ok(),
+            None => {
+                drained.await;
+                true
+            }
+        };
+        if !finished {
+            warn!("shutdown_timeout reached with {} clients left", app.client_count());
+        }
+    }
+    app.set_phase(Phase::Stopping);
+    for p in app.pools.all() {
+        p.close();
+    }
+    info!("shut down");
+}
+
+async fn wait_for_no_clients(app: &App) {
+    loop {
+        let notified = app.no_clients.notified();
+        if app.client_count() == 0 {
+            return;
+        }
+        notified.await;
+    }
+}
+
+async fn signals(app: Arc<App>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut hup), Ok(mut term), Ok(mut int)) =
+        (signal(SignalKind::hangup()), signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        error!("cannot install signal handlers");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = hup.recv() => app.reload(),
+            _ = term.recv() => {
+                info!("SIGTERM: no new connections; closing clients as their transactions end");
+                app.set_phase(Phase::Draining);
+                return;
+            }
+            _ = int.recv() => {
+                info!("SIGINT: shutting down now");
+                app.set_phase(Phase::Stopping);
+                return;
+            }
+        }
+    }
+}
+
+async fn accept_loop(app: Arc<App>, listener: Listener) {
+    let mut phase = app.phase();
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = phase.wait_for(|p| *p != Phase::Running) => return,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let guard = app.track_client();
+                tokio::spawn(crate::client::serve(app.clone(), stream, peer, guard));
+            }
+            Err(e) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Retires idle/old server connections and keeps min_pool_size, once a second.
+async fn janitor(app: Arc<App>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut phase = app.phase();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = phase.wait_for(|p| *p == Phase::Stopping) => return,
+        }
+        for pool in app.pools.all() {
+            let missing = pool.maintain();
+            if missing > 0 {
+                let pool = pool.clone();
+                tokio::spawn(async move {
+                    for _ in 0..missing {
+                        if let Err(e) = pool.prefill().await {
+                            warn!(db = %pool.key.database, user = %pool.key.user, "min_pool_size connect failed: {e}");
+                            break;
+                        }
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Raises the open-files limit to its hard maximum (10,000 clients need 10,000 fds).
+pub fn raise_fd_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}

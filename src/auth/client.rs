@@ -1,0 +1,156 @@
+//! Sluice checking a connecting client: trust, md5 or SCRAM-SHA-256. Unknown users
+//! go through the same exchange with a mock secret, so they fail the same way, at the
+//! same step, after the same delay as a wrong password.
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use super::scram::{self, ScramError, ScramSecret, ScramServer};
+use super::{UserAuth, md5};
+use crate::config::AuthType;
+use crate::net::{ReadError, read_message};
+use crate::protocol::{body, build, fe, read_cstr, read_i32, sqlstate};
+
+/// Why a client login failed; each maps to the FATAL the client receives.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthFailure {
+    #[error("password authentication failed for user \"{0}\"")]
+    BadPassword(String),
+    #[error("no such user: \"{0}\"")]
+    NoUser(String),
+    #[error("{0}")]
+    Protocol(String),
+    #[error("client closed the connection during authentication")]
+    Closed,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl AuthFailure {
+    pub fn sqlstate(&self) -> &'static str {
+        match self {
+            AuthFailure::BadPassword(_) => sqlstate::INVALID_PASSWORD,
+            AuthFailure::NoUser(_) => sqlstate::INVALID_AUTHORIZATION,
+            _ => sqlstate::PROTOCOL_VIOLATION,
+        }
+    }
+}
+
+impl From<ReadError> for AuthFailure {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Closed => AuthFailure::Closed,
+            ReadError::Io(e) => AuthFailure::Io(e),
+            ReadError::Protocol(p) => AuthFailure::Protocol(p.to_string()),
+        }
+    }
+}
+
+/// What a successful login proved.
+#[derive(Debug, Default)]
+pub struct Proven {
+    /// The ClientKey recovered from a SCRAM proof (for SCRAM pass-through).
+    pub client_key: Option<[u8; 32]>,
+}
+
+/// Runs the authentication exchange. Does not send AuthenticationOk: the caller
+/// batches it with the rest of the login reply.
+pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    method: AuthType,
+    name: &str,
+    user: Option<&UserAuth>,
+    mock_key: &[u8],
+) -> Result<Proven, AuthFailure> {
+    match method {
+        AuthType::Trust => match user {
+            Some(_) => Ok(Proven::default()),
+            None => Err(AuthFailure::NoUser(name.to_string())),
+        },
+        AuthType::Md5 => md5_exchange(stream, buf, name, user).await,
+        AuthType::ScramSha256 => {
+            let secret = user.and_then(|u| u.scram_secret()).cloned();
+            let known = secret.is_some();
+            let secret = secret.unwrap_or_else(|| ScramSecret::mock(name, mock_key));
+            let key = scram_exchange(stream, buf, name, secret).await?;
+            if !known {
+                return Err(AuthFailure::BadPassword(name.to_string()));
+            }
+            Ok(Proven { client_key: Some(key) })
+        }
+    }
+}
+
+async fn md5_exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    name: &str,
+    user: Option<&UserAuth>,
+) -> Result<Proven, AuthFailure> {
+    let salt: [u8; 4] = rand::random();
+    let mut out = BytesMut::new();
+    build::auth_md5(&mut out, salt);
+    stream.write_all(&out).await?;
+    let frame = read_password(stream, buf).await?;
+    let response = read_cstr(body(&frame)).map(|(r, _)| r).unwrap_or_default();
+    // Unknown users are checked against a hash no response can match.
+    let hash = user.and_then(|u| u.md5_hash()).unwrap_or_else(|| md5::password_hash(name, &scram::nonce()));
+    if user.is_some() && md5::verify(&hash, salt, response) {
+        Ok(Proven::default())
+    } else {
+        Err(AuthFailure::BadPassword(name.to_string()))
+    }
+}
+
+async fn scram_exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    name: &str,
+    secret: ScramSecret,
+) -> Result<[u8; 32], AuthFailure> {
+    let mut out = BytesMut::new();
+    build::auth_sasl(&mut out, &[scram::SCRAM_SHA_256]);
+    stream.write_all(&out).await?;
+
+    let frame = read_password(stream, buf).await?;
+    let bad = || AuthFailure::Protocol("malformed SASLInitialResponse".into());
+    let (mechanism, rest) = read_cstr(body(&frame)).ok_or_else(bad)?;
+    if mechanism != scram::SCRAM_SHA_256.as_bytes() {
+        return Err(AuthFailure::Protocol("client selected an invalid SASL authentication mechanism".into()));
+    }
+    let (len, data) = read_i32(rest).ok_or_else(bad)?;
+    if len < 0 || len as usize != data.len() {
+        return Err(bad());
+    }
+    let mut server = ScramServer::new(secret, scram::nonce());
+    let first = server.handle_client_first(data).map_err(|e| scram_failure(e, name))?;
+    out.clear();
+    build::auth_sasl_continue(&mut out, &first);
+    stream.write_all(&out).await?;
+
+    let frame = read_password(stream, buf).await?;
+    let (last, client_key) = server.handle_client_final(body(&frame)).map_err(|e| scram_failure(e, name))?;
+    out.clear();
+    build::auth_sasl_final(&mut out, &last);
+    stream.write_all(&out).await?;
+    Ok(client_key)
+}
+
+fn scram_failure(e: ScramError, name: &str) -> AuthFailure {
+    match e {
+        ScramError::InvalidProof => AuthFailure::BadPassword(name.to_string()),
+        other => AuthFailure::Protocol(other.to_string()),
+    }
+}
+
+async fn read_password<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut) -> Result<BytesMut, AuthFailure> {
+    let frame = read_message(stream, buf).await?;
+    if frame[0] != fe::PASSWORD {
+        return Err(AuthFailure::Protocol(format!(
+            "expected password response, got message type '{}'",
+            char::from(frame[0])
+        )));
+    }
+    Ok(frame)
+}

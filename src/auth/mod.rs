@@ -1,0 +1,237 @@
+//! Authentication: SCRAM-SHA-256 and MD5 in both directions, and the per-user
+//! credential store built from the config (with cached key derivations, so no login
+//! runs PBKDF2 once the keys are known).
+
+pub mod client;
+pub mod md5;
+pub mod scram;
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+
+use scram::{ClientKeys, ScramError, ScramSecret};
+
+/// Iterations used when Sluice derives a SCRAM secret from a plain password.
+pub const SCRAM_ITERATIONS: u32 = 4096;
+
+/// What a user's `password` key holds.
+#[derive(Clone, Debug)]
+pub enum Secret {
+    Plain(String),
+    Md5(String),
+    Scram(ScramSecret),
+}
+
+impl Secret {
+    pub fn parse(s: &str) -> Result<Secret, ScramError> {
+        if s.starts_with("SCRAM-SHA-256$") {
+            return ScramSecret::parse(s).map(Secret::Scram);
+        }
+        if md5::is_md5_hash(s) {
+            return Ok(Secret::Md5(s.to_string()));
+        }
+        Ok(Secret::Plain(s.to_string()))
+    }
+}
+
+/// A user as clients authenticate against it.
+#[derive(Debug)]
+pub struct UserAuth {
+    pub name: String,
+    pub secret: Option<Secret>,
+    /// The SCRAM verifier clients are checked against: parsed from the config, or
+    /// derived once from a plain password with a random salt.
+    scram: OnceLock<ScramSecret>,
+    /// How Sluice logs in to PostgreSQL as this user.
+    pub server: Arc<ServerLogin>,
+}
+
+impl UserAuth {
+    pub fn new(name: &str, password: Option<&str>, server_password: Option<&str>) -> Result<Self, ScramError> {
+        let secret = password.map(Secret::parse).transpose()?;
+        let server = match (server_password, &secret) {
+            (Some(p), _) => ServerLogin::from_secret(Secret::parse(p)?),
+            (None, Some(s)) => ServerLogin::from_secret(s.clone()),
+            (None, None) => ServerLogin::none(),
+        };
+        Ok(UserAuth { name: name.to_string(), secret, scram: OnceLock::new(), server: Arc::new(server) })
+    }
+
+    /// The verifier for SCRAM client authentication, if this user can do SCRAM.
+    pub fn scram_secret(&self) -> Option<&ScramSecret> {
+        match &self.secret {
+            Some(Secret::Scram(s)) => Some(self.scram.get_or_init(|| s.clone())),
+            Some(Secret::Plain(p)) => Some(self.scram.get_or_init(|| {
+                let salt: [u8; 16] = rand::random();
+                ScramSecret::derive(p, &salt, SCRAM_ITERATIONS)
+            })),
+            _ => None,
+        }
+    }
+
+    /// The md5 hash clients' md5 responses are checked against.
+    pub fn md5_hash(&self) -> Option<String> {
+        match &self.secret {
+            Some(Secret::Plain(p)) => Some(md5::password_hash(&self.name, p)),
+            Some(Secret::Md5(h)) => Some(h.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// Credentials for logging in to a server, with the derived SCRAM keys cached per
+/// (salt, iterations) so each new server connection skips PBKDF2.
+#[derive(Debug, Default)]
+pub struct ServerLogin {
+    pub password: Option<String>,
+    pub md5: Option<String>,
+    /// A SCRAM secret only: Sluice can log in by reusing the ClientKey a client proved
+    /// (SCRAM pass-through), provided the server holds the same secret.
+    pub scram: Option<ScramSecret>,
+    passthrough_key: Mutex<Option<[u8; 32]>>,
+    cache: Mutex<HashMap<(Vec<u8>, u32), ClientKeys>>,
+}
+
+impl ServerLogin {
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    pub fn from_secret(s: Secret) -> Self {
+        match s {
+            Secret::Plain(p) => ServerLogin { password: Some(p), ..Self::default() },
+            Secret::Md5(h) => ServerLogin { md5: Some(h), ..Self::default() },
+            Secret::Scram(s) => ServerLogin { scram: Some(s), ..Self::default() },
+        }
+    }
+
+    pub fn plain(password: &str) -> Self {
+        ServerLogin { password: Some(password.to_string()), ..Self::default() }
+    }
+
+    /// Remembers the ClientKey recovered from a client's SCRAM proof.
+    pub fn learn_client_key(&self, key: [u8; 32]) {
+        if self.scram.is_some() {
+            *self.passthrough_key.lock() = Some(key);
+        }
+    }
+
+    /// SCRAM keys for the salt and iteration count a server announced.
+    pub fn scram_keys(&self, salt: &[u8], iterations: u32) -> Result<ClientKeys, LoginError> {
+        if let Some(p) = &self.password {
+            let k = (salt.to_vec(), iterations);
+            if let Some(keys) = self.cache.lock().get(&k) {
+                return Ok(keys.clone());
+            }
+            let keys = ClientKeys::derive(p, salt, iterations);
+            self.cache.lock().insert(k, keys.clone());
+            return Ok(keys);
+        }
+        let secret = self.scram.as_ref().ok_or(LoginError::NoPassword("SCRAM"))?;
+        if secret.salt != salt || secret.iterations != iterations {
+            return Err(LoginError::SecretMismatch);
+        }
+        let client_key = (*self.passthrough_key.lock()).ok_or(LoginError::NoClientKey)?;
+        Ok(ClientKeys { client_key, server_key: secret.server_key })
+    }
+
+    /// The response to an md5 challenge.
+    pub fn md5_response(&self, user: &str, salt: [u8; 4]) -> Result<String, LoginError> {
+        let hash = match (&self.password, &self.md5) {
+            (Some(p), _) => md5::password_hash(user, p),
+            (None, Some(h)) => h.clone(),
+            _ => return Err(LoginError::NoPassword("md5")),
+        };
+        Ok(md5::salted_response(&hash, salt))
+    }
+}
+
+/// Why Sluice cannot answer a server's authentication request.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LoginError {
+    #[error("no password configured for {0} authentication to the server")]
+    NoPassword(&'static str),
+    #[error("the configured SCRAM secret does not match the server's (different salt or iterations)")]
+    SecretMismatch,
+    #[error("SCRAM pass-through needs a client to log in with SCRAM first")]
+    NoClientKey,
+}
+
+/// All users by name, rebuilt on reload.
+#[derive(Debug, Default)]
+pub struct UserStore {
+    pub users: HashMap<String, Arc<UserAuth>>,
+}
+
+impl UserStore {
+    pub fn from_config(cfg: &crate::config::Config) -> Result<Self, ScramError> {
+        let mut users = HashMap::new();
+        for (name, u) in &cfg.users {
+            let auth = UserAuth::new(name, u.password.as_deref(), u.server_password.as_deref())?;
+            users.insert(name.clone(), Arc::new(auth));
+        }
+        Ok(UserStore { users })
+    }
+
+    /// Carries cached derivations over from the previous store for unchanged users, so
+    /// a reload does not force PBKDF2 again.
+    pub fn inherit(&mut self, old: &UserStore) {
+        for (name, user) in self.users.iter_mut() {
+            let Some(prev) = old.users.get(name) else { continue };
+            if format!("{:?}", prev.secret) == format!("{:?}", user.secret)
+                && prev.server.password == user.server.password
+                && prev.server.md5 == user.server.md5
+                && prev.server.scram == user.server.scram
+            {
+                *user = prev.clone();
+            }
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<UserAuth>> {
+        self.users.get(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_classified() {
+        assert!(matches!(Secret::parse("hunter2").unwrap(), Secret::Plain(_)));
+        let h = md5::password_hash("u", "p");
+        assert!(matches!(Secret::parse(&h).unwrap(), Secret::Md5(_)));
+        let s = ScramSecret::derive("p", b"0123456789abcdef", 4096).to_string();
+        assert!(matches!(Secret::parse(&s).unwrap(), Secret::Scram(_)));
+        assert!(Secret::parse("SCRAM-SHA-256$broken").is_err());
+    }
+
+    #[test]
+    fn plain_password_derives_scram_once() {
+        let u = UserAuth::new("u", Some("pw"), None).unwrap();
+        let a = u.scram_secret().unwrap().clone();
+        let b = u.scram_secret().unwrap().clone();
+        assert_eq!(a, b);
+        assert_eq!(a, ScramSecret::derive("pw", &a.salt, a.iterations));
+        assert_eq!(u.md5_hash().unwrap(), md5::password_hash("u", "pw"));
+    }
+
+    #[test]
+    fn server_login_caches_and_passes_through() {
+        let l = ServerLogin::plain("pw");
+        let k1 = l.scram_keys(b"salt", 4096).unwrap();
+        assert_eq!(k1, l.scram_keys(b"salt", 4096).unwrap());
+        assert_eq!(k1, ClientKeys::derive("pw", b"salt", 4096));
+
+        let secret = ScramSecret::derive("pw", b"salt", 4096);
+        let p = ServerLogin::from_secret(Secret::Scram(secret.clone()));
+        assert_eq!(p.scram_keys(b"salt", 4096), Err(LoginError::NoClientKey));
+        p.learn_client_key(k1.client_key);
+        assert_eq!(p.scram_keys(b"salt", 4096).unwrap(), k1);
+        assert_eq!(p.scram_keys(b"other", 4096), Err(LoginError::SecretMismatch));
+        assert_eq!(p.md5_response("u", [0; 4]), Err(LoginError::NoPassword("md5")));
+    }
+}

@@ -1,0 +1,723 @@
+//! SCRAM-SHA-256 (RFC 5802, 7677) as PostgreSQL speaks it: verifying clients, logging in to servers.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as B64;
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+/// The SASL mechanism name PostgreSQL advertises in AuthenticationSASL.
+pub const SCRAM_SHA_256: &str = "SCRAM-SHA-256";
+
+/// The most PBKDF2 iterations accepted from a server or a stored secret: beyond this a
+/// count is a denial of service rather than protection.
+const MAX_ITERATIONS: u32 = 10_000_000;
+/// Iteration count and salt length of the secrets Sluice invents (PostgreSQL's defaults).
+const DEFAULT_ITERATIONS: u32 = 4096;
+const SALT_LEN: usize = 16;
+/// The channel-binding attribute values for the gs2 headers "n,," and "y,,".
+const CBIND_N: &str = "biws";
+const CBIND_Y: &str = "eSws";
+
+type HmacSha256 = Hmac<Sha256>;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ScramError {
+    #[error("malformed SCRAM message: {0}")]
+    Malformed(&'static str),
+    #[error("invalid SCRAM secret")]
+    BadSecret,
+    #[error("channel binding is not supported")]
+    ChannelBinding,
+    #[error("nonce mismatch")]
+    Nonce,
+    #[error("password authentication failed")]
+    InvalidProof,
+    #[error("server signature mismatch")]
+    ServerSignature,
+    #[error("server error: {0}")]
+    Server(String),
+    #[error("SCRAM exchange out of order")]
+    State,
+}
+
+/// A SCRAM-SHA-256 verifier as PostgreSQL stores it in pg_authid.rolpassword:
+/// `SCRAM-SHA-256$<iterations>:<base64 salt>$<base64 StoredKey>:<base64 ServerKey>`
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScramSecret {
+    pub iterations: u32,
+    pub salt: Vec<u8>,
+    pub stored_key: [u8; 32],
+    pub server_key: [u8; 32],
+}
+
+impl ScramSecret {
+    /// Parses the rolpassword format; any deviation is `BadSecret`.
+    pub fn parse(s: &str) -> Result<Self, ScramError> {
+        let rest = s.strip_prefix(SCRAM_SHA_256).and_then(|r| r.strip_prefix('$')).ok_or(ScramError::BadSecret)?;
+        let (params, keys) = rest.split_once('$').ok_or(ScramError::BadSecret)?;
+        let (iterations, salt) = params.split_once(':').ok_or(ScramError::BadSecret)?;
+        let (stored_key, server_key) = keys.split_once(':').ok_or(ScramError::BadSecret)?;
+        let salt = B64.decode(salt).map_err(|_| ScramError::BadSecret)?;
+        if salt.is_empty() {
+            return Err(ScramError::BadSecret);
+        }
+        Ok(Self {
+            iterations: parse_iterations(iterations).ok_or(ScramError::BadSecret)?,
+            salt,
+            stored_key: decode_key(stored_key).ok_or(ScramError::BadSecret)?,
+            server_key: decode_key(server_key).ok_or(ScramError::BadSecret)?,
+        })
+    }
+
+    /// The verifier PostgreSQL would store for `password`. Exact for ASCII passwords; other
+    /// passwords are hashed as raw UTF-8, without SASLprep normalization (see `sasl_prep`).
+    pub fn derive(password: &str, salt: &[u8], iterations: u32) -> Self {
+        let keys = ClientKeys::derive(password, salt, iterations);
+        Self { iterations, salt: salt.to_vec(), stored_key: sha256(&keys.client_key), server_key: keys.server_key }
+    }
+
+    /// A secret for a user that does not exist: a salt derived deterministically from
+    /// (user, mock_key) with HMAC so repeated attempts see the same salt (as PostgreSQL
+    /// does), iterations 4096, and keys such that no proof can verify.
+    ///
+    /// The StoredKey is an HMAC output rather than the hash of any ClientKey, so a proof
+    /// would need a SHA-256 preimage of it; the exchange runs the same computations as for
+    /// a real user, so neither the messages nor the timing reveal that the user is missing.
+    pub fn mock(user: &str, mock_key: &[u8]) -> Self {
+        let derive = |label: &[u8]| hmac(mock_key, &[label, user.as_bytes()]);
+        Self {
+            iterations: DEFAULT_ITERATIONS,
+            salt: derive(b"sluice mock salt\0")[..SALT_LEN].to_vec(),
+            stored_key: derive(b"sluice mock stored key\0"),
+            server_key: derive(b"sluice mock server key\0"),
+        }
+    }
+}
+
+impl std::fmt::Display for ScramSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{SCRAM_SHA_256}${}:{}${}:{}",
+            self.iterations,
+            B64.encode(&self.salt),
+            B64.encode(self.stored_key),
+            B64.encode(self.server_key)
+        )
+    }
+}
+
+/// Keys Sluice needs to authenticate to a server as a client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientKeys {
+    pub client_key: [u8; 32],
+    pub server_key: [u8; 32],
+}
+
+impl ClientKeys {
+    /// SaltedPassword = PBKDF2-HMAC-SHA256(password, salt, iterations); ClientKey and
+    /// ServerKey are HMACs of it (RFC 5802 section 3).
+    pub fn derive(password: &str, salt: &[u8], iterations: u32) -> Self {
+        let salted = pbkdf2::pbkdf2_hmac_array::<Sha256, 32>(sasl_prep(password), salt, iterations);
+        Self { client_key: hmac(&salted, &[b"Client Key"]), server_key: hmac(&salted, &[b"Server Key"]) }
+    }
+}
+
+/// A random nonce: 18 random bytes, base64 encoded (printable, no ',').
+pub fn nonce() -> String {
+    let mut bytes = [0u8; 18];
+    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut bytes);
+    B64.encode(bytes)
+}
+
+/// Sluice verifying a connecting client (the server role of SCRAM).
+pub struct ScramServer {
+    state: ServerState,
+}
+
+enum ServerState {
+    Initial {
+        secret: ScramSecret,
+        server_nonce: String,
+    },
+    AwaitingFinal {
+        secret: ScramSecret,
+        /// The c= value the client must echo, fixed by its gs2 header.
+        cbind: &'static str,
+        nonce: String,
+        /// client-first-message-bare "," server-first-message ","
+        auth_prefix: String,
+    },
+    Done,
+}
+
+impl ScramServer {
+    /// `server_nonce` must be printable ASCII without ',' (as [`nonce`] returns).
+    pub fn new(secret: ScramSecret, server_nonce: String) -> Self {
+        Self { state: ServerState::Initial { secret, server_nonce } }
+    }
+
+    /// Input: the client-first-message (the data of SASLInitialResponse). Output:
+    /// server-first-message. Accepts gs2 headers "n,," and "y,,", rejects "p=..." with
+    /// `ChannelBinding`; the username attribute is ignored (PostgreSQL takes the user from
+    /// the startup packet and libpq sends "n=,").
+    pub fn handle_client_first(&mut self, data: &[u8]) -> Result<Vec<u8>, ScramError> {
+        let ServerState::Initial { secret, server_nonce } = std::mem::replace(&mut self.state, ServerState::Done)
+        else {
+            return Err(ScramError::State);
+        };
+        let (cbind, bare) = parse_gs2_header(utf8(data)?)?;
+        let client_nonce = parse_client_first_bare(bare)?;
+        let nonce = format!("{client_nonce}{server_nonce}");
+        let server_first = format!("r={nonce},s={},i={}", B64.encode(&secret.salt), secret.iterations);
+        let auth_prefix = format!("{bare},{server_first},");
+        self.state = ServerState::AwaitingFinal { secret, cbind, nonce, auth_prefix };
+        Ok(server_first.into_bytes())
+    }
+
+    /// Input: client-final-message. Checks that the channel-binding attribute matches the
+    /// gs2 header, the nonce, and the proof (constant-time compare of H(ClientKey) with
+    /// StoredKey). Output: server-final-message and the ClientKey recovered from the proof.
+    pub fn handle_client_final(&mut self, data: &[u8]) -> Result<(Vec<u8>, [u8; 32]), ScramError> {
+        let ServerState::AwaitingFinal { secret, cbind, nonce, auth_prefix } =
+            std::mem::replace(&mut self.state, ServerState::Done)
+        else {
+            return Err(ScramError::State);
+        };
+        let msg = utf8(data)?;
+        let (without_proof, proof) = msg.rsplit_once(",p=").ok_or(ScramError::Malformed("missing proof"))?;
+        let mut parts = without_proof.split(',');
+        if attr(parts.next(), 'c', "channel binding")? != cbind {
+            return Err(ScramError::Malformed("channel binding does not match gs2 header"));
+        }
+        if attr(parts.next(), 'r', "nonce")? != nonce {
+            return Err(ScramError::Nonce);
+        }
+        let proof = decode_key(proof).ok_or(ScramError::Malformed("proof"))?;
+        let auth: [&[u8]; 2] = [auth_prefix.as_bytes(), without_proof.as_bytes()];
+        let client_key = xor(proof, hmac(&secret.stored_key, &auth));
+        if !ct_eq(&sha256(&client_key), &secret.stored_key) {
+            return Err(ScramError::InvalidProof);
+        }
+        let server_final = format!("v={}", B64.encode(hmac(&secret.server_key, &auth)));
+        Ok((server_final.into_bytes(), client_key))
+    }
+}
+
+/// Sluice logging in to PostgreSQL (the client role of SCRAM).
+pub struct ScramClient {
+    nonce: String,
+    /// Sent in client-first-message; always empty outside tests (PostgreSQL ignores it).
+    user: String,
+    state: ClientState,
+}
+
+enum ClientState {
+    Initial,
+    AwaitingFinal { server_signature: [u8; 32] },
+    Done,
+}
+
+impl ScramClient {
+    /// `client_nonce` must be printable ASCII without ',' (as [`nonce`] returns).
+    pub fn new(client_nonce: String) -> Self {
+        Self { nonce: client_nonce, user: String::new(), state: ClientState::Initial }
+    }
+
+    /// A client that names `user` in its first message, as the RFC examples do.
+    #[cfg(test)]
+    fn with_user(user: &str, client_nonce: String) -> Self {
+        Self { user: user.to_owned(), ..Self::new(client_nonce) }
+    }
+
+    fn first_bare(&self) -> String {
+        let user = self.user.replace('=', "=3D").replace(',', "=2C");
+        format!("n={user},r={}", self.nonce)
+    }
+
+    /// client-first-message: `n,,n=,r=<nonce>`
+    pub fn client_first(&self) -> Vec<u8> {
+        format!("n,,{}", self.first_bare()).into_bytes()
+    }
+
+    /// Given server-first-message, returns client-final-message. `keys` is called with
+    /// (salt, iterations) from the server so the caller can cache PBKDF2 results or supply
+    /// keys recovered elsewhere. Rejects a server nonce that does not extend the client
+    /// nonce, and iteration counts of 0 or above the bound.
+    pub fn handle_server_first(
+        &mut self,
+        data: &[u8],
+        keys: impl FnOnce(&[u8], u32) -> Result<ClientKeys, ScramError>,
+    ) -> Result<Vec<u8>, ScramError> {
+        if !matches!(std::mem::replace(&mut self.state, ClientState::Done), ClientState::Initial) {
+            return Err(ScramError::State);
+        }
+        let server_first = utf8(data)?;
+        let (nonce, salt, iterations) = parse_server_first(server_first, &self.nonce)?;
+        let keys = keys(&salt, iterations)?;
+        let without_proof = format!("c={CBIND_N},r={nonce}");
+        let bare = self.first_bare();
+        let auth: [&[u8]; 5] = [bare.as_bytes(), b",", server_first.as_bytes(), b",", without_proof.as_bytes()];
+        let stored_key = sha256(&keys.client_key);
+        let proof = xor(keys.client_key, hmac(&stored_key, &auth));
+        let server_signature = hmac(&keys.server_key, &auth);
+        self.state = ClientState::AwaitingFinal { server_signature };
+        Ok(format!("{without_proof},p={}", B64.encode(proof)).into_bytes())
+    }
+
+    /// Verifies "v=..." (constant time); "e=..." gives `ScramError::Server(text)`.
+    pub fn handle_server_final(&mut self, data: &[u8]) -> Result<(), ScramError> {
+        let ClientState::AwaitingFinal { server_signature } = std::mem::replace(&mut self.state, ClientState::Done)
+        else {
+            return Err(ScramError::State);
+        };
+        let first = utf8(data)?.split(',').next();
+        if let Some(text) = first.and_then(|f| f.strip_prefix("e=")) {
+            return Err(ScramError::Server(text.to_owned()));
+        }
+        let signature =
+            decode_key(attr(first, 'v', "server signature")?).ok_or(ScramError::Malformed("server signature"))?;
+        if !ct_eq(&signature, &server_signature) {
+            return Err(ScramError::ServerSignature);
+        }
+        Ok(())
+    }
+}
+
+/// Splits `gs2-cbind-flag,[authzid],bare` into the c= value the client must later send
+/// and the client-first-message-bare.
+fn parse_gs2_header(msg: &str) -> Result<(&'static str, &str), ScramError> {
+    let mut parts = msg.splitn(3, ',');
+    let cbind = match parts.next() {
+        Some("n") => CBIND_N,
+        Some("y") => CBIND_Y,
+        Some(flag) if flag.starts_with("p=") => return Err(ScramError::ChannelBinding),
+        _ => return Err(ScramError::Malformed("gs2 header")),
+    };
+    match parts.next() {
+        Some("") => {}
+        Some(a) if a.starts_with("a=") => {
+            return Err(ScramError::Malformed("authorization identity is not supported"));
+        }
+        _ => return Err(ScramError::Malformed("gs2 header")),
+    }
+    let bare = parts.next().ok_or(ScramError::Malformed("gs2 header"))?;
+    Ok((cbind, bare))
+}
+
+/// The client nonce from `n=<user>,r=<nonce>[,extensions]`; the user is ignored.
+fn parse_client_first_bare(bare: &str) -> Result<&str, ScramError> {
+    let mut parts = bare.split(',');
+    let user = parts.next();
+    if user.is_some_and(|u| u.starts_with("m=")) {
+        return Err(ScramError::Malformed("mandatory extension is not supported"));
+    }
+    attr(user, 'n', "username")?;
+    let nonce = attr(parts.next(), 'r', "client nonce")?;
+    if !valid_nonce(nonce) {
+        return Err(ScramError::Malformed("client nonce"));
+    }
+    Ok(nonce)
+}
+
+/// (nonce, salt, iterations) from `r=<nonce>,s=<salt>,i=<iterations>[,extensions]`.
+fn parse_server_first<'a>(msg: &'a str, client_nonce: &str) -> Result<(&'a str, Vec<u8>, u32), ScramError> {
+    let mut parts = msg.split(',');
+    let first = parts.next();
+    if first.is_some_and(|p| p.starts_with("m=")) {
+        return Err(ScramError::Malformed("mandatory extension is not supported"));
+    }
+    let nonce = attr(first, 'r', "server nonce")?;
+    if !valid_nonce(nonce) || nonce.len() <= client_nonce.len() || !nonce.starts_with(client_nonce) {
+        return Err(ScramError::Nonce);
+    }
+    let salt = B64.decode(attr(parts.next(), 's', "salt")?).map_err(|_| ScramError::Malformed("salt"))?;
+    if salt.is_empty() {
+        return Err(ScramError::Malformed("salt"));
+    }
+    let iterations = parse_iterations(attr(parts.next(), 'i', "iteration count")?)
+        .ok_or(ScramError::Malformed("iteration count"))?;
+    Ok((nonce, salt, iterations))
+}
+
+/// The value of attribute `name` in `part` ("name=value"), or `Malformed(what)`.
+fn attr<'a>(part: Option<&'a str>, name: char, what: &'static str) -> Result<&'a str, ScramError> {
+    part.and_then(|p| p.strip_prefix(name)).and_then(|p| p.strip_prefix('=')).ok_or(ScramError::Malformed(what))
+}
+
+/// RFC 5802 nonces: printable ASCII except ','.
+fn valid_nonce(nonce: &str) -> bool {
+    !nonce.is_empty() && nonce.bytes().all(|b| (0x21..=0x7e).contains(&b) && b != b',')
+}
+
+/// Plain decimal digits in 1..=MAX_ITERATIONS.
+fn parse_iterations(s: &str) -> Option<u32> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok().filter(|i| (1..=MAX_ITERATIONS).contains(i))
+}
+
+fn decode_key(s: &str) -> Option<[u8; 32]> {
+    B64.decode(s).ok()?.try_into().ok()
+}
+
+fn utf8(data: &[u8]) -> Result<&str, ScramError> {
+    std::str::from_utf8(data).map_err(|_| ScramError::Malformed("not UTF-8"))
+}
+
+/// SASLprep (RFC 4013) of a password, pragmatically: the raw UTF-8 bytes.
+///
+/// PostgreSQL runs SASLprep and falls back to the raw bytes when it fails (prohibited or
+/// unassigned characters, bidi violations). For ASCII the only possible change is a failure
+/// on control characters, so raw bytes are exact for every ASCII password, and also for
+/// non-ASCII ones that SASLprep leaves alone (already NFKC, no soft hyphens, zero-width or
+/// non-ASCII space characters). Other non-ASCII passwords would need NFKC tables, which
+/// are not available without another crate: for those, hash the password as PostgreSQL
+/// would by configuring the stored verifier instead of the plaintext.
+fn sasl_prep(password: &str) -> &[u8] {
+    password.as_bytes()
+}
+
+fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC accepts keys of any length");
+    for part in parts {
+        mac.update(part);
+    }
+    mac.finalize().into_bytes().into()
+}
+
+fn sha256(data: &[u8]) -> [u8; 32] {
+    Sha256::digest(data).into()
+}
+
+fn xor(mut a: [u8; 32], b: [u8; 32]) -> [u8; 32] {
+    a.iter_mut().zip(b).for_each(|(x, y)| *x ^= y);
+    a
+}
+
+/// Equality whose time depends only on the lengths.
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    a.len() == b.len() && std::hint::black_box(diff) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ScramError::*;
+    use super::*;
+    use std::sync::OnceLock;
+
+    // RFC 7677 section 3.
+    const CLIENT_NONCE: &str = "rOprNGfwEbeRWgbNEkqO";
+    const SERVER_NONCE: &str = "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0";
+    const SALT: &str = "W22ZaJ0SNY7soEsUEjb6gQ==";
+    const CLIENT_FIRST: &str = "n,,n=user,r=rOprNGfwEbeRWgbNEkqO";
+    const SERVER_FIRST: &str = "r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096";
+    const CLIENT_FINAL: &str = "c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,\
+                                p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=";
+    const SERVER_FINAL: &str = "v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=";
+
+    fn salt() -> Vec<u8> {
+        B64.decode(SALT).unwrap()
+    }
+
+    /// The RFC's verifier, derived once: PBKDF2 is slow in unoptimized test builds.
+    fn rfc_secret() -> ScramSecret {
+        static SECRET: OnceLock<ScramSecret> = OnceLock::new();
+        let derive = || ScramSecret::derive("pencil", &salt(), 4096);
+        SECRET.get_or_init(derive).clone()
+    }
+
+    /// The RFC client's keys, derived once.
+    fn rfc_keys(_: &[u8], _: u32) -> Result<ClientKeys, ScramError> {
+        static KEYS: OnceLock<ClientKeys> = OnceLock::new();
+        let derive = || ClientKeys::derive("pencil", &salt(), 4096);
+        Ok(KEYS.get_or_init(derive).clone())
+    }
+
+    fn password(password: &'static str) -> impl FnOnce(&[u8], u32) -> Result<ClientKeys, ScramError> {
+        move |salt, iterations| Ok(ClientKeys::derive(password, salt, iterations))
+    }
+
+    fn rfc_server() -> ScramServer {
+        ScramServer::new(rfc_secret(), SERVER_NONCE.to_owned())
+    }
+
+    fn rfc_client() -> ScramClient {
+        ScramClient::with_user("user", CLIENT_NONCE.to_owned())
+    }
+
+    /// A server that has accepted the RFC's client-first.
+    fn server_after_first() -> ScramServer {
+        let mut server = rfc_server();
+        server.handle_client_first(CLIENT_FIRST.as_bytes()).unwrap();
+        server
+    }
+
+    /// A client that has handled the RFC's server-first.
+    fn client_after_first() -> ScramClient {
+        let mut client = rfc_client();
+        client.handle_server_first(SERVER_FIRST.as_bytes(), rfc_keys).unwrap();
+        client
+    }
+
+    fn client_first_err(msg: &str) -> ScramError {
+        rfc_server().handle_client_first(msg.as_bytes()).unwrap_err()
+    }
+
+    fn client_final_err(msg: &str) -> ScramError {
+        server_after_first().handle_client_final(msg.as_bytes()).unwrap_err()
+    }
+
+    /// The error for a bad server-first, checking that no keys were asked for.
+    fn server_first_err(msg: &str) -> ScramError {
+        let mut called = false;
+        let keys = |_: &[u8], _: u32| {
+            called = true;
+            rfc_keys(&[], 0)
+        };
+        let err = rfc_client().handle_server_first(msg.as_bytes(), keys).unwrap_err();
+        assert!(!called, "{msg}");
+        err
+    }
+
+    fn server_final(msg: &[u8]) -> Result<(), ScramError> {
+        client_after_first().handle_server_final(msg)
+    }
+
+    /// Runs a whole exchange with random nonces; returns the ClientKey the server recovered.
+    fn round_trip(secret: ScramSecret, pw: &'static str) -> Result<[u8; 32], ScramError> {
+        let mut client = ScramClient::new(nonce());
+        let mut server = ScramServer::new(secret, nonce());
+        let server_first = server.handle_client_first(&client.client_first())?;
+        let client_final = client.handle_server_first(&server_first, password(pw))?;
+        let (server_final, client_key) = server.handle_client_final(&client_final)?;
+        client.handle_server_final(&server_final)?;
+        Ok(client_key)
+    }
+
+    #[test]
+    fn rfc7677_client() {
+        let mut client = rfc_client();
+        assert_eq!(client.client_first(), CLIENT_FIRST.as_bytes());
+        let client_final = client.handle_server_first(SERVER_FIRST.as_bytes(), password("pencil"));
+        assert_eq!(client_final.unwrap(), CLIENT_FINAL.as_bytes());
+        assert_eq!(client.handle_server_final(SERVER_FINAL.as_bytes()), Ok(()));
+        assert_eq!(client.handle_server_final(SERVER_FINAL.as_bytes()), Err(State));
+    }
+
+    #[test]
+    fn rfc7677_server() {
+        let mut server = rfc_server();
+        let server_first = server.handle_client_first(CLIENT_FIRST.as_bytes()).unwrap();
+        assert_eq!(server_first, SERVER_FIRST.as_bytes());
+        let (server_final, key) = server.handle_client_final(CLIENT_FINAL.as_bytes()).unwrap();
+        assert_eq!(server_final, SERVER_FINAL.as_bytes());
+        assert_eq!(key, ClientKeys::derive("pencil", &salt(), 4096).client_key);
+        assert_eq!(server.handle_client_final(CLIENT_FINAL.as_bytes()), Err(State));
+    }
+
+    #[test]
+    fn public_client_first_has_empty_user() {
+        assert_eq!(ScramClient::new("abc".into()).client_first(), b"n,,n=,r=abc");
+        let client = ScramClient::with_user("a=b,c", "x".into());
+        assert_eq!(client.client_first(), b"n,,n=a=3Db=2Cc,r=x");
+    }
+
+    #[test]
+    fn round_trip_with_random_nonces() {
+        let salt = b"some salt bytes!";
+        let secret = ScramSecret::derive("correct horse", salt, 4096);
+        let client_key = round_trip(secret.clone(), "correct horse").unwrap();
+        assert_eq!(client_key, ClientKeys::derive("correct horse", salt, 4096).client_key);
+        assert_eq!(round_trip(secret, "battery staple"), Err(InvalidProof));
+    }
+
+    #[test]
+    fn nonces_are_random_and_printable() {
+        let (a, b) = (nonce(), nonce());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 24);
+        assert!(valid_nonce(&a) && valid_nonce(&b));
+    }
+
+    #[test]
+    fn secret_display_parse_round_trip() {
+        let secret = rfc_secret();
+        let text = secret.to_string();
+        assert_eq!(
+            text,
+            "SCRAM-SHA-256$4096:W22ZaJ0SNY7soEsUEjb6gQ==$\
+             WG5d8oPm3OtcPnkdi4Uo7BkeZkBFzpcXkuLmtbsT4qY=:\
+             wfPLwcE6nTWhTAmQ7tl2KeoiWGPlZqQxSrmfPwDl2dU="
+        );
+        assert_eq!(ScramSecret::parse(&text), Ok(secret));
+    }
+
+    #[test]
+    fn secret_parse_rejects_malformed() {
+        let good = rfc_secret().to_string();
+        let (head, keys) = good.rsplit_once('$').unwrap();
+        let (stored, server) = keys.split_once(':').unwrap();
+        let bad = [
+            String::new(),
+            "SCRAM-SHA-256".into(),
+            "SCRAM-SHA-256$".into(),
+            head.to_string(),
+            format!("{head}${stored}"),
+            format!("{head}${stored}:"),
+            format!("{head}${stored}:{server}:"),
+            format!("{head}${stored}:!!!!"),
+            format!("{head}${stored}:{}", B64.encode([0u8; 31])),
+            format!("{head}${stored}:{}", B64.encode([0u8; 33])),
+            good.replace("$4096:", "$0:"),
+            good.replace("$4096:", "$:"),
+            good.replace("$4096:", "$+4096:"),
+            good.replace("$4096:", "$10000001:"),
+            good.replace("$4096:", "$99999999999999999999:"),
+            good.replace("$4096:", "$4096"),
+            good.replace(SALT, ""),
+            good.replace(SALT, "W22ZaJ0SNY7soEsUEjb6g"),
+            good.replace("SCRAM-SHA-256", "SCRAM-SHA-1"),
+            format!("md5{good}"),
+        ];
+        for s in bad {
+            assert_eq!(ScramSecret::parse(&s), Err(BadSecret), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn mock_secret() {
+        let mock = ScramSecret::mock("alice", b"key");
+        assert_eq!(mock, ScramSecret::mock("alice", b"key"));
+        assert_ne!(mock.salt, ScramSecret::mock("bob", b"key").salt);
+        assert_ne!(mock.salt, ScramSecret::mock("alice", b"other key").salt);
+        assert_eq!((mock.iterations, mock.salt.len()), (4096, 16));
+        assert_eq!(ScramSecret::parse(&mock.to_string()), Ok(mock.clone()));
+        for pw in ["", "alice", "key", "pencil"] {
+            assert_eq!(round_trip(mock.clone(), pw), Err(InvalidProof));
+        }
+    }
+
+    #[test]
+    fn server_accepts_y_header_and_checks_binding_attribute() {
+        let first = CLIENT_FIRST.replacen('n', "y", 1);
+        let mut server = rfc_server();
+        server.handle_client_first(first.as_bytes()).unwrap();
+        // The RFC proof was computed over "c=biws", so it no longer matches.
+        let with_y = CLIENT_FINAL.replace("c=biws", "c=eSws");
+        assert_eq!(server.handle_client_final(with_y.as_bytes()), Err(InvalidProof));
+
+        let mut server = rfc_server();
+        server.handle_client_first(first.as_bytes()).unwrap();
+        let err = server.handle_client_final(CLIENT_FINAL.as_bytes());
+        assert_eq!(err, Err(Malformed("channel binding does not match gs2 header")));
+        assert_eq!(client_final_err(&with_y), Malformed("channel binding does not match gs2 header"));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn server_rejects_bad_client_first() {
+        assert_eq!(client_first_err("p=tls-server-end-point,,n=,r=abc"), ChannelBinding);
+        assert_eq!(client_first_err("x,,n=,r=abc"), Malformed("gs2 header"));
+        assert_eq!(client_first_err("n,"), Malformed("gs2 header"));
+        assert_eq!(client_first_err("n,a=bob,n=,r=abc"), Malformed("authorization identity is not supported"));
+        assert_eq!(client_first_err("n,,m=ext,n=,r=abc"), Malformed("mandatory extension is not supported"));
+        assert_eq!(client_first_err("n,,"), Malformed("username"));
+        assert_eq!(client_first_err("n,,r=abc"), Malformed("username"));
+        assert_eq!(client_first_err("n,,n="), Malformed("client nonce"));
+        assert_eq!(client_first_err("n,,n=,r="), Malformed("client nonce"));
+        assert_eq!(client_first_err("n,,n=,r=a b"), Malformed("client nonce"));
+        assert_eq!(rfc_server().handle_client_first(b"n,,n=,r=\xff"), Err(Malformed("not UTF-8")));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn server_rejects_bad_client_final() {
+        assert_eq!(client_final_err(&CLIENT_FINAL.replace("k0,", "k1,")), Nonce);
+        assert_eq!(client_final_err(&CLIENT_FINAL.replace("p=dHzb", "p=")), Malformed("proof"));
+        assert_eq!(client_final_err(&CLIENT_FINAL.replace("p=dHzb", "p=dHzc")), InvalidProof);
+        assert_eq!(client_final_err("c=biws,r=rOprNGfwEbeRWgbNEkqO"), Malformed("missing proof"));
+        assert_eq!(client_final_err("c=biws,p=AAAA"), Malformed("nonce"));
+        assert_eq!(client_final_err("r=x,p=AAAA"), Malformed("channel binding"));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn client_rejects_bad_server_first() {
+        const GOOD: &str = "rOprNGfwEbeRWgbNEkqOx,s=W22ZaJ0SNY7soEsUEjb6gQ==";
+        assert_eq!(server_first_err(&format!("r=someoneelse,s={SALT},i=4096")), Nonce);
+        assert_eq!(server_first_err(&format!("r={CLIENT_NONCE},s={SALT},i=4096")), Nonce);
+        assert_eq!(server_first_err(&format!("r={GOOD},i=0")), Malformed("iteration count"));
+        assert_eq!(server_first_err(&format!("r={GOOD},i=10000001")), Malformed("iteration count"));
+        assert_eq!(server_first_err(&format!("r={GOOD},i=-1")), Malformed("iteration count"));
+        assert_eq!(server_first_err(&format!("r={GOOD}")), Malformed("iteration count"));
+        assert_eq!(server_first_err(&format!("r={CLIENT_NONCE}x,s=,i=1")), Malformed("salt"));
+        assert_eq!(server_first_err(&format!("r={CLIENT_NONCE}x,s=***,i=1")), Malformed("salt"));
+        assert_eq!(server_first_err(&format!("r={CLIENT_NONCE}x,i=1")), Malformed("salt"));
+        assert_eq!(server_first_err(&format!("m=ext,r={GOOD},i=1")), Malformed("mandatory extension is not supported"));
+        assert_eq!(server_first_err("e=other-error"), Malformed("server nonce"));
+        let failing_keys = |_: &[u8], _: u32| Err(BadSecret);
+        assert_eq!(rfc_client().handle_server_first(SERVER_FIRST.as_bytes(), failing_keys), Err(BadSecret));
+    }
+
+    #[test]
+    #[rustfmt::skip]
+    fn client_rejects_bad_server_final() {
+        let wrong = format!("v={}", B64.encode([7u8; 32]));
+        assert_eq!(server_final(b"e=invalid-proof"), Err(Server("invalid-proof".into())));
+        assert_eq!(server_final(wrong.as_bytes()), Err(ServerSignature));
+        assert_eq!(server_final(b"v=AAAA"), Err(Malformed("server signature")));
+        assert_eq!(server_final(b""), Err(Malformed("server signature")));
+        assert_eq!(server_final(b"x=1"), Err(Malformed("server signature")));
+        assert_eq!(server_final(b"\xff"), Err(Malformed("not UTF-8")));
+    }
+
+    #[test]
+    fn out_of_order_calls() {
+        assert_eq!(rfc_server().handle_client_final(CLIENT_FINAL.as_bytes()), Err(State));
+        let again = server_after_first().handle_client_first(CLIENT_FIRST.as_bytes());
+        assert_eq!(again, Err(State));
+        // A failed step ends the exchange.
+        let mut server = rfc_server();
+        assert!(server.handle_client_first(b"garbage").is_err());
+        assert_eq!(server.handle_client_first(CLIENT_FIRST.as_bytes()), Err(State));
+
+        assert_eq!(rfc_client().handle_server_final(SERVER_FINAL.as_bytes()), Err(State));
+        let again = client_after_first().handle_server_first(SERVER_FIRST.as_bytes(), rfc_keys);
+        assert_eq!(again, Err(State));
+    }
+
+    /// Every truncation and many single-byte corruptions of a valid message.
+    fn damaged(msg: &str) -> Vec<Vec<u8>> {
+        let bytes = msg.as_bytes();
+        let mut out: Vec<Vec<u8>> = (0..bytes.len()).map(|n| bytes[..n].to_vec()).collect();
+        for i in 0..bytes.len() {
+            for b in [0u8, b',', b'=', b'p', b'r', b'v', 0xff, 0x80] {
+                let mut v = bytes.to_vec();
+                v[i] = b;
+                out.push(v);
+            }
+        }
+        out
+    }
+
+    /// Nothing may panic, and a damaged final message must never authenticate.
+    #[test]
+    fn damaged_messages_never_panic() {
+        for msg in damaged(CLIENT_FIRST) {
+            let _ = rfc_server().handle_client_first(&msg);
+        }
+        for msg in damaged(SERVER_FIRST) {
+            let _ = rfc_client().handle_server_first(&msg, rfc_keys);
+        }
+        for msg in damaged(CLIENT_FINAL) {
+            let result = server_after_first().handle_client_final(&msg);
+            assert_eq!(result.is_ok(), msg == CLIENT_FINAL.as_bytes());
+        }
+        for msg in damaged(SERVER_FINAL) {
+            assert_eq!(server_final(&msg).is_ok(), msg == SERVER_FINAL.as_bytes());
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! From the first byte to ReadyForQuery: SSLRequest/GSSENCRequest refusal, cancel
+//! requests, protocol-version negotiation, limits, authentication, and the login
+//! reply (ParameterStatus, BackendKeyData) for each pool mode.
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tracing::{info, warn};
+
+use super::session::{Session, pool_failure};
+use super::{ClientConn, Exit};
+use crate::app::{App, Phase};
+use crate::auth::client::{AuthFailure, authenticate};
+use crate::config::{PoolMode, secs};
+use crate::net::{ReadError, read_startup};
+use crate::params::{ClientParams, NOT_SETTINGS, is_reported};
+use crate::pool::Pool;
+use crate::protocol::startup::{self, StartupMessage, StartupPacket};
+use crate::protocol::{TxStatus, build, sqlstate};
+use crate::server::ServerConn;
+
+/// Runs the login; Ok gives a session ready to serve queries.
+pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<Session, Exit> {
+    let msg = handshake(app, conn).await?;
+    if *app.phase().borrow() != Phase::Running {
+        return Err(Exit::fatal(sqlstate::CANNOT_CONNECT_NOW, "the pooler is shutting down"));
+    }
+    let cfg = app.config.load_full();
+    if app.client_count() > cfg.general.max_client_conn {
+        return Err(Exit::fatal(sqlstate::TOO_MANY_CONNECTIONS, "no more connections allowed (max_client_conn)"));
+    }
+    let user = msg.get("user").filter(|u| !u.is_empty()).ok_or_else(|| {
+        Exit::fatal(sqlstate::INVALID_AUTHORIZATION, "no PostgreSQL user name specified in startup packet")
+    })?;
+    let database = msg.get("database").filter(|d| !d.is_empty()).unwrap_or(user);
+    if msg.get("replication").is_some_and(|r| r != "false" && r != "0" && r != "off") {
+        return Err(Exit::fatal(sqlstate::FEATURE_NOT_SUPPORTED, "replication connections are not supported"));
+    }
+    if !cfg.databases.contains_key(database) {
+        return Err(Exit::fatal(sqlstate::INVALID_CATALOG_NAME, format!("database \"{database}\" does not exist")));
+    }
+    let users = app.users.load_full();
+    let auth_user = users.get(user).cloned();
+    let proven =
+        authenticate(&mut conn.stream, &mut conn.buf, cfg.general.auth_type, user, auth_user.as_deref(), &app.mock_key)
+            .await;
+    let proven = match proven {
+        Ok(p) => p,
+        Err(AuthFailure::Closed) => return Err(Exit::Closed),
+        Err(e) => {
+            if let Some(d) = secs(cfg.general.auth_failure_delay) {
+                tokio::time::sleep(d).await;
+            }
+            warn!(peer = %conn.peer, user, database, "login failed: {e}");
+            return Err(Exit::fatal(e.sqlstate(), e.to_string()));
+        }
+    };
+    if let (Some(key), Some(u)) = (proven.client_key, &auth_user) {
+        u.server.learn_client_key(key);
+    }
+    let pool = app.pools.get(&cfg, &users, database, user).ok_or_else(|| {
+        Exit::fatal(sqlstate::INVALID_AUTHORIZATION, format!("no server login configured for user \"{user}\""))
+    })?;
+    let params = client_params(&msg)?;
+    let session = match pool.settings().mode {
+        PoolMode::Session => start_session_mode(app, conn, pool, params).await?,
+        mode => start_pooled(app, conn, pool, params, mode).await?,
+    };
+    if cfg.general.log_connections {
+        info!(peer = %conn.peer, user, database, "login");
+    }
+    Ok(session)
+}
+
+/// Reads packets until a StartupMessage, refusing TLS and GSS encryption for now and
+/// answering cancel requests.
+async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessage, Exit> {
+    loop {
+        let body = read_startup(&mut conn.stream, &mut conn.buf).await.map_err(|e| match e {
+            ReadError::Closed | ReadError::Io(_) => Exit::Closed,
+            ReadError::Protocol(p) => Exit::protocol(p),
+        })?;
+        match startup::parse(&body).map_err(Exit::protocol)? {
+            StartupPacket::Ssl | StartupPacket::GssEnc => {
+                if !conn.buf.is_empty() {
+                    return Err(Exit::protocol("received unencrypted data after encryption request"));
+                }
+                conn.stream.write_all(b"N").await.map_err(|_| Exit::Closed)?;
+            }
+            StartupPacket::Cancel { pid, secret } => {
+                if let Some(t) = app.cancel.target(pid, secret) {
+                    if let Err(e) = t.addr.cancel(t.pid, t.secret).await {
+                        warn!("forwarding cancel request to {} failed: {e}", t.addr);
+                    }
+                }
+                return Err(Exit::Cancel);
+            }
+            StartupPacket::Startup(m) => {
+                let options: Vec<&str> = m.protocol_options().collect();
+                if m.minor > 0 || !options.is_empty() {
+                    let mut out = BytesMut::new();
+                    build::negotiate_protocol_version(&mut out, 3 << 16, &options);
+                    conn.stream.write_all(&out).await.map_err(|_| Exit::Closed)?;
+                }
+                return Ok(m);
+            }
+        }
+    }
+}
+
+/// The session settings a client asked for in its startup packet.
+fn client_params(msg: &StartupMessage) -> Result<ClientParams, Exit> {
+    let mut list = Vec::new();
+    for (k, v) in &msg.params {
+        if k == "options" {
+            let opts = startup::parse_options(v).map_err(|e| Exit::fatal(sqlstate::PROTOCOL_VIOLATION, e))?;
+            list.extend(opts);
+        } else if !NOT_SETTINGS.contains(&k.as_str()) && !k.starts_with("_pq_.") {
+            list.push((k.clone(), v.clone()));
+        }
+    }
+    Ok(ClientParams::new(list))
+}
+
+/// Applies the client's settings to a server; a value the server rejects ends the
+/// login with the server's own error, as a direct connection would.
+async fn apply_or_fail(pool: &Pool, mut server: ServerConn, params: &ClientParams) -> Result<ServerConn, Exit> {
+    match server.apply_params(params).await {
+        Ok(()) => Ok(server),
+        Err(e) => {
+            let exit = Exit::fatal(e.sqlstate(), e.to_string());
+            pool.checkin(server);
+            Err(exit)
+        }
+    }
+}
+
+/// Session mode: the client gets a server for its whole life, and sees that server's
+/// own parameters and cancel key.
+async fn start_session_mode(
+    app: &Arc<App>,
+    conn: &mut ClientConn,
+    pool: Arc<Pool>,
+    params: ClientParams,
+) -> Result<Session, Exit> {
+    let server = pool.checkout().await.map_err(pool_failure)?;
+    let server = apply_or_fail(&pool, server, &params).await?;
+    let key = app.cancel.register_key(server.pid, server.secret);
+    let mut out = BytesMut::new();
+    build::auth_ok(&mut out);
+    for (k, v) in &server.reported {
+        build::parameter_status(&mut out, k.as_bytes(), v.as_bytes());
+    }
+    build::backend_key_data(&mut out, server.pid, server.secret);
+    build::ready_for_query(&mut out, TxStatus::Idle);
+    conn.stream.write_all(&out).await.map_err(|_| Exit::Closed)?;
+    Ok(Session::new(app, pool, PoolMode::Session, params, key, Some(server)))
+}
+
+/// Transaction and statement mode: the client is told the server defaults overlaid
+/// with its own settings in the server's spelling, learned once per (name, value).
+async fn start_pooled(
+    app: &Arc<App>,
+    conn: &mut ClientConn,
+    pool: Arc<Pool>,
+    mut params: ClientParams,
+    mode: PoolMode,
+) -> Result<Session, Exit> {
+    let mut defaults = pool.defaults();
+    let unknown = params.iter().any(|(k, v)| pool.canonical(k, v).is_none());
+    if defaults.is_none() || unknown {
+        let server = pool.checkout().await.map_err(pool_failure)?;
+        let server = apply_or_fail(&pool, server, &params).await?;
+        for (k, v) in params.iter() {
+            let canon = if is_reported(k) { server.reported(k).unwrap_or(v) } else { v };
+            pool.learn_canonical(k, v, canon);
+        }
+        pool.checkin(server);
+        defaults = pool.defaults();
+    }
+    let defaults = defaults.unwrap_or_default();
+    // Settings equal to the server default need no SET on each checkout.
+    let redundant: Vec<String> = params
+        .iter()
+        .filter(|(k, v)| {
+            let canon = pool.canonical(k, v);
+            defaults.iter().any(|(dk, dv)| dk.eq_ignore_ascii_case(k) && Some(dv) == canon.as_ref())
+        })
+        .map(|(k, _)| k.to_string())
+        .collect();
+    let mut out = BytesMut::new();
+    build::auth_ok(&mut out);
+    for (k, v) in defaults.iter() {
+        let lk = k.to_ascii_lowercase();
+        let value = params.get(&lk).and_then(|cv| pool.canonical(&lk, cv)).unwrap_or_else(|| v.clone());
+        build::parameter_status(&mut out, k.as_bytes(), value.as_bytes());
+    }
+    for k in redundant {
+        params.remove(&k);
+    }
+    let key = app.cancel.register();
+    build::backend_key_data(&mut out, key.pid, key.secret);
+    build::ready_for_query(&mut out, TxStatus::Idle);
+    conn.stream.write_all(&out).await.map_err(|_| Exit::Closed)?;
+    Ok(Session::new(app, pool, mode, params, key, None))
+}

@@ -1,0 +1,101 @@
+//! The per-client task: handshake and login (`login`), then the session state
+//! machine (`session`) that lends and returns server connections, and the relay
+//! (`relay`) that forwards frames while a server is linked.
+
+mod login;
+mod relay;
+mod session;
+
+use std::sync::Arc;
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tracing::{debug, info};
+
+use crate::app::{App, ClientGuard};
+use crate::config::secs;
+use crate::net::Stream;
+use crate::net::listener::{Peer, set_keepalive};
+use crate::protocol::build::{self, Severity};
+use crate::protocol::sqlstate;
+
+/// A client's socket and read buffer.
+pub struct ClientConn {
+    pub stream: Stream,
+    pub buf: BytesMut,
+    pub peer: Peer,
+}
+
+/// Why a client connection ended.
+#[derive(Debug)]
+pub enum Exit {
+    /// The client sent Terminate.
+    Terminated,
+    /// The client closed its socket (or it broke).
+    Closed,
+    /// Sluice ends the connection with a FATAL error.
+    Fatal { code: String, message: String },
+    /// A cancel request was handled.
+    Cancel,
+}
+
+impl Exit {
+    pub fn fatal(code: &str, message: impl Into<String>) -> Exit {
+        Exit::Fatal { code: code.to_string(), message: message.into() }
+    }
+
+    pub fn protocol(message: impl std::fmt::Display) -> Exit {
+        Exit::fatal(sqlstate::PROTOCOL_VIOLATION, message.to_string())
+    }
+
+    fn reason(&self) -> String {
+        match self {
+            Exit::Terminated => "client terminated".into(),
+            Exit::Closed => "client closed the connection".into(),
+            Exit::Fatal { code, message } => format!("{message} ({code})"),
+            Exit::Cancel => "cancel request".into(),
+        }
+    }
+}
+
+/// Serves one client connection from accept to close.
+pub async fn serve(app: Arc<App>, stream: Stream, peer: Peer, _guard: ClientGuard) {
+    if app.config.load().general.tcp_keepalive {
+        set_keepalive(&stream);
+    }
+    let mut conn = ClientConn { stream, buf: BytesMut::with_capacity(1024), peer };
+    let login_timeout = secs(app.config.load().general.client_login_timeout);
+    let login = login::login(&app, &mut conn);
+    let result = match login_timeout {
+        Some(t) => tokio::time::timeout(t, login)
+            .await
+            .unwrap_or_else(|_| Err(Exit::protocol("client_login_timeout: login took too long"))),
+        None => login.await,
+    };
+    let exit = match result {
+        Ok(session) => session.run(&mut conn).await,
+        Err(exit) => exit,
+    };
+    finish(&app, &mut conn, exit).await;
+}
+
+async fn finish(app: &App, conn: &mut ClientConn, exit: Exit) {
+    if let Exit::Fatal { code, message } = &exit {
+        send_error(&mut conn.stream, Severity::Fatal, code, message).await;
+    }
+    let _ = conn.stream.shutdown().await;
+    match &exit {
+        Exit::Cancel => debug!(peer = %conn.peer, "cancel request handled"),
+        _ if app.config.load().general.log_disconnections => {
+            info!(peer = %conn.peer, "client disconnected: {}", exit.reason())
+        }
+        _ => {}
+    }
+}
+
+/// Writes an ErrorResponse to a client (best effort: the client may be gone).
+pub async fn send_error(stream: &mut Stream, severity: Severity, code: &str, message: &str) {
+    let mut out = BytesMut::new();
+    build::error_response(&mut out, severity, code, message);
+    let _ = stream.write_all(&out).await;
+}

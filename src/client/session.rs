@@ -1,0 +1,216 @@
+//! The session state machine: Idle (no server) → Linked (a server lent for a
+//! transaction, or for the whole session) → back to Idle when the transaction
+//! ends, until the client leaves. Cleans up the server on every way out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::sync::watch;
+
+use super::relay::Track;
+use super::{ClientConn, Exit};
+use crate::app::{App, Phase};
+use crate::cancel::{CancelKey, CancelTarget};
+use crate::config::{PoolMode, secs};
+use crate::params::ClientParams;
+use crate::pool::{Pool, PoolError};
+use crate::protocol::{Header, TxStatus, fe, sqlstate};
+use crate::server::ServerConn;
+
+/// Timeouts copied from the config at login.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub query: Option<Duration>,
+    pub idle_transaction: Option<Duration>,
+    pub client_idle: Option<Duration>,
+}
+
+pub struct Session {
+    pub(super) pool: Arc<Pool>,
+    pub(super) mode: PoolMode,
+    pub(super) params: ClientParams,
+    pub(super) key: CancelKey,
+    pub(super) server: Option<ServerConn>,
+    pub(super) track: Track,
+    pub(super) timeouts: Timeouts,
+    pub(super) phase: watch::Receiver<Phase>,
+}
+
+/// What the idle client asked for.
+enum Wanted {
+    Server,
+    Leave(Exit),
+}
+
+impl Session {
+    pub fn new(
+        app: &App,
+        pool: Arc<Pool>,
+        mode: PoolMode,
+        params: ClientParams,
+        key: CancelKey,
+        server: Option<ServerConn>,
+    ) -> Session {
+        let g = &app.config.load().general;
+        let timeouts = Timeouts {
+            query: secs(g.query_timeout),
+            idle_transaction: secs(g.idle_transaction_timeout),
+            client_idle: secs(g.client_idle_timeout),
+        };
+        let phase = app.phase();
+        let s = Session { pool, mode, params, key, server, track: Track::default(), timeouts, phase };
+        if let Some(server) = &s.server {
+            s.key.slot.set(Some(target(server)));
+        }
+        s
+    }
+
+    /// Serves the client until it leaves; always gives the server back.
+    pub async fn run(mut self, conn: &mut ClientConn) -> Exit {
+        let exit = loop {
+            if self.server.is_none() {
+                match self.wait_for_work(conn).await {
+                    Wanted::Server => {}
+                    Wanted::Leave(exit) => break exit,
+                }
+                if let Err(exit) = self.link(conn).await {
+                    break exit;
+                }
+            }
+            if let Err(exit) = self.relay(conn).await {
+                break exit;
+            }
+        };
+        self.cleanup().await;
+        exit
+    }
+
+    /// Waits, with no server, for the client's next message.
+    async fn wait_for_work(&mut self, conn: &mut ClientConn) -> Wanted {
+        loop {
+            match Header::peek(&conn.buf) {
+                Err(e) => return Wanted::Leave(Exit::protocol(e)),
+                Ok(Some(h)) if h.tag == fe::TERMINATE => return Wanted::Leave(Exit::Terminated),
+                Ok(Some(_)) => return Wanted::Server,
+                Ok(None) => {}
+            }
+            if conn.buf.capacity() - conn.buf.len() < 512 {
+                conn.buf.reserve(4096);
+            }
+            let idle = self.timeouts.client_idle;
+            tokio::select! {
+                r = conn.stream.read_buf(&mut conn.buf) => match r {
+                    Ok(0) | Err(_) => return Wanted::Leave(Exit::Closed),
+                    Ok(_) => {}
+                },
+                _ = self.phase.wait_for(|p| *p != Phase::Running) => {
+                    return Wanted::Leave(Exit::fatal(sqlstate::ADMIN_SHUTDOWN, "terminating connection: the pooler is shutting down"));
+                }
+                _ = sleep_opt(idle) => {
+                    return Wanted::Leave(Exit::fatal(sqlstate::PROTOCOL_VIOLATION, "client_idle_timeout: closing idle connection"));
+                }
+            }
+        }
+    }
+
+    /// Gets a server for the client's transaction and makes it carry the client's
+    /// settings. The client's EOF while waiting ends the wait.
+    async fn link(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
+        let mut server = loop {
+            let server = {
+                let checkout = self.pool.checkout();
+                tokio::pin!(checkout);
+                loop {
+                    tokio::select! {
+                        r = &mut checkout => break r,
+                        r = conn.stream.read_buf(&mut conn.buf) => {
+                            if matches!(r, Ok(0) | Err(_)) {
+                                return Err(Exit::Closed);
+                            }
+                        }
+                    }
+                }
+            };
+            let mut server = server.map_err(pool_failure)?;
+            if self.pool.needs_check(&server) && server.exec("").await.is_err() {
+                self.pool.discard(server);
+                continue;
+            }
+            break server;
+        };
+        if let Err(e) = server.apply_params(&self.params).await {
+            let exit = Exit::fatal(e.sqlstate(), format!("cannot apply session settings: {e}"));
+            self.pool.checkin(server);
+            return Err(exit);
+        }
+        self.key.slot.set(Some(target(&server)));
+        self.track = Track::default();
+        self.server = Some(server);
+        Ok(())
+    }
+
+    /// Returns the linked server to the pool (transaction ended).
+    pub(super) async fn release(&mut self) {
+        let Some(mut server) = self.server.take() else { return };
+        self.key.slot.set(None);
+        let settings = self.pool.settings();
+        if settings.reset_query_always
+            && !settings.reset_query.is_empty()
+            && server.exec(&settings.reset_query).await.is_ok()
+        {
+            server.applied = Some(ClientParams::default());
+        }
+        self.pool.checkin(server);
+    }
+
+    /// After the client left: roll back, reset, and return or close the server.
+    async fn cleanup(&mut self) {
+        let Some(mut server) = self.server.take() else { return };
+        self.key.slot.set(None);
+        if server.broken || !self.track.protocol_idle() {
+            // A query is still running or the protocol state is unknown.
+            let (addr, pid, secret) = (server.addr.clone(), server.pid, server.secret);
+            self.pool.discard(server);
+            if !self.track.protocol_idle() {
+                tokio::spawn(async move { addr.cancel(pid, secret).await });
+            }
+            return;
+        }
+        let step = Duration::from_secs(5);
+        if server.tx != TxStatus::Idle
+            && !matches!(tokio::time::timeout(step, server.exec("ROLLBACK")).await, Ok(Ok(())))
+        {
+            return self.pool.discard(server);
+        }
+        let settings = self.pool.settings();
+        let reset = self.mode == PoolMode::Session || settings.reset_query_always;
+        if reset && !settings.reset_query.is_empty() {
+            match tokio::time::timeout(step, server.exec(&settings.reset_query)).await {
+                Ok(Ok(())) => server.applied = Some(ClientParams::default()),
+                _ => return self.pool.discard(server),
+            }
+        }
+        self.pool.checkin(server);
+    }
+}
+
+fn target(server: &ServerConn) -> CancelTarget {
+    CancelTarget { addr: server.addr.clone(), pid: server.pid, secret: server.secret }
+}
+
+pub(super) fn pool_failure(e: PoolError) -> Exit {
+    match e {
+        PoolError::Connect(e) => Exit::fatal(e.sqlstate(), format!("server connection failed: {e}")),
+        PoolError::WaitTimeout => Exit::fatal(sqlstate::QUERY_CANCELED, e.to_string()),
+        PoolError::Closed => Exit::fatal(sqlstate::CANNOT_CONNECT_NOW, e.to_string()),
+    }
+}
+
+/// Sleeps for `d`, or forever when None.
+pub(super) async fn sleep_opt(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,369 @@
+//! Configuration: the TOML file, its validation (every error names file, line and key),
+//! and the derived settings the rest of Sluice reads.
+
+mod locate;
+pub mod reference;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+pub use locate::locate_key;
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {source}")]
+    Io { file: String, source: std::io::Error },
+    #[error("{file}:{line}: {key}: {message}")]
+    Invalid { file: String, line: usize, key: String, message: String },
+}
+
+/// How long a server connection stays lent to one client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PoolMode {
+    Session,
+    Transaction,
+    Statement,
+}
+
+impl PoolMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Session => "session",
+            Self::Transaction => "transaction",
+            Self::Statement => "statement",
+        }
+    }
+}
+
+/// How clients prove who they are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub enum AuthType {
+    #[serde(rename = "trust")]
+    Trust,
+    #[serde(rename = "md5")]
+    Md5,
+    #[serde(rename = "scram-sha-256")]
+    ScramSha256,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The `[general]` section. Durations are seconds (fractions allowed); 0 disables.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct General {
+    pub listen_addr: Vec<String>,
+    pub listen_port: u16,
+    pub unix_socket_dir: String,
+    pub unix_socket_mode: String,
+    pub workers: usize,
+    pub auth_type: AuthType,
+    pub pool_mode: PoolMode,
+    pub default_pool_size: usize,
+    pub min_pool_size: usize,
+    pub max_client_conn: usize,
+    pub max_db_connections: usize,
+    pub max_user_connections: usize,
+    pub server_reset_query: String,
+    pub server_reset_query_always: bool,
+    pub server_check_delay: f64,
+    pub server_lifetime: f64,
+    pub server_idle_timeout: f64,
+    pub server_connect_timeout: f64,
+    pub client_login_timeout: f64,
+    pub query_wait_timeout: f64,
+    pub query_timeout: f64,
+    pub idle_transaction_timeout: f64,
+    pub client_idle_timeout: f64,
+    pub shutdown_timeout: f64,
+    pub auth_failure_delay: f64,
+    pub log_level: String,
+    pub log_format: LogFormat,
+    pub log_connections: bool,
+    pub log_disconnections: bool,
+    pub tcp_keepalive: bool,
+    pub max_prepared_statements: usize,
+}
+
+impl Default for General {
+    fn default() -> Self {
+        Self {
+            listen_addr: vec!["127.0.0.1".into()],
+            listen_port: 6432,
+            unix_socket_dir: "/tmp".into(),
+            unix_socket_mode: "0777".into(),
+            workers: 0,
+            auth_type: AuthType::ScramSha256,
+            pool_mode: PoolMode::Transaction,
+            default_pool_size: 20,
+            min_pool_size: 0,
+            max_client_conn: 100,
+            max_db_connections: 0,
+            max_user_connections: 0,
+            server_reset_query: "DISCARD ALL".into(),
+            server_reset_query_always: false,
+            server_check_delay: 30.0,
+            server_lifetime: 3600.0,
+            server_idle_timeout: 600.0,
+            server_connect_timeout: 15.0,
+            client_login_timeout: 60.0,
+            query_wait_timeout: 120.0,
+            query_timeout: 0.0,
+            idle_transaction_timeout: 0.0,
+            client_idle_timeout: 0.0,
+            shutdown_timeout: 30.0,
+            auth_failure_delay: 0.0,
+            log_level: "info".into(),
+            log_format: LogFormat::Text,
+            log_connections: true,
+            log_disconnections: true,
+            tcp_keepalive: true,
+            max_prepared_statements: 200,
+        }
+    }
+}
+
+/// A `[databases.NAME]` entry: where a logical database lives and how it is pooled.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Database {
+    #[serde(default = "default_host")]
+    pub host: String,
+    #[serde(default = "default_port")]
+    pub port: u16,
+    /// Database name on the server; defaults to the entry's name.
+    pub dbname: Option<String>,
+    /// Forced server user: every client of this database shares its pool.
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub pool_size: Option<usize>,
+    pub min_pool_size: Option<usize>,
+    pub pool_mode: Option<PoolMode>,
+    pub max_db_connections: Option<usize>,
+}
+
+/// A `[users.NAME]` entry.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct User {
+    /// Plain password, "md5..." hash or "SCRAM-SHA-256$..." secret, checked against clients.
+    pub password: Option<String>,
+    /// Password Sluice uses to log in to PostgreSQL as this user (defaults to `password`
+    /// when that is plain or an md5 hash).
+    pub server_password: Option<String>,
+    pub pool_mode: Option<PoolMode>,
+    pub pool_size: Option<usize>,
+    pub max_user_connections: Option<usize>,
+}
+
+fn default_host() -> String {
+    "127.0.0.1".into()
+}
+
+fn default_port() -> u16 {
+    5432
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    general: General,
+    #[serde(default)]
+    databases: BTreeMap<String, Database>,
+    #[serde(default)]
+    users: BTreeMap<String, User>,
+}
+
+/// A loaded, validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub path: PathBuf,
+    pub general: General,
+    pub databases: BTreeMap<String, Database>,
+    pub users: BTreeMap<String, User>,
+    /// Listen addresses parsed from `general.listen_addr`.
+    pub listen: Vec<IpAddr>,
+}
+
+/// Seconds as a Duration, or None when 0 (disabled).
+pub fn secs(v: f64) -> Option<Duration> {
+    (v > 0.0).then(|| Duration::from_secs_f64(v))
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { file: file.clone(), source })?;
+        Self::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let file = path.display().to_string();
+        let raw: FileConfig = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|s| line_of(text, s.start)).unwrap_or(0);
+            ConfigError::Invalid { file: file.clone(), line, key: "-".into(), message: e.message().to_string() }
+        })?;
+        let invalid = |section: &str, key: &str, message: String| ConfigError::Invalid {
+            file: file.clone(),
+            line: locate_key(text, section, key),
+            key: if section.is_empty() { key.to_string() } else { format!("{section}.{key}") },
+            message,
+        };
+        let listen = validate_general(&raw.general, &|k, m| invalid("general", k, m))?;
+        for (name, db) in &raw.databases {
+            validate_database(name, db, &raw.general, &|k, m| invalid(&format!("databases.{name}"), k, m))?;
+        }
+        for (name, user) in &raw.users {
+            validate_user(user, &raw.general, &|k, m| invalid(&format!("users.{name}"), k, m))?;
+        }
+        Ok(Config {
+            path: path.to_path_buf(),
+            general: raw.general,
+            databases: raw.databases,
+            users: raw.users,
+            listen,
+        })
+    }
+
+    /// The pool mode for a (database, user) pair: user, then database, then general.
+    pub fn pool_mode(&self, db: &Database, user: Option<&User>) -> PoolMode {
+        user.and_then(|u| u.pool_mode).filter(|_| db.user.is_none()).or(db.pool_mode).unwrap_or(self.general.pool_mode)
+    }
+
+    pub fn pool_size(&self, db: &Database, user: Option<&User>) -> usize {
+        db.pool_size.or_else(|| user.and_then(|u| u.pool_size)).unwrap_or(self.general.default_pool_size)
+    }
+
+    pub fn workers(&self) -> usize {
+        match self.general.workers {
+            0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            n => n,
+        }
+    }
+}
+
+type Invalid<'a> = &'a dyn Fn(&str, String) -> ConfigError;
+
+fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, ConfigError> {
+    let mut listen = Vec::new();
+    for a in &g.listen_addr {
+        let ip = match a.as_str() {
+            "*" => {
+                listen.push(IpAddr::from([0u8; 4]));
+                IpAddr::from([0u16; 8])
+            }
+            a => a
+                .trim_matches(|c| c == '[' || c == ']')
+                .parse()
+                .map_err(|_| invalid("listen_addr", format!("\"{a}\" is not an IP address")))?,
+        };
+        listen.push(ip);
+    }
+    if g.listen_port == 0 {
+        return Err(invalid("listen_port", "must be between 1 and 65535".into()));
+    }
+    if u32::from_str_radix(&g.unix_socket_mode, 8).is_err() {
+        return Err(invalid("unix_socket_mode", "must be an octal mode like \"0777\"".into()));
+    }
+    if g.default_pool_size == 0 {
+        return Err(invalid("default_pool_size", "must be at least 1".into()));
+    }
+    if g.max_client_conn == 0 {
+        return Err(invalid("max_client_conn", "must be at least 1".into()));
+    }
+    if g.workers > 1024 {
+        return Err(invalid("workers", "must be at most 1024".into()));
+    }
+    let durations = [
+        ("server_check_delay", g.server_check_delay),
+        ("server_lifetime", g.server_lifetime),
+        ("server_idle_timeout", g.server_idle_timeout),
+        ("server_connect_timeout", g.server_connect_timeout),
+        ("client_login_timeout", g.client_login_timeout),
+        ("query_wait_timeout", g.query_wait_timeout),
+        ("query_timeout", g.query_timeout),
+        ("idle_transaction_timeout", g.idle_transaction_timeout),
+        ("client_idle_timeout", g.client_idle_timeout),
+        ("shutdown_timeout", g.shutdown_timeout),
+        ("auth_failure_delay", g.auth_failure_delay),
+    ];
+    for (key, v) in durations {
+        if !v.is_finite() || !(0.0..=1e9).contains(&v) {
+            return Err(invalid(key, "must be a number of seconds, 0 or more".into()));
+        }
+    }
+    if tracing_subscriber::EnvFilter::try_new(&g.log_level).is_err() {
+        return Err(invalid("log_level", format!("\"{}\" is not a log level or filter", g.log_level)));
+    }
+    Ok(listen)
+}
+
+fn validate_database(name: &str, db: &Database, g: &General, invalid: Invalid) -> Result<(), ConfigError> {
+    if name.is_empty() || name.len() > 63 {
+        return Err(invalid("dbname", "database names must have 1 to 63 bytes".into()));
+    }
+    if db.port == 0 {
+        return Err(invalid("port", "must be between 1 and 65535".into()));
+    }
+    if db.host.is_empty() {
+        return Err(invalid("host", "must be a host name, an IP address or a socket directory".into()));
+    }
+    if db.pool_size == Some(0) {
+        return Err(invalid("pool_size", "must be at least 1".into()));
+    }
+    let size = db.pool_size.unwrap_or(g.default_pool_size);
+    if db.min_pool_size.unwrap_or(0) > size {
+        return Err(invalid("min_pool_size", format!("is larger than the pool size ({size})")));
+    }
+    if db.password.is_some() && db.user.is_none() {
+        return Err(invalid("password", "is only used together with user".into()));
+    }
+    Ok(())
+}
+
+fn validate_user(user: &User, g: &General, invalid: Invalid) -> Result<(), ConfigError> {
+    use crate::auth::{md5, scram};
+    if let Some(p) = &user.password {
+        if p.starts_with("SCRAM-SHA-256$") && scram::ScramSecret::parse(p).is_err() {
+            return Err(invalid("password", "is not a valid SCRAM-SHA-256 secret".into()));
+        }
+        if p.starts_with("SCRAM-SHA-256$") && g.auth_type == AuthType::Md5 {
+            return Err(invalid(
+                "password",
+                "a SCRAM secret cannot check md5 logins (auth_type = \"md5\"); give a plain password or an md5 hash"
+                    .into(),
+            ));
+        }
+        if md5::is_md5_hash(p) && g.auth_type == AuthType::ScramSha256 {
+            return Err(invalid(
+                "password",
+                "an md5 hash cannot check SCRAM logins; give a plain password or a SCRAM secret".into(),
+            ));
+        }
+    } else if g.auth_type != AuthType::Trust {
+        return Err(invalid("password", "is required when auth_type is not trust".to_string()));
+    }
+    if user.pool_size == Some(0) {
+        return Err(invalid("pool_size", "must be at least 1".into()));
+    }
+    Ok(())
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
+}
+
+#[cfg(test)]
+mod tests;

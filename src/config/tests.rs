@@ -1,0 +1,103 @@
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, Path::new("sluice.toml"))
+}
+
+fn err(text: &str) -> String {
+    parse(text).unwrap_err().to_string()
+}
+
+#[test]
+fn defaults_are_sane() {
+    let c = parse("").unwrap();
+    assert_eq!(c.general.listen_port, 6432);
+    assert_eq!(c.general.auth_type, AuthType::ScramSha256);
+    assert_eq!(c.general.pool_mode, PoolMode::Transaction);
+    assert_eq!(c.listen, vec!["127.0.0.1".parse::<IpAddr>().unwrap()]);
+    assert!(c.workers() >= 1);
+}
+
+#[test]
+fn full_example_parses() {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/sluice.toml")).unwrap();
+    let c = parse(&text).unwrap();
+    assert!(!c.databases.is_empty());
+    assert!(!c.users.is_empty());
+}
+
+#[test]
+fn unknown_key_names_line() {
+    let e = err("[general]\nlisten_port = 6432\nlisten_prot = 1\n");
+    assert!(e.starts_with("sluice.toml:3:"), "{e}");
+    assert!(e.contains("listen_prot"), "{e}");
+}
+
+#[test]
+fn wrong_type_and_bad_enum_name_line() {
+    let e = err("[general]\n\nlisten_port = \"x\"\n");
+    assert!(e.starts_with("sluice.toml:3:"), "{e}");
+    let e = err("[databases.app]\npool_mode = \"sometimes\"\n");
+    assert!(e.starts_with("sluice.toml:2:"), "{e}");
+    assert!(e.contains("sometimes"), "{e}");
+}
+
+#[test]
+fn semantic_errors_name_file_line_and_key() {
+    let e = err("[general]\nauth_type = \"trust\"\n[databases.app]\nhost = \"h\"\nport = 0\n");
+    assert_eq!(e, "sluice.toml:5: databases.app.port: must be between 1 and 65535");
+    let e = err("[general]\nlisten_addr = [\"nope\"]\n");
+    assert!(e.starts_with("sluice.toml:2: general.listen_addr:"), "{e}");
+    let e = err("[general]\nquery_timeout = -1\n");
+    assert!(e.starts_with("sluice.toml:2: general.query_timeout:"), "{e}");
+    let e = err("[general]\nlog_level = \"[[[\"\n");
+    assert!(e.contains("general.log_level"), "{e}");
+}
+
+#[test]
+fn user_secrets_are_checked_against_auth_type() {
+    let e = err("[users.bob]\npassword = \"SCRAM-SHA-256$4096:bad\"\n");
+    assert!(e.starts_with("sluice.toml:2: users.bob.password"), "{e}");
+    let e =
+        err("[general]\nauth_type = \"md5\"\n[users.bob]\n\npassword = \"SCRAM-SHA-256$4096:c2FsdA==$AAAA:AAAA\"\n");
+    assert!(e.contains("users.bob.password"), "{e}");
+    let e = err("[users.bob]\npool_mode = \"session\"\n");
+    assert!(e.contains("password: is required"), "{e}");
+    assert!(parse("[general]\nauth_type = \"trust\"\n[users.bob]\n").is_ok());
+}
+
+#[test]
+fn min_pool_size_bounded_by_pool_size() {
+    let e = err("[general]\nauth_type = \"trust\"\n[databases.a]\npool_size = 2\nmin_pool_size = 3\n");
+    assert!(e.starts_with("sluice.toml:5: databases.a.min_pool_size"), "{e}");
+}
+
+#[test]
+fn pool_mode_precedence() {
+    let c = parse(
+        "[general]\npool_mode = \"statement\"\nauth_type = \"trust\"\n[databases.a]\npool_mode = \"session\"\n[databases.b]\n[users.u]\npool_mode = \"transaction\"\n",
+    )
+    .unwrap();
+    let (a, b) = (&c.databases["a"], &c.databases["b"]);
+    assert_eq!(c.pool_mode(a, None), PoolMode::Session);
+    assert_eq!(c.pool_mode(b, None), PoolMode::Statement);
+    assert_eq!(c.pool_mode(a, c.users.get("u")), PoolMode::Transaction);
+}
+
+#[test]
+fn ipv6_and_wildcard_listen() {
+    let c = parse("[general]\nlisten_addr = [\"::1\", \"[::1]\", \"*\"]\n").unwrap();
+    assert_eq!(c.listen.len(), 4);
+}
+
+#[test]
+fn every_key_is_documented() {
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/config.md")).unwrap();
+    let mut missing = Vec::new();
+    for (section, key) in reference::keys() {
+        if !docs.contains(&format!("### `{key}`")) && !docs.contains(&format!("| `{key}` |")) {
+            missing.push(format!("{section}.{key}"));
+        }
+    }
+    assert!(missing.is_empty(), "undocumented config keys in docs/config.md: {missing:?}");
+}

@@ -1,0 +1,16 @@
+//! Sluice, a PostgreSQL connection pooler.
+//!
+//! Bytes flow `net` → `client` (handshake, `auth`, session, relay) ⇄ `server`
+//! connections lent by a `pool`; `protocol` is the I/O-free wire codec; `app` wires
+//! the handles together; `config` loads and validates the TOML file.
+
+pub mod app;
+pub mod auth;
+pub mod cancel;
+pub mod client;
+pub mod config;
+pub mod net;
+pub mod params;
+pub mod pool;
+pub mod protocol;
+pub mod server;

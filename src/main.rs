@@ -1,0 +1,73 @@
+//! The `sluice` command: loads the config, sets up logging, runs the pooler.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use sluice::app;
+use sluice::config::{Config, LogFormat};
+
+/// Sluice, a PostgreSQL connection pooler.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Cli {
+    /// Path to the TOML configuration file.
+    #[arg(short, long, default_value = "sluice.toml")]
+    config: PathBuf,
+    /// Check the configuration and exit.
+    #[arg(long)]
+    check: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let cfg = match Config::load(&cli.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("sluice: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if cli.check {
+        println!("{}: configuration is valid", cli.config.display());
+        return ExitCode::SUCCESS;
+    }
+    init_logging(&cfg);
+    app::raise_fd_limit();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(cfg.workers()).enable_all().build();
+    let runtime = match runtime {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("sluice: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let listeners = match app::bind(&cfg) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("sluice: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let app = match app::App::new(cfg) {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("sluice: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        app::run(app, listeners).await;
+        ExitCode::SUCCESS
+    })
+}
+
+fn init_logging(cfg: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cfg.general.log_level));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cfg.general.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}

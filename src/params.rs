@@ -1,0 +1,152 @@
+//! Session parameters a client asked for (startup packet, `options -c`, and values
+//! the server reported while lent to it), kept so any server lent to the client can
+//! be made to match with SET/RESET before the client's first message.
+
+use std::hash::{Hash, Hasher};
+
+/// Parameters PostgreSQL reports with ParameterStatus and a pooler must keep per client.
+pub const REPORTED: &[&str] = &[
+    "application_name",
+    "client_encoding",
+    "datestyle",
+    "intervalstyle",
+    "timezone",
+    "standard_conforming_strings",
+    "search_path",
+];
+
+/// Startup packet keys that are not session settings.
+pub const NOT_SETTINGS: &[&str] = &["user", "database", "options", "replication"];
+
+/// A client's settings: lowercase names, sorted, with a hash for a cheap comparison
+/// on every checkout.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientParams {
+    list: Vec<(String, String)>,
+    hash: u64,
+}
+
+impl ClientParams {
+    pub fn new(mut list: Vec<(String, String)>) -> Self {
+        for (k, _) in list.iter_mut() {
+            k.make_ascii_lowercase();
+        }
+        list.sort_by(|a, b| a.0.cmp(&b.0));
+        // a later setting of the same name wins, as in a startup packet
+        list.reverse();
+        list.dedup_by(|a, b| a.0 == b.0);
+        list.reverse();
+        let mut p = ClientParams { list, hash: 0 };
+        p.rehash();
+        p
+    }
+
+    fn rehash(&mut self) {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.list.hash(&mut h);
+        self.hash = h.finish();
+    }
+
+    pub fn hash(&self) -> u64 {
+        self.hash
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.list.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        let i = self.list.binary_search_by(|(k, _)| k.as_str().cmp(name)).ok()?;
+        Some(&self.list[i].1)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Records a value the server reported for a tracked parameter. Returns whether
+    /// anything changed.
+    pub fn set(&mut self, name: &str, value: &str) -> bool {
+        let name = name.to_ascii_lowercase();
+        match self.list.binary_search_by(|(k, _)| k.as_str().cmp(&name)) {
+            Ok(i) if self.list[i].1 == value => return false,
+            Ok(i) => self.list[i].1 = value.to_string(),
+            Err(i) => self.list.insert(i, (name, value.to_string())),
+        }
+        self.rehash();
+        true
+    }
+
+    /// Drops a parameter (it falls back to the server default).
+    pub fn remove(&mut self, name: &str) {
+        if let Ok(i) = self.list.binary_search_by(|(k, _)| k.as_str().cmp(name)) {
+            self.list.remove(i);
+            self.rehash();
+        }
+    }
+
+    /// The SQL that turns a server whose settings are `from` into one with `self`'s.
+    /// None when nothing differs.
+    pub fn diff_sql(&self, from: &ClientParams) -> Option<String> {
+        use crate::protocol::build::{quote_ident, quote_literal};
+        if self.hash == from.hash && self.list == from.list {
+            return None;
+        }
+        let mut sql = String::new();
+        for (k, v) in &self.list {
+            if from.get(k) != Some(v.as_str()) {
+                sql.push_str(&format!("SET {} = {};", quote_ident(k), quote_literal(v)));
+            }
+        }
+        for (k, _) in &from.list {
+            if self.get(k).is_none() {
+                sql.push_str(&format!("RESET {};", quote_ident(k)));
+            }
+        }
+        (!sql.is_empty()).then_some(sql)
+    }
+}
+
+pub fn is_reported(name: &str) -> bool {
+    REPORTED.iter().any(|r| r.eq_ignore_ascii_case(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(list: &[(&str, &str)]) -> ClientParams {
+        ClientParams::new(list.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect())
+    }
+
+    #[test]
+    fn normalizes_and_dedups() {
+        let a = p(&[("TimeZone", "UTC"), ("application_name", "x"), ("timezone", "Europe/Paris")]);
+        assert_eq!(a.get("timezone"), Some("Europe/Paris"));
+        assert_eq!(a.iter().count(), 2);
+        assert_eq!(a, p(&[("application_name", "x"), ("TIMEZONE", "Europe/Paris")]));
+    }
+
+    #[test]
+    fn diff_sets_and_resets() {
+        let a = p(&[("timezone", "UTC"), ("application_name", "a")]);
+        let b = p(&[("application_name", "b"), ("search_path", "s")]);
+        assert_eq!(a.diff_sql(&a), None);
+        let sql = a.diff_sql(&b).unwrap();
+        assert_eq!(sql, "SET \"application_name\" = E'a';SET \"timezone\" = E'UTC';RESET \"search_path\";");
+        assert_eq!(ClientParams::default().diff_sql(&ClientParams::default()), None);
+    }
+
+    #[test]
+    fn set_tracks_changes() {
+        let mut a = p(&[("timezone", "UTC")]);
+        let h = a.hash();
+        assert!(!a.set("TimeZone", "UTC"));
+        assert!(a.set("TimeZone", "Asia/Tokyo"));
+        assert_ne!(a.hash(), h);
+        assert!(a.set("DateStyle", "ISO, MDY"));
+        assert_eq!(a.get("datestyle"), Some("ISO, MDY"));
+        a.remove("datestyle");
+        assert_eq!(a.get("datestyle"), None);
+    }
+}

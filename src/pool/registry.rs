@@ -1,0 +1,130 @@
+//! All pools by (database, server user), created on first login and updated or
+//! closed on reload, plus the shared per-database and per-user connection limits.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::{ConnLimit, Pool, PoolSettings};
+use crate::auth::{ServerLogin, UserStore};
+use crate::config::{Config, secs};
+use crate::server::{ServerAddr, ServerTarget};
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolKey {
+    pub database: String,
+    /// The user Sluice logs in to the server as.
+    pub user: String,
+}
+
+#[derive(Debug, Default)]
+pub struct Pools {
+    map: Mutex<HashMap<PoolKey, Arc<Pool>>>,
+    db_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
+    user_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
+}
+
+impl Pools {
+    /// The pool a client of `db` logging in as `user` uses, created on first use.
+    /// None when the database is not configured.
+    pub fn get(&self, cfg: &Config, users: &UserStore, db: &str, user: &str) -> Option<Arc<Pool>> {
+        let (key, settings) = settings_for(cfg, users, db, user)?;
+        let mut map = self.map.lock();
+        if let Some(p) = map.get(&key) {
+            return Some(p.clone());
+        }
+        let db_limit = self.limit(&self.db_limits, db, db_max(cfg, db));
+        let user_limit = self.limit(&self.user_limits, &key.user, user_max(cfg, &key.user));
+        let pool = Arc::new(Pool::new(key.clone(), settings, db_limit, user_limit));
+        map.insert(key, pool.clone());
+        Some(pool)
+    }
+
+    fn limit(&self, map: &Mutex<HashMap<String, Arc<ConnLimit>>>, name: &str, max: usize) -> Arc<ConnLimit> {
+        let mut m = map.lock();
+        let l = m.entry(name.to_string()).or_insert_with(|| Arc::new(ConnLimit::new(max)));
+        l.set_max(max);
+        l.clone()
+    }
+
+    pub fn all(&self) -> Vec<Arc<Pool>> {
+        let mut v: Vec<_> = self.map.lock().values().cloned().collect();
+        v.sort_by(|a, b| a.key.cmp(&b.key));
+        v
+    }
+
+    /// Applies a reloaded configuration: new settings for surviving pools, closing of
+    /// pools whose database or user is gone, new limits.
+    pub fn reload(&self, cfg: &Config, users: &UserStore) {
+        let mut map = self.map.lock();
+        map.retain(|key, pool| {
+            let client_user = cfg.databases.get(&key.database).and_then(|d| d.user.clone()).unwrap_or(key.user.clone());
+            match settings_for(cfg, users, &key.database, &client_user) {
+                Some((k, s)) if k == *key => {
+                    pool.update(s);
+                    true
+                }
+                _ => {
+                    pool.close();
+                    false
+                }
+            }
+        });
+        for (name, l) in self.db_limits.lock().iter() {
+            l.set_max(db_max(cfg, name));
+        }
+        for (name, l) in self.user_limits.lock().iter() {
+            l.set_max(user_max(cfg, name));
+        }
+    }
+}
+
+fn db_max(cfg: &Config, db: &str) -> usize {
+    cfg.databases.get(db).and_then(|d| d.max_db_connections).unwrap_or(cfg.general.max_db_connections)
+}
+
+fn user_max(cfg: &Config, user: &str) -> usize {
+    cfg.users.get(user).and_then(|u| u.max_user_connections).unwrap_or(cfg.general.max_user_connections)
+}
+
+/// The pool key and settings for a client of `db_name` logged in as `client_user`.
+pub fn settings_for(
+    cfg: &Config,
+    users: &UserStore,
+    db_name: &str,
+    client_user: &str,
+) -> Option<(PoolKey, PoolSettings)> {
+    let db = cfg.databases.get(db_name)?;
+    let g = &cfg.general;
+    let (server_user, login) = match &db.user {
+        Some(forced) => {
+            let login = match &db.password {
+                Some(p) => Arc::new(ServerLogin::plain(p)),
+                None => users.get(forced).map(|u| u.server.clone()).unwrap_or_default(),
+            };
+            (forced.clone(), login)
+        }
+        None => (client_user.to_string(), users.get(client_user)?.server.clone()),
+    };
+    let user_cfg = cfg.users.get(&server_user).filter(|_| db.user.is_none());
+    let settings = PoolSettings {
+        target: ServerTarget {
+            addr: ServerAddr { host: db.host.clone(), port: db.port },
+            database: db.dbname.clone().unwrap_or_else(|| db_name.to_string()),
+            user: server_user.clone(),
+        },
+        login,
+        mode: cfg.pool_mode(db, user_cfg),
+        size: cfg.pool_size(db, user_cfg),
+        min_size: db.min_pool_size.unwrap_or(g.min_pool_size),
+        lifetime: secs(g.server_lifetime),
+        idle_timeout: secs(g.server_idle_timeout),
+        connect_timeout: secs(g.server_connect_timeout),
+        wait_timeout: secs(g.query_wait_timeout),
+        check_delay: secs(g.server_check_delay),
+        reset_query: g.server_reset_query.clone(),
+        reset_query_always: g.server_reset_query_always,
+    };
+    Some((PoolKey { database: db_name.to_string(), user: server_user }, settings))
+}

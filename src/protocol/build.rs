@@ -1,0 +1,265 @@
+//! Builders for the messages Sluice writes itself. Each appends one complete frame to
+//! a `BytesMut`, so a batch of replies goes out in a single write.
+
+use bytes::{BufMut, BytesMut};
+
+use super::{TxStatus, auth_code, be, fe};
+
+/// Severity of an ErrorResponse Sluice raises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    Error,
+    Fatal,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Error => "ERROR",
+            Self::Fatal => "FATAL",
+        }
+    }
+}
+
+/// Writes a frame: tag, length placeholder, body written by `f`, then the length.
+fn frame(buf: &mut BytesMut, tag: u8, f: impl FnOnce(&mut BytesMut)) {
+    buf.put_u8(tag);
+    let at = buf.len();
+    buf.put_u32(0);
+    f(buf);
+    let len = (buf.len() - at) as u32;
+    buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+fn cstr(buf: &mut BytesMut, s: &[u8]) {
+    buf.put_slice(s);
+    buf.put_u8(0);
+}
+
+/// The single place an ErrorResponse is composed.
+pub fn error_response(buf: &mut BytesMut, severity: Severity, code: &str, message: &str) {
+    frame(buf, be::ERROR_RESPONSE, |b| {
+        b.put_u8(b'S');
+        cstr(b, severity.as_str().as_bytes());
+        b.put_u8(b'V');
+        cstr(b, severity.as_str().as_bytes());
+        b.put_u8(b'C');
+        cstr(b, code.as_bytes());
+        b.put_u8(b'M');
+        // A NUL inside the text would end the field early; PostgreSQL never sends one.
+        let msg: Vec<u8> = message.bytes().filter(|&c| c != 0).collect();
+        cstr(b, &msg);
+        b.put_u8(0);
+    });
+}
+
+pub fn ready_for_query(buf: &mut BytesMut, status: TxStatus) {
+    frame(buf, be::READY_FOR_QUERY, |b| b.put_u8(status.as_byte()));
+}
+
+pub fn parameter_status(buf: &mut BytesMut, name: &[u8], value: &[u8]) {
+    frame(buf, be::PARAMETER_STATUS, |b| {
+        cstr(b, name);
+        cstr(b, value);
+    });
+}
+
+pub fn backend_key_data(buf: &mut BytesMut, pid: u32, secret: u32) {
+    frame(buf, be::BACKEND_KEY_DATA, |b| {
+        b.put_u32(pid);
+        b.put_u32(secret);
+    });
+}
+
+pub fn auth_ok(buf: &mut BytesMut) {
+    frame(buf, be::AUTHENTICATION, |b| b.put_i32(auth_code::OK));
+}
+
+pub fn auth_md5(buf: &mut BytesMut, salt: [u8; 4]) {
+    frame(buf, be::AUTHENTICATION, |b| {
+        b.put_i32(auth_code::MD5);
+        b.put_slice(&salt);
+    });
+}
+
+pub fn auth_cleartext(buf: &mut BytesMut) {
+    frame(buf, be::AUTHENTICATION, |b| b.put_i32(auth_code::CLEARTEXT));
+}
+
+/// AuthenticationSASL offering the given mechanisms.
+pub fn auth_sasl(buf: &mut BytesMut, mechanisms: &[&str]) {
+    frame(buf, be::AUTHENTICATION, |b| {
+        b.put_i32(auth_code::SASL);
+        for m in mechanisms {
+            cstr(b, m.as_bytes());
+        }
+        b.put_u8(0);
+    });
+}
+
+pub fn auth_sasl_continue(buf: &mut BytesMut, data: &[u8]) {
+    frame(buf, be::AUTHENTICATION, |b| {
+        b.put_i32(auth_code::SASL_CONTINUE);
+        b.put_slice(data);
+    });
+}
+
+pub fn auth_sasl_final(buf: &mut BytesMut, data: &[u8]) {
+    frame(buf, be::AUTHENTICATION, |b| {
+        b.put_i32(auth_code::SASL_FINAL);
+        b.put_slice(data);
+    });
+}
+
+/// NegotiateProtocolVersion: the newest minor version supported and the options not
+/// recognised.
+pub fn negotiate_protocol_version(buf: &mut BytesMut, minor: u32, unsupported: &[&str]) {
+    frame(buf, be::NEGOTIATE_PROTOCOL_VERSION, |b| {
+        b.put_u32(minor);
+        b.put_u32(unsupported.len() as u32);
+        for o in unsupported {
+            cstr(b, o.as_bytes());
+        }
+    });
+}
+
+pub fn close_complete(buf: &mut BytesMut) {
+    frame(buf, be::CLOSE_COMPLETE, |_| {});
+}
+
+pub fn parse_complete(buf: &mut BytesMut) {
+    frame(buf, be::PARSE_COMPLETE, |_| {});
+}
+
+// ---- frontend messages Sluice sends to servers ----
+
+/// StartupMessage for protocol 3.0 with the given parameters.
+pub fn startup_message(buf: &mut BytesMut, params: &[(&str, &str)]) {
+    let at = buf.len();
+    buf.put_u32(0);
+    buf.put_u32(super::startup::PROTOCOL_3_0);
+    for (k, v) in params {
+        cstr(buf, k.as_bytes());
+        cstr(buf, v.as_bytes());
+    }
+    buf.put_u8(0);
+    let len = (buf.len() - at) as u32;
+    buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
+}
+
+pub fn cancel_request(buf: &mut BytesMut, pid: u32, secret: u32) {
+    buf.put_u32(16);
+    buf.put_u32(super::startup::CANCEL_REQUEST_CODE);
+    buf.put_u32(pid);
+    buf.put_u32(secret);
+}
+
+pub fn query(buf: &mut BytesMut, sql: &str) {
+    frame(buf, fe::QUERY, |b| cstr(b, sql.as_bytes()));
+}
+
+pub fn password(buf: &mut BytesMut, password: &[u8]) {
+    frame(buf, fe::PASSWORD, |b| cstr(b, password));
+}
+
+pub fn sasl_initial_response(buf: &mut BytesMut, mechanism: &str, data: &[u8]) {
+    frame(buf, fe::PASSWORD, |b| {
+        cstr(b, mechanism.as_bytes());
+        b.put_i32(data.len() as i32);
+        b.put_slice(data);
+    });
+}
+
+pub fn sasl_response(buf: &mut BytesMut, data: &[u8]) {
+    frame(buf, fe::PASSWORD, |b| b.put_slice(data));
+}
+
+pub fn terminate(buf: &mut BytesMut) {
+    frame(buf, fe::TERMINATE, |_| {});
+}
+
+pub fn sync(buf: &mut BytesMut) {
+    frame(buf, fe::SYNC, |_| {});
+}
+
+/// Parse of a named statement with no parameter types given.
+pub fn parse(buf: &mut BytesMut, name: &[u8], query: &[u8], param_types: &[u32]) {
+    frame(buf, fe::PARSE, |b| {
+        cstr(b, name);
+        cstr(b, query);
+        b.put_u16(param_types.len() as u16);
+        for t in param_types {
+            b.put_u32(*t);
+        }
+    });
+}
+
+/// Close of a statement (`S`) or portal (`P`).
+pub fn close(buf: &mut BytesMut, kind: u8, name: &[u8]) {
+    frame(buf, fe::CLOSE, |b| {
+        b.put_u8(kind);
+        cstr(b, name);
+    });
+}
+
+/// Quotes a value as a SQL string literal that reads the same whatever
+/// standard_conforming_strings says.
+pub fn quote_literal(value: &str) -> String {
+    let mut s = String::with_capacity(value.len() + 3);
+    s.push_str("E'");
+    for c in value.chars() {
+        match c {
+            '\'' => s.push_str("''"),
+            '\\' => s.push_str("\\\\"),
+            c => s.push(c),
+        }
+    }
+    s.push('\'');
+    s
+}
+
+/// Quotes an identifier (a parameter name) for SET.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{Header, fields::ErrorFields};
+
+    #[test]
+    fn error_response_round_trips() {
+        let mut b = BytesMut::new();
+        error_response(&mut b, Severity::Fatal, "28P01", "password authentication failed");
+        let h = Header::peek(&b).unwrap().unwrap();
+        assert_eq!(h.tag, b'E');
+        assert_eq!(h.frame_len, b.len());
+        let f = ErrorFields::parse(&b[5..]).unwrap();
+        assert_eq!(f.severity, "FATAL");
+        assert_eq!(f.code, "28P01");
+        assert_eq!(f.message, "password authentication failed");
+    }
+
+    #[test]
+    fn fixed_frames() {
+        let mut b = BytesMut::new();
+        ready_for_query(&mut b, TxStatus::InTransaction);
+        assert_eq!(&b[..], b"Z\0\0\0\x05T");
+        b.clear();
+        backend_key_data(&mut b, 1, 2);
+        assert_eq!(&b[..], b"K\0\0\0\x0c\0\0\0\x01\0\0\0\x02");
+        b.clear();
+        startup_message(&mut b, &[("user", "u")]);
+        assert_eq!(&b[..], b"\0\0\0\x10\0\x03\0\0user\0u\0\0");
+        b.clear();
+        cancel_request(&mut b, 5, 6);
+        assert_eq!(b.len(), 16);
+    }
+
+    #[test]
+    fn literals_are_quoted() {
+        assert_eq!(quote_literal("a'b\\c"), "E'a''b\\\\c'");
+        assert_eq!(quote_ident("Time\"Zone"), "\"Time\"\"Zone\"");
+    }
+}

@@ -1,0 +1,161 @@
+//! Frame scanning for the relay. Bytes are forwarded as they arrive: only headers are
+//! read, except for the few message types the caller needs whole. A message can be
+//! dropped or bytes inserted; output stays a slice of the input (no copy) unless that
+//! happens.
+
+use std::ops::Range;
+
+use bytes::BytesMut;
+
+use super::{HEADER_LEN, Header, MAX_INSPECTED_LEN, ProtocolError};
+
+/// Tracks the message boundary across reads.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Scanner {
+    /// Bytes of a streamed message's body not yet seen.
+    remaining: usize,
+}
+
+/// One message start seen by the scanner.
+pub struct Msg<'a> {
+    pub tag: u8,
+    /// Offset of the message in the scanned buffer.
+    pub start: usize,
+    pub frame_len: usize,
+    /// The whole frame, for tags the caller asked to see whole.
+    pub frame: Option<&'a [u8]>,
+}
+
+impl Scanner {
+    /// Whether the scanner is in the middle of a streamed message.
+    pub fn mid_message(&self) -> bool {
+        self.remaining > 0
+    }
+
+    /// Walks `buf` from the start. `whole(tag)` says which messages must be complete
+    /// before `on` sees them; every other message is reported as soon as its header is
+    /// in and passes through in pieces. Returns how many bytes were consumed (the rest
+    /// is an incomplete header or an incomplete whole-message: keep it for next time).
+    pub fn scan<'a>(
+        &mut self,
+        buf: &'a [u8],
+        whole: impl Fn(u8) -> bool,
+        mut on: impl FnMut(Msg<'a>, &mut Splice) -> Result<(), ProtocolError>,
+        splice: &mut Splice,
+    ) -> Result<usize, ProtocolError> {
+        let mut pos = self.remaining.min(buf.len());
+        self.remaining -= pos;
+        while self.remaining == 0 {
+            let Some(h) = Header::peek(&buf[pos..])? else { break };
+            let start = pos;
+            if whole(h.tag) {
+                if h.frame_len > MAX_INSPECTED_LEN {
+                    return Err(ProtocolError::TooLarge { tag: h.tag, len: h.frame_len });
+                }
+                if buf.len() - pos < h.frame_len {
+                    break;
+                }
+                pos += h.frame_len;
+                let frame = Some(&buf[start..pos]);
+                on(Msg { tag: h.tag, start, frame_len: h.frame_len, frame }, splice)?;
+            } else {
+                let avail = (buf.len() - pos).min(h.frame_len);
+                pos += avail;
+                self.remaining = h.frame_len - avail;
+                on(Msg { tag: h.tag, start, frame_len: h.frame_len, frame: None }, splice)?;
+            }
+        }
+        Ok(pos)
+    }
+}
+
+/// An edit of the input, in increasing offset order.
+#[derive(Debug)]
+enum Edit {
+    Drop(Range<usize>),
+    /// Bytes `inserted[range]` go before input offset `at`.
+    Insert {
+        at: usize,
+        range: Range<usize>,
+    },
+}
+
+/// The output of one scan: the input with some messages dropped and some bytes
+/// inserted. Without edits the output is the input slice itself (no copy); only an edit
+/// makes it assemble a copy in the scratch buffer.
+#[derive(Debug, Default)]
+pub struct Splice {
+    edits: Vec<Edit>,
+    inserted: BytesMut,
+    scratch: BytesMut,
+}
+
+impl Splice {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Drops `start..end` of the input from the output.
+    pub fn drop_range(&mut self, start: usize, end: usize) {
+        self.edits.push(Edit::Drop(start..end));
+    }
+
+    /// Inserts bytes before input offset `at`.
+    pub fn insert(&mut self, at: usize, bytes: &[u8]) {
+        let from = self.inserted.len();
+        self.inserted.extend_from_slice(bytes);
+        self.edits.push(Edit::Insert { at, range: from..self.inserted.len() });
+    }
+
+    /// Buffer to build inserted bytes in place; follow with [`Splice::commit_insert`].
+    pub fn insert_buf(&mut self) -> (&mut BytesMut, usize) {
+        let from = self.inserted.len();
+        (&mut self.inserted, from)
+    }
+
+    /// Records bytes appended to [`Splice::insert_buf`] since `from` as an insert at `at`.
+    pub fn commit_insert(&mut self, at: usize, from: usize) {
+        self.edits.push(Edit::Insert { at, range: from..self.inserted.len() });
+    }
+
+    /// Whether this scan has edits so far.
+    pub fn edited(&self) -> bool {
+        !self.edits.is_empty()
+    }
+
+    /// The output for `src[..end]`. Call [`Splice::reset`] after writing it.
+    pub fn finish<'a>(&'a mut self, src: &'a [u8], end: usize) -> &'a [u8] {
+        if self.edits.is_empty() {
+            return &src[..end];
+        }
+        let mut mark = 0;
+        for e in &self.edits {
+            match e {
+                Edit::Drop(r) => {
+                    self.scratch.extend_from_slice(&src[mark..r.start.max(mark)]);
+                    mark = mark.max(r.end);
+                }
+                Edit::Insert { at, range } => {
+                    self.scratch.extend_from_slice(&src[mark..(*at).max(mark)]);
+                    mark = mark.max(*at);
+                    self.scratch.extend_from_slice(&self.inserted[range.clone()]);
+                }
+            }
+        }
+        self.scratch.extend_from_slice(&src[mark..end.max(mark)]);
+        &self.scratch
+    }
+
+    /// Clears the state for the next scan, keeping the allocations.
+    pub fn reset(&mut self) {
+        self.edits.clear();
+        self.inserted.clear();
+        self.scratch.clear();
+    }
+}
+
+/// Length of a header, re-exported for callers computing offsets.
+pub const HEADER: usize = HEADER_LEN;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,101 @@
+use super::*;
+use proptest::prelude::*;
+
+fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut v = vec![tag];
+    v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
+fn collect(sc: &mut Scanner, buf: &[u8], whole: &[u8]) -> (usize, Vec<(u8, bool)>) {
+    let mut seen = Vec::new();
+    let mut sp = Splice::new();
+    let n = sc
+        .scan(
+            buf,
+            |t| whole.contains(&t),
+            |m, _| {
+                seen.push((m.tag, m.frame.is_some()));
+                Ok(())
+            },
+            &mut sp,
+        )
+        .unwrap();
+    (n, seen)
+}
+
+#[test]
+fn streams_and_waits_for_whole() {
+    let mut buf = msg(b'D', &[7; 100]);
+    buf.extend(msg(b'Z', b"I"));
+    let mut sc = Scanner::default();
+    // only part of the DataRow: it streams
+    let (n, seen) = collect(&mut sc, &buf[..50], b"Z");
+    assert_eq!((n, seen), (50, vec![(b'D', false)]));
+    assert!(sc.mid_message());
+    // rest of the DataRow and half of ReadyForQuery: RFQ must wait
+    let (n, seen) = collect(&mut sc, &buf[50..108], b"Z");
+    assert_eq!((n, seen), (55, vec![]));
+    let (n, seen) = collect(&mut sc, &buf[105..], b"Z");
+    assert_eq!((n, seen), (6, vec![(b'Z', true)]));
+}
+
+#[test]
+fn rejects_bad_lengths_and_oversized_whole_messages() {
+    let mut sc = Scanner::default();
+    let mut sp = Splice::new();
+    assert!(sc.scan(b"Q\0\0\0\x01", |_| false, |_, _| Ok(()), &mut sp).is_err());
+    let big = [b'E', 0x10, 0, 0, 0];
+    assert!(matches!(sc.scan(&big, |_| true, |_, _| Ok(()), &mut sp), Err(ProtocolError::TooLarge { .. })));
+    // the same length streamed is fine
+    assert_eq!(sc.scan(&big, |_| false, |_, _| Ok(()), &mut sp).unwrap(), 5);
+}
+
+#[test]
+fn splice_drops_and_inserts() {
+    let a = msg(b'A', b"1");
+    let x = msg(b'X', b"");
+    let b = msg(b'B', b"22");
+    let src: Vec<u8> = [a.clone(), x.clone(), b.clone()].concat();
+    let mut sp = Splice::new();
+    assert_eq!(sp.finish(&src, src.len()), &src[..]);
+    sp.reset();
+    sp.drop_range(a.len(), a.len() + x.len());
+    sp.insert(a.len() + x.len(), b"ins");
+    let out = sp.finish(&src, src.len()).to_vec();
+    assert_eq!(out, [a.clone(), b"ins".to_vec(), b.clone()].concat());
+    sp.reset();
+    sp.insert(0, b"pre");
+    assert_eq!(sp.finish(&src, a.len()), [b"pre".to_vec(), a].concat());
+}
+
+proptest! {
+    /// However a stream of messages is cut into reads, every message is seen exactly
+    /// once, in order, and all bytes are consumed.
+    #[test]
+    fn any_chunking_sees_every_message(
+        bodies in proptest::collection::vec((prop::sample::select(vec![b'D', b'Z', b'C', b'S']), proptest::collection::vec(any::<u8>(), 0..40)), 1..20),
+        cuts in proptest::collection::vec(1usize..30, 1..50),
+    ) {
+        let stream: Vec<u8> = bodies.iter().flat_map(|(t, b)| msg(*t, b)).collect();
+        let mut sc = Scanner::default();
+        let mut pending: Vec<u8> = Vec::new();
+        let mut seen = Vec::new();
+        let mut consumed_total = 0;
+        let mut pos = 0;
+        let mut cut = cuts.iter().cycle();
+        while pos < stream.len() {
+            let step = (*cut.next().unwrap()).min(stream.len() - pos);
+            pending.extend_from_slice(&stream[pos..pos + step]);
+            pos += step;
+            let mut sp = Splice::new();
+            let n = sc.scan(&pending, |t| t == b'Z' || t == b'S', |m, _| { seen.push(m.tag); Ok(()) }, &mut sp).unwrap();
+            consumed_total += n;
+            pending.drain(..n);
+        }
+        prop_assert!(pending.is_empty());
+        prop_assert_eq!(consumed_total, stream.len());
+        prop_assert_eq!(seen, bodies.iter().map(|(t, _)| *t).collect::<Vec<_>>());
+    }
+}

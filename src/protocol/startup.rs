@@ -1,0 +1,207 @@
+//! The untagged packets a client sends first: StartupMessage, SSLRequest,
+//! GSSENCRequest and CancelRequest.
+
+use super::{ProtocolError, read_cstr};
+
+/// The longest startup packet accepted (PostgreSQL uses the same limit).
+pub const MAX_STARTUP_LEN: usize = 10_000;
+
+pub const SSL_REQUEST_CODE: u32 = 80_877_103;
+pub const GSSENC_REQUEST_CODE: u32 = 80_877_104;
+pub const CANCEL_REQUEST_CODE: u32 = 80_877_102;
+pub const PROTOCOL_3_0: u32 = 3 << 16;
+
+/// A parsed first packet from a client.
+#[derive(Debug, PartialEq, Eq)]
+pub enum StartupPacket {
+    Ssl,
+    GssEnc,
+    Cancel { pid: u32, secret: u32 },
+    Startup(StartupMessage),
+}
+
+/// A StartupMessage: the requested protocol minor version and the parameters.
+#[derive(Debug, PartialEq, Eq, Clone)]
+pub struct StartupMessage {
+    pub minor: u16,
+    pub params: Vec<(String, String)>,
+}
+
+impl StartupMessage {
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// Protocol options (`_pq_.*`) the client asked for; Sluice supports none.
+    pub fn protocol_options(&self) -> impl Iterator<Item = &str> {
+        self.params.iter().filter(|(k, _)| k.starts_with("_pq_.")).map(|(k, _)| k.as_str())
+    }
+}
+
+/// Validates the length word of a startup packet (which includes itself).
+pub fn check_length(len: u32) -> Result<usize, ProtocolError> {
+    let len = len as usize;
+    if !(8..=MAX_STARTUP_LEN).contains(&len) {
+        return Err(ProtocolError::BadStartupLength(len));
+    }
+    Ok(len)
+}
+
+/// Parses a startup packet body (everything after the length word).
+pub fn parse(body: &[u8]) -> Result<StartupPacket, ProtocolError> {
+    let code = u32::from_be_bytes(body.get(..4).ok_or(ProtocolError::Malformed("startup"))?.try_into().unwrap());
+    let rest = &body[4..];
+    match code {
+        SSL_REQUEST_CODE => Ok(StartupPacket::Ssl),
+        GSSENC_REQUEST_CODE => Ok(StartupPacket::GssEnc),
+        CANCEL_REQUEST_CODE => {
+            if rest.len() != 8 {
+                return Err(ProtocolError::Malformed("CancelRequest"));
+            }
+            let pid = u32::from_be_bytes(rest[..4].try_into().unwrap());
+            let secret = u32::from_be_bytes(rest[4..8].try_into().unwrap());
+            Ok(StartupPacket::Cancel { pid, secret })
+        }
+        _ => {
+            let (major, minor) = ((code >> 16) as u16, (code & 0xffff) as u16);
+            if major != 3 {
+                return Err(ProtocolError::UnsupportedVersion { major, minor });
+            }
+            Ok(StartupPacket::Startup(StartupMessage { minor, params: parse_params(rest)? }))
+        }
+    }
+}
+
+fn parse_params(mut buf: &[u8]) -> Result<Vec<(String, String)>, ProtocolError> {
+    let bad = ProtocolError::Malformed("StartupMessage");
+    let mut params = Vec::new();
+    loop {
+        let (name, rest) = read_cstr(buf).ok_or_else(|| bad.clone())?;
+        if name.is_empty() {
+            if !rest.is_empty() {
+                return Err(bad);
+            }
+            return Ok(params);
+        }
+        let (value, rest) = read_cstr(rest).ok_or_else(|| bad.clone())?;
+        let name = String::from_utf8(name.to_vec()).map_err(|_| bad.clone())?;
+        let value = String::from_utf8(value.to_vec()).map_err(|_| bad.clone())?;
+        params.push((name, value));
+        buf = rest;
+    }
+}
+
+impl Clone for ProtocolError {
+    fn clone(&self) -> Self {
+        match self {
+            Self::BadLength { tag, len } => Self::BadLength { tag: *tag, len: *len },
+            Self::TooLarge { tag, len } => Self::TooLarge { tag: *tag, len: *len },
+            Self::Malformed(s) => Self::Malformed(s),
+            Self::BadStartupLength(n) => Self::BadStartupLength(*n),
+            Self::UnsupportedVersion { major, minor } => Self::UnsupportedVersion { major: *major, minor: *minor },
+        }
+    }
+}
+
+/// Splits a libpq `options` value into `-c name=value` settings. Backslash escapes a
+/// space, as in PostgreSQL's own parser. Other switches are rejected.
+pub fn parse_options(options: &str) -> Result<Vec<(String, String)>, String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut chars = options.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => cur.extend(chars.next()),
+            c if c.is_whitespace() => {
+                if !cur.is_empty() {
+                    words.push(std::mem::take(&mut cur));
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        words.push(cur);
+    }
+    let mut out = Vec::new();
+    let mut it = words.into_iter();
+    while let Some(w) = it.next() {
+        let setting = if w == "-c" {
+            it.next().ok_or_else(|| "missing setting after -c".to_string())?
+        } else if let Some(s) = w.strip_prefix("-c").or_else(|| w.strip_prefix("--")) {
+            s.to_string()
+        } else {
+            return Err(format!("unsupported startup option \"{w}\""));
+        };
+        let (k, v) = setting.split_once('=').ok_or_else(|| format!("option \"{setting}\" needs a value"))?;
+        out.push((k.replace('-', "_"), v.to_string()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packet(code: u32, rest: &[u8]) -> Vec<u8> {
+        let mut v = code.to_be_bytes().to_vec();
+        v.extend_from_slice(rest);
+        v
+    }
+
+    #[test]
+    fn parses_startup_message() {
+        let p = parse(&packet(PROTOCOL_3_0, b"user\0bob\0database\0db\0\0")).unwrap();
+        let StartupPacket::Startup(m) = p else { panic!() };
+        assert_eq!(m.minor, 0);
+        assert_eq!(m.get("user"), Some("bob"));
+        assert_eq!(m.get("database"), Some("db"));
+        assert_eq!(m.get("nope"), None);
+    }
+
+    #[test]
+    fn parses_special_requests() {
+        assert_eq!(parse(&packet(SSL_REQUEST_CODE, b"")).unwrap(), StartupPacket::Ssl);
+        assert_eq!(parse(&packet(GSSENC_REQUEST_CODE, b"")).unwrap(), StartupPacket::GssEnc);
+        let c = parse(&packet(CANCEL_REQUEST_CODE, &[0, 0, 0, 7, 0, 0, 1, 0])).unwrap();
+        assert_eq!(c, StartupPacket::Cancel { pid: 7, secret: 256 });
+        assert!(parse(&packet(CANCEL_REQUEST_CODE, &[0, 0])).is_err());
+    }
+
+    #[test]
+    fn rejects_bad_packets() {
+        assert!(parse(&packet(2 << 16, b"\0")).is_err());
+        assert!(parse(&packet(PROTOCOL_3_0, b"user\0bob")).is_err());
+        assert!(parse(&packet(PROTOCOL_3_0, b"user\0bob\0\0extra")).is_err());
+        assert!(parse(b"\0\0").is_err());
+        assert!(check_length(7).is_err());
+        assert!(check_length(10_001).is_err());
+        assert_eq!(check_length(8).unwrap(), 8);
+    }
+
+    #[test]
+    fn newer_minor_is_reported() {
+        let StartupPacket::Startup(m) = parse(&packet(PROTOCOL_3_0 | 2, b"user\0u\0_pq_.x\0y\0\0")).unwrap() else {
+            panic!()
+        };
+        assert_eq!(m.minor, 2);
+        assert_eq!(m.protocol_options().collect::<Vec<_>>(), vec!["_pq_.x"]);
+    }
+
+    #[test]
+    fn options_parsing() {
+        let o = parse_options("-c search_path=a,b --statement-timeout=5 -cwork_mem=1MB").unwrap();
+        assert_eq!(
+            o,
+            vec![
+                ("search_path".into(), "a,b".into()),
+                ("statement_timeout".into(), "5".into()),
+                ("work_mem".into(), "1MB".into())
+            ]
+        );
+        let o = parse_options(r"-c application_name=a\ b").unwrap();
+        assert_eq!(o, vec![("application_name".into(), "a b".into())]);
+        assert!(parse_options("-d 5").is_err());
+        assert!(parse_options("-c").is_err());
+    }
+}

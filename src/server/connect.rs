@@ -1,0 +1,172 @@
+//! Opening a server connection: TCP or Unix socket, StartupMessage, answering the
+//! server's authentication request (trust, cleartext, md5, SCRAM-SHA-256), and
+//! collecting ParameterStatus and BackendKeyData up to the first ReadyForQuery.
+
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpStream, UnixStream};
+
+use super::{ServerConn, ServerError};
+use crate::auth::ServerLogin;
+use crate::auth::scram::{self, ScramClient};
+use crate::net::{Stream, read_message};
+use crate::protocol::fields::ErrorFields;
+use crate::protocol::{ProtocolError, TxStatus, auth_code, be, body, build, read_i32};
+
+/// Where a server lives; also what a CancelRequest is sent to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerAddr {
+    /// A host name / IP, or a directory holding the Unix socket when it starts with '/'.
+    pub host: String,
+    pub port: u16,
+}
+
+impl ServerAddr {
+    pub async fn open(&self) -> std::io::Result<Stream> {
+        if self.host.starts_with('/') {
+            let path = format!("{}/.s.PGSQL.{}", self.host, self.port);
+            Ok(Stream::Unix(UnixStream::connect(path).await?))
+        } else {
+            let s = TcpStream::connect((self.host.as_str(), self.port)).await?;
+            s.set_nodelay(true)?;
+            Ok(Stream::Tcp(s))
+        }
+    }
+
+    /// Sends a CancelRequest for the given backend key (fire and forget).
+    pub async fn cancel(&self, pid: u32, secret: u32) -> std::io::Result<()> {
+        let mut s = self.open().await?;
+        let mut out = BytesMut::new();
+        build::cancel_request(&mut out, pid, secret);
+        s.write_all(&out).await?;
+        s.shutdown().await
+    }
+}
+
+impl std::fmt::Display for ServerAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+/// Everything needed to open a server connection for a pool.
+#[derive(Clone, Debug)]
+pub struct ServerTarget {
+    pub addr: ServerAddr,
+    pub database: String,
+    pub user: String,
+}
+
+/// Opens and authenticates a server connection within `timeout`.
+pub async fn connect(
+    target: &ServerTarget,
+    login: &ServerLogin,
+    timeout: Option<Duration>,
+) -> Result<ServerConn, ServerError> {
+    let fut = connect_inner(target, login);
+    match timeout {
+        Some(t) => tokio::time::timeout(t, fut).await.map_err(|_| ServerError::ConnectTimeout)?,
+        None => fut.await,
+    }
+}
+
+async fn connect_inner(target: &ServerTarget, login: &ServerLogin) -> Result<ServerConn, ServerError> {
+    let stream = target.addr.open().await?;
+    let mut conn = ServerConn::new(stream, target.addr.clone());
+    let mut out = BytesMut::new();
+    build::startup_message(&mut out, &[("user", &target.user), ("database", &target.database)]);
+    conn.stream.write_all(&out).await?;
+    authenticate(&mut conn, target, login).await?;
+    loop {
+        let frame = read_message(&mut conn.stream, &mut conn.buf).await?;
+        match frame[0] {
+            be::PARAMETER_STATUS => {
+                conn.note_parameter(&frame)?;
+            }
+            be::BACKEND_KEY_DATA => {
+                let b = body(&frame);
+                let (pid, rest) = read_i32(b).ok_or(ProtocolError::Malformed("BackendKeyData"))?;
+                let (secret, _) = read_i32(rest).ok_or(ProtocolError::Malformed("BackendKeyData"))?;
+                (conn.pid, conn.secret) = (pid as u32, secret as u32);
+            }
+            be::READY_FOR_QUERY => {
+                conn.tx = TxStatus::Idle;
+                return Ok(conn);
+            }
+            be::ERROR_RESPONSE => return Err(ServerError::Server(ErrorFields::parse(body(&frame))?)),
+            _ => {} // NoticeResponse, NegotiateProtocolVersion: nothing to do
+        }
+    }
+}
+
+/// Answers authentication requests until AuthenticationOk.
+async fn authenticate(conn: &mut ServerConn, target: &ServerTarget, login: &ServerLogin) -> Result<(), ServerError> {
+    let mut scram: Option<ScramClient> = None;
+    let mut out = BytesMut::new();
+    loop {
+        let frame = read_message(&mut conn.stream, &mut conn.buf).await?;
+        match frame[0] {
+            be::AUTHENTICATION => {}
+            be::ERROR_RESPONSE => return Err(ServerError::Server(ErrorFields::parse(body(&frame))?)),
+            be::NEGOTIATE_PROTOCOL_VERSION | be::NOTICE_RESPONSE => continue,
+            _ => return Err(ProtocolError::Malformed("authentication request").into()),
+        }
+        let (code, data) = read_i32(body(&frame)).ok_or(ProtocolError::Malformed("Authentication"))?;
+        out.clear();
+        match code {
+            auth_code::OK => return Ok(()),
+            auth_code::CLEARTEXT => {
+                let p = login.password.as_deref().ok_or(crate::auth::LoginError::NoPassword("cleartext"))?;
+                build::password(&mut out, p.as_bytes());
+            }
+            auth_code::MD5 => {
+                let salt: [u8; 4] =
+                    data.get(..4).and_then(|s| s.try_into().ok()).ok_or(ProtocolError::Malformed("MD5 salt"))?;
+                build::password(&mut out, login.md5_response(&target.user, salt)?.as_bytes());
+            }
+            auth_code::SASL => {
+                if !sasl_offers(data, scram::SCRAM_SHA_256) {
+                    return Err(ServerError::UnsupportedAuth(code));
+                }
+                let client = ScramClient::new(scram::nonce());
+                build::sasl_initial_response(&mut out, scram::SCRAM_SHA_256, &client.client_first());
+                scram = Some(client);
+            }
+            auth_code::SASL_CONTINUE => {
+                let client = scram.as_mut().ok_or(ProtocolError::Malformed("SASL continue"))?;
+                let mut keys_err = None;
+                let reply = client.handle_server_first(data, |salt, iter| {
+                    login.scram_keys(salt, iter).map_err(|e| {
+                        keys_err = Some(e);
+                        scram::ScramError::State
+                    })
+                });
+                if let Some(e) = keys_err {
+                    return Err(e.into());
+                }
+                build::sasl_response(&mut out, &reply?);
+            }
+            auth_code::SASL_FINAL => {
+                scram.as_mut().ok_or(ProtocolError::Malformed("SASL final"))?.handle_server_final(data)?;
+                continue;
+            }
+            other => return Err(ServerError::UnsupportedAuth(other)),
+        }
+        conn.stream.write_all(&out).await?;
+    }
+}
+
+fn sasl_offers(mut data: &[u8], mechanism: &str) -> bool {
+    while let Some((m, rest)) = crate::protocol::read_cstr(data) {
+        if m.is_empty() {
+            break;
+        }
+        if m == mechanism.as_bytes() {
+            return true;
+        }
+        data = rest;
+    }
+    false
+}

@@ -1,0 +1,199 @@
+//! Server connections: opening and authenticating them (see `connect`), and the
+//! connection object a pool lends out: its socket and read buffer, cancel key,
+//! reported parameters and the settings last applied for a client.
+
+pub mod connect;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use bytes::BytesMut;
+use tokio::io::AsyncWriteExt;
+
+use crate::net::{ReadError, Stream, read_message};
+use crate::params::ClientParams;
+use crate::protocol::fields::{ErrorFields, parameter_status};
+use crate::protocol::{Header, ProtocolError, TxStatus, be, body, build};
+
+pub use connect::{ServerAddr, ServerTarget, connect};
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Why a server connection failed or was given up.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("server closed the connection unexpectedly")]
+    Closed,
+    #[error("protocol error from server: {0}")]
+    Protocol(#[from] ProtocolError),
+    #[error("timed out connecting to the server")]
+    ConnectTimeout,
+    #[error("{0}")]
+    Login(#[from] crate::auth::LoginError),
+    #[error("server login failed: {0}")]
+    Scram(#[from] crate::auth::scram::ScramError),
+    #[error("server requested an unsupported authentication method ({0})")]
+    UnsupportedAuth(i32),
+    #[error("{}", .0.message)]
+    Server(ErrorFields),
+}
+
+impl From<ReadError> for ServerError {
+    fn from(e: ReadError) -> Self {
+        match e {
+            ReadError::Closed => ServerError::Closed,
+            ReadError::Io(e) => ServerError::Io(e),
+            ReadError::Protocol(e) => ServerError::Protocol(e),
+        }
+    }
+}
+
+impl ServerError {
+    /// The SQLSTATE a client sees for this failure.
+    pub fn sqlstate(&self) -> &str {
+        use crate::protocol::sqlstate as s;
+        match self {
+            ServerError::Server(f) if !f.code.is_empty() => &f.code,
+            ServerError::ConnectTimeout => s::SQLCLIENT_UNABLE_TO_ESTABLISH,
+            ServerError::Login(_) | ServerError::Scram(_) | ServerError::UnsupportedAuth(_) => s::INVALID_AUTHORIZATION,
+            _ => s::CONNECTION_FAILURE,
+        }
+    }
+}
+
+/// One authenticated connection to PostgreSQL.
+#[derive(Debug)]
+pub struct ServerConn {
+    pub id: u64,
+    pub stream: Stream,
+    /// Bytes read from the server and not yet forwarded.
+    pub buf: BytesMut,
+    pub addr: ServerAddr,
+    pub pid: u32,
+    pub secret: u32,
+    /// Parameters as the server last reported them (server spelling of names).
+    pub reported: Vec<(String, String)>,
+    /// The client settings this connection currently carries; None when unknown
+    /// (after a failed SET), which makes the next checkout start with RESET ALL.
+    pub applied: Option<ClientParams>,
+    pub tx: TxStatus,
+    pub created: Instant,
+    pub last_used: Instant,
+    /// Set when the connection must not be reused (protocol state unknown).
+    pub broken: bool,
+}
+
+impl ServerConn {
+    pub(crate) fn new(stream: Stream, addr: ServerAddr) -> Self {
+        let now = Instant::now();
+        ServerConn {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            stream,
+            buf: BytesMut::with_capacity(16 * 1024),
+            addr,
+            pid: 0,
+            secret: 0,
+            reported: Vec::new(),
+            applied: Some(ClientParams::default()),
+            tx: TxStatus::Idle,
+            created: now,
+            last_used: now,
+            broken: false,
+        }
+    }
+
+    /// Records a ParameterStatus the server sent.
+    pub fn note_parameter(&mut self, frame: &[u8]) -> Result<(String, String), ProtocolError> {
+        let (name, value) = parameter_status(body(frame))?;
+        let name = String::from_utf8_lossy(name).into_owned();
+        let value = String::from_utf8_lossy(value).into_owned();
+        match self.reported.iter_mut().find(|(k, _)| *k == name) {
+            Some(slot) => slot.1 = value.clone(),
+            None => self.reported.push((name.clone(), value.clone())),
+        }
+        Ok((name, value))
+    }
+
+    /// Updates a reported parameter after the relay saw its ParameterStatus.
+    pub fn set_reported(&mut self, name: &str, value: &str) {
+        match self.reported.iter_mut().find(|(k, _)| k == name) {
+            Some(slot) => slot.1 = value.to_string(),
+            None => self.reported.push((name.to_string(), value.to_string())),
+        }
+    }
+
+    pub fn reported(&self, name: &str) -> Option<&str> {
+        self.reported.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    /// Runs Sluice's own simple query (SET, DISCARD ALL, ROLLBACK...) and consumes its
+    /// whole response. A server error is returned after the response is drained, so
+    /// the connection stays usable.
+    pub async fn exec(&mut self, sql: &str) -> Result<(), ServerError> {
+        let mut out = BytesMut::new();
+        build::query(&mut out, sql);
+        self.stream.write_all(&out).await?;
+        let mut error = None;
+        loop {
+            let frame = read_message(&mut self.stream, &mut self.buf).await?;
+            match frame[0] {
+                be::READY_FOR_QUERY => {
+                    self.tx = TxStatus::from_byte(*frame.get(5).unwrap_or(&0))
+                        .ok_or(ProtocolError::Malformed("ReadyForQuery"))?;
+                    return match error {
+                        Some(e) => Err(ServerError::Server(e)),
+                        None => Ok(()),
+                    };
+                }
+                be::PARAMETER_STATUS => {
+                    self.note_parameter(&frame)?;
+                }
+                be::ERROR_RESPONSE => {
+                    let f = ErrorFields::parse(body(&frame))?;
+                    if f.is_fatal() {
+                        self.broken = true;
+                        return Err(ServerError::Server(f));
+                    }
+                    error.get_or_insert(f);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Makes this connection carry `want`'s settings.
+    pub async fn apply_params(&mut self, want: &ClientParams) -> Result<(), ServerError> {
+        let sql = match &self.applied {
+            Some(applied) => want.diff_sql(applied),
+            None => Some(format!("RESET ALL;{}", want.diff_sql(&ClientParams::default()).unwrap_or_default())),
+        };
+        if let Some(sql) = sql {
+            self.applied = None;
+            self.exec(&sql).await?;
+            self.applied = Some(want.clone());
+        }
+        Ok(())
+    }
+
+    /// Whether the connection is idle at the protocol level with no transaction open.
+    pub fn is_clean(&self) -> bool {
+        !self.broken && self.tx == TxStatus::Idle && self.buf.is_empty()
+    }
+
+    /// Sends Terminate (best effort, without waiting) and drops the socket.
+    pub fn close(mut self) {
+        let mut out = BytesMut::new();
+        build::terminate(&mut out);
+        let _ = match &mut self.stream {
+            Stream::Tcp(s) => s.try_write(&out),
+            Stream::Unix(s) => s.try_write(&out),
+        };
+    }
+
+    /// Peeks at complete frames buffered from the server: used by tests and asserts.
+    pub fn buffered_header(&self) -> Option<Header> {
+        Header::peek(&self.buf).ok().flatten()
+    }
+}
