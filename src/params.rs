@@ -86,17 +86,22 @@ impl ClientParams {
     }
 
     /// The SQL that turns a server whose settings are `from` into one with `self`'s.
-    /// None when nothing differs.
+    /// None when nothing differs. Values go through `set_config`, which parses them as
+    /// the startup packet does (`search_path=a,b` is a list of two, as with libpq).
     pub fn diff_sql(&self, from: &ClientParams) -> Option<String> {
         use crate::protocol::build::{quote_ident, quote_literal};
         if self.hash == from.hash && self.list == from.list {
             return None;
         }
+        let sets: Vec<String> = self
+            .list
+            .iter()
+            .filter(|(k, v)| from.get(k) != Some(v.as_str()))
+            .map(|(k, v)| format!("pg_catalog.set_config({}, {}, false)", quote_literal(k), quote_literal(v)))
+            .collect();
         let mut sql = String::new();
-        for (k, v) in &self.list {
-            if from.get(k) != Some(v.as_str()) {
-                sql.push_str(&format!("SET {} = {};", quote_ident(k), quote_literal(v)));
-            }
+        if !sets.is_empty() {
+            sql = format!("SELECT {};", sets.join(", "));
         }
         for (k, _) in &from.list {
             if self.get(k).is_none() {
@@ -133,7 +138,11 @@ mod tests {
         let b = p(&[("application_name", "b"), ("search_path", "s")]);
         assert_eq!(a.diff_sql(&a), None);
         let sql = a.diff_sql(&b).unwrap();
-        assert_eq!(sql, "SET \"application_name\" = E'a';SET \"timezone\" = E'UTC';RESET \"search_path\";");
+        assert_eq!(
+            sql,
+            "SELECT pg_catalog.set_config(E'application_name', E'a', false), \
+             pg_catalog.set_config(E'timezone', E'UTC', false);RESET \"search_path\";"
+        );
         assert_eq!(ClientParams::default().diff_sql(&ClientParams::default()), None);
     }
 

@@ -352,8 +352,6 @@ fn validate_user(user: &User, g: &General, invalid: Invalid) -> Result<(), Confi
                 "an md5 hash cannot check SCRAM logins; give a plain password or a SCRAM secret".into(),
             ));
         }
-    } else if g.auth_type != AuthType::Trust {
-        return Err(invalid("password", "is required when auth_type is not trust".to_string()));
     }
     if user.pool_size == Some(0) {
         return Err(invalid("pool_size", "must be at least 1".into()));

@@ -1,0 +1,211 @@
+//! Test harness shared by integration tests: real PostgreSQL clusters, a running Sluice, client helpers.
+#![allow(dead_code)]
+
+mod pg;
+mod sluice;
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+// Each test binary uses a subset of these re-exports.
+#[allow(unused_imports)]
+pub use pg::{DB, PgCluster, Role, md5_secret, pg_bindir};
+#[allow(unused_imports)]
+pub use sluice::{Sluice, SluiceBuilder, toml_str};
+
+/// Connects with tokio-postgres (NoTls) to 127.0.0.1:`port` and spawns the connection task;
+/// panics with the error on failure. An empty `password` sends none.
+pub async fn connect(port: u16, user: &str, password: &str, db: &str) -> tokio_postgres::Client {
+    match try_connect(port, user, password, db).await {
+        Ok((client, _task)) => client,
+        Err(e) => panic!("connect to 127.0.0.1:{port} as {user}/{db} failed: {e} ({e:?})"),
+    }
+}
+
+/// Like `connect`, returning the error, and the handle of the task that drives the connection
+/// (it finishes when the connection closes).
+pub async fn try_connect(
+    port: u16,
+    user: &str,
+    password: &str,
+    db: &str,
+) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error> {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("127.0.0.1")
+        .port(port)
+        .user(user)
+        .dbname(db)
+        .ssl_mode(tokio_postgres::config::SslMode::Disable)
+        .connect_timeout(Duration::from_secs(10));
+    if !password.is_empty() {
+        config.password(password);
+    }
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+    let task = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok((client, task))
+}
+
+/// `psql -X -qtA -v ON_ERROR_STOP=1 -w -h host -p port -U user -d db` with PGPASSWORD and
+/// PGSSLMODE=disable set; add `-c SQL` (or stdin) and run it.
+pub fn psql_cmd(port: u16, host: &str, user: &str, password: &str, db: &str) -> Command {
+    let mut cmd = Command::new(pg_bindir().join("psql"));
+    cmd.args(["-X", "-qtA", "-v", "ON_ERROR_STOP=1", "-w", "-h", host, "-p", &port.to_string()])
+        .args(["-U", user, "-d", db])
+        .env("PGSSLMODE", "disable")
+        .env("PGCONNECT_TIMEOUT", "10");
+    if password.is_empty() {
+        cmd.env_remove("PGPASSWORD");
+    } else {
+        cmd.env("PGPASSWORD", password);
+    }
+    cmd
+}
+
+/// A loopback TCP port that is free now (on 127.0.0.1, and ::1 where it exists).
+/// Ports come from below the kernel's ephemeral range so outgoing client connections never take
+/// them, and are never handed out twice by one process.
+pub fn free_port() -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let (lo, hi) = (20_000u32, ephemeral_low().min(60_000));
+    if hi <= lo + 1000 {
+        return any_free_port();
+    }
+    let span = hi - lo;
+    let seed = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let port = (lo + (seed + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        if port_is_free(port) {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {lo}..{hi}");
+}
+
+fn ephemeral_low() -> u32 {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    range.split_whitespace().next().and_then(|s| s.parse().ok()).unwrap_or(32768)
+}
+
+fn any_free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local addr").port()
+}
+
+fn port_is_free(port: u16) -> bool {
+    TcpListener::bind(("127.0.0.1", port)).is_ok() && (!has_ipv6_loopback() || TcpListener::bind(("::1", port)).is_ok())
+}
+
+/// Whether the loopback interface has ::1 (PostgreSQL then also listens there).
+pub fn has_ipv6_loopback() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        let table = std::fs::read_to_string("/proc/net/if_inet6").unwrap_or_default();
+        table.lines().any(|l| l.starts_with("00000000000000000000000000000001"))
+    })
+}
+
+/// Polls `condition` every 10 ms until it holds (true) or `timeout` passes (false).
+/// Blocks the thread: in a current-thread tokio test, only poll things outside this runtime.
+pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Async `wait_until`: awaits `condition()` every 10 ms until it yields true or `timeout` passes.
+pub async fn eventually<F, Fut>(timeout: Duration, mut condition: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Records in `dir` that this test process owns it, for `sweep_orphans` in later runs.
+fn claim(dir: &Path) {
+    std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).expect("write owner.pid");
+}
+
+/// Removes `prefix*` directories under `parent` left by test processes that died without
+/// cleaning up (killed by a timeout, say): SIGKILLs the server `server_pid(dir)` names when its
+/// command line mentions the directory, then deletes the directory. Only claimed directories whose
+/// owner is gone are touched.
+fn sweep_orphans(parent: &Path, prefix: &str, server_pid: fn(&Path) -> Option<i32>) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with(prefix) {
+            continue;
+        }
+        let owner = std::fs::read_to_string(dir.join("owner.pid")).ok();
+        let Some(owner) = owner.and_then(|s| s.trim().parse::<i32>().ok()) else {
+            continue;
+        };
+        if process_alive(owner) {
+            continue;
+        }
+        if let Some(pid) = server_pid(&dir) {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&*dir.to_string_lossy()) {
+                // SAFETY: kill(2) has no memory-safety preconditions.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+fn process_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Connects with tokio-postgres over the Unix socket `socket_dir/.s.PGSQL.port`; panics on failure.
+pub async fn connect_unix(
+    socket_dir: &Path,
+    port: u16,
+    user: &str,
+    password: &str,
+    db: &str,
+) -> tokio_postgres::Client {
+    let mut config = tokio_postgres::Config::new();
+    config.host_path(socket_dir).port(port).user(user).dbname(db);
+    if !password.is_empty() {
+        config.password(password);
+    }
+    let (client, connection) = match config.connect(tokio_postgres::NoTls).await {
+        Ok(pair) => pair,
+        Err(e) => panic!("connect to {}/.s.PGSQL.{port} as {user} failed: {e}", socket_dir.display()),
+    };
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    client
+}

@@ -1,0 +1,240 @@
+//! What clients see when things break: servers killed mid-transaction, PostgreSQL
+//! restarted under load, clients vanishing mid-transaction or mid-query, limits and
+//! timeouts. No server connection may leak or stay stuck in a transaction.
+
+mod common;
+mod raw;
+
+use std::time::Duration;
+
+use common::{PgCluster, Role, Sluice, connect, eventually, try_connect, wait_until};
+use raw::{Raw, first_value, query};
+use tokio_postgres::SimpleQueryMessage;
+
+async fn value(c: &tokio_postgres::Client, sql: &str) -> String {
+    for m in c.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}")) {
+        if let SimpleQueryMessage::Row(r) = m {
+            return r.get(0).unwrap_or("").to_string();
+        }
+    }
+    panic!("no row from {sql}")
+}
+
+fn code(e: &tokio_postgres::Error) -> String {
+    e.code().map(|c| c.code().to_string()).unwrap_or_else(|| format!("no sqlstate: {e}"))
+}
+
+fn sluice(pg: &PgCluster, extra: &[(&str, &str)], pool_size: usize) -> Sluice {
+    let mut b = Sluice::builder(pg).database("app", &[("pool_size", &pool_size.to_string())]);
+    for (k, v) in extra {
+        b = b.general(k, v);
+    }
+    b.start()
+}
+
+fn sluice_backends(pg: &PgCluster, filter: &str) -> usize {
+    pg.psql(&format!("select count(*) from pg_stat_activity where usename like 'u\\_%' and {filter}")).parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_terminated_mid_transaction_gives_08006_and_frees_the_slot() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[], 1);
+    // A query running when the server dies fails with 08006.
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    a.simple_query("begin").await.unwrap();
+    let pid = value(&a, "select pg_backend_pid()").await;
+    let running = tokio::spawn(async move { a.simple_query("select pg_sleep(30)").await.map(|_| ()) });
+    assert!(wait_until(Duration::from_secs(5), || sluice_backends(&pg, "query like '%pg_sleep(30)%'") == 1));
+    pg.psql(&format!("select pg_terminate_backend({pid})"));
+    let Err(e) = running.await.unwrap() else { panic!("the server is gone") };
+    assert_eq!(code(&e), "08006", "{e}");
+    // The only slot is free again: a new client gets a new server.
+    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_ne!(value(&b, "select pg_backend_pid()").await, pid);
+}
+
+#[test]
+fn server_terminated_while_client_idle_in_transaction() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("auth_type", "\"trust\"").database("app", &[("pool_size", "1")]).start();
+    let mut a = Raw::login(s.port, "u_trust", "app");
+    a.send(&query("begin; select pg_backend_pid()"));
+    let pid = first_value(&a.until_ready());
+    pg.psql(&format!("select pg_terminate_backend({pid})"));
+    let (tag, body) = a.recv().expect("an error before the close");
+    assert_eq!(tag, b'E');
+    assert_eq!(raw::sqlstate(&body), "08006");
+    assert!(raw::field(&body, b'M').contains("terminating connection due to administrator command"));
+    assert!(a.closed());
+    let mut b = Raw::login(s.port, "u_trust", "app");
+    b.send(&query("select pg_backend_pid()"));
+    assert_ne!(first_value(&b.until_ready()), pid);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restart_under_load_is_survived() {
+    let mut pg = PgCluster::start();
+    let s = sluice(&pg, &[], 4);
+    let port = s.port;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for _ in 0..6 {
+        let stop = stop.clone();
+        workers.push(tokio::spawn(async move {
+            let (mut ok, mut failed) = (0u32, 0u32);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match try_connect(port, Role::SCRAM.name, Role::SCRAM.password, "app").await {
+                    Ok((c, _h)) => {
+                        for _ in 0..20 {
+                            match c.simple_query("select 1").await {
+                                Ok(_) => ok += 1,
+                                Err(_) => {
+                                    failed += 1;
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    Err(_) => {
+                        failed += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            (ok, failed)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::task::block_in_place(|| pg.restart());
+    // After the restart, service comes back without restarting Sluice.
+    let back = eventually(Duration::from_secs(20), || async {
+        match try_connect(port, Role::SCRAM.name, Role::SCRAM.password, "app").await {
+            Ok((c, _h)) => c.simple_query("select 1").await.is_ok(),
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(back, "Sluice did not recover after PostgreSQL restarted:\n{}", s.log());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total_ok = 0;
+    for w in workers {
+        total_ok += w.await.unwrap().0;
+    }
+    assert!(total_ok > 0);
+    let c = connect(port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&c, "select 2").await, "2");
+}
+
+#[test]
+fn client_vanishing_mid_transaction_leaves_nothing_behind() {
+    let pg = PgCluster::start();
+    pg.psql("create table vanish (a int); grant all on vanish to u_trust");
+    let s = Sluice::builder(&pg).general("auth_type", "\"trust\"").database("app", &[("pool_size", "1")]).start();
+    let mut a = Raw::login(s.port, "u_trust", "app");
+    a.send(&query("begin; insert into vanish values (1)"));
+    a.until_ready();
+    drop(a);
+    assert!(
+        wait_until(Duration::from_secs(10), || sluice_backends(&pg, "state like 'idle in transaction%'") == 0),
+        "a server stayed in the vanished client's transaction"
+    );
+    let mut b = Raw::login(s.port, "u_trust", "app");
+    b.send(&query("select count(*) from vanish"));
+    assert_eq!(first_value(&b.until_ready()), "0", "the transaction must have been rolled back");
+    // Vanishing during a running query: the server is cancelled and closed, the slot freed.
+    b.send(&query("select pg_sleep(60)"));
+    std::thread::sleep(Duration::from_millis(200));
+    drop(b);
+    assert!(
+        wait_until(Duration::from_secs(10), || sluice_backends(
+            &pg,
+            "query like '%pg_sleep(60)%' and state = 'active'"
+        ) == 0),
+        "the abandoned query kept running"
+    );
+    let mut c = Raw::login(s.port, "u_trust", "app");
+    c.send(&query("select 5"));
+    assert_eq!(first_value(&c.until_ready()), "5");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_client_conn_gives_53300() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[("max_client_conn", "2")], 2);
+    let _a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let _b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let e = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await.err().unwrap();
+    assert_eq!(code(&e), "53300");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_wait_timeout_then_recovery() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[("query_wait_timeout", "0.5")], 1);
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    a.simple_query("begin").await.unwrap();
+    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let e = b.simple_query("select 1").await.err().unwrap();
+    assert_eq!(code(&e), "57014", "{e}");
+    a.simple_query("commit").await.unwrap();
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&c, "select 1").await, "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_transaction_and_query_timeouts() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[("idle_transaction_timeout", "0.5"), ("query_timeout", "1")], 1);
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    a.simple_query("create table idle_t (a int)").await.unwrap();
+    a.simple_query("begin; insert into idle_t values (1)").await.unwrap();
+    let closed = eventually(Duration::from_secs(10), || async { a.is_closed() }).await;
+    assert!(closed, "idle transaction was not ended");
+    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&b, "select count(*) from idle_t").await, "0");
+    let e = b.simple_query("select pg_sleep(20)").await.err().unwrap();
+    assert_eq!(code(&e), "57014", "{e}");
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&c, "select 3").await, "3");
+    assert!(
+        wait_until(Duration::from_secs(10), || sluice_backends(
+            &pg,
+            "query like '%pg_sleep(20)%' and state = 'active'"
+        ) == 0),
+        "timed-out query still running"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_server_gives_a_clear_error() {
+    let pg = PgCluster::start();
+    let dead_port = common::free_port();
+    let s = Sluice::builder(&pg)
+        .database("gone", &[("port", &dead_port.to_string()), ("dbname", "\"app\"")])
+        .general("server_connect_timeout", "2")
+        .start();
+    let e = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "gone").await.err().unwrap();
+    assert_eq!(code(&e), "08006", "{e}");
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&c, "select 1").await, "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_servers_are_retired_and_min_pool_size_kept() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("server_idle_timeout", "1")
+        .database("app", &[("pool_size", "4"), ("min_pool_size", "2")])
+        .start();
+    let clients: Vec<_> =
+        futures_util::future::join_all((0..4).map(|_| connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app")))
+            .await;
+    futures_util::future::join_all(clients.iter().map(|c| c.simple_query("select pg_sleep(0.3)"))).await;
+    let n = |pg: &PgCluster| sluice_backends(pg, &format!("usename = '{}'", Role::SCRAM.name));
+    assert!(wait_until(Duration::from_secs(5), || n(&pg) == 4), "expected 4 servers, saw {}", n(&pg));
+    assert!(wait_until(Duration::from_secs(10), || n(&pg) == 2), "idle servers not retired down to min_pool_size");
+    // and min_pool_size is restored after servers die
+    pg.psql(&format!("select pg_terminate_backend(pid) from pg_stat_activity where usename = '{}'", Role::SCRAM.name));
+    assert!(wait_until(Duration::from_secs(10), || n(&pg) == 2), "min_pool_size not restored");
+}

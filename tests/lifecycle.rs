@@ -1,0 +1,119 @@
+//! The process from outside: config errors at start-up, SIGHUP reload, SIGTERM
+//! drain, SIGINT, and the connect/disconnect log lines.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{PgCluster, Role, Sluice, connect, try_connect, wait_until};
+use tokio_postgres::SimpleQueryMessage;
+
+async fn value(c: &tokio_postgres::Client, sql: &str) -> String {
+    for m in c.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}")) {
+        if let SimpleQueryMessage::Row(r) = m {
+            return r.get(0).unwrap_or("").to_string();
+        }
+    }
+    panic!("no row from {sql}")
+}
+
+#[test]
+fn broken_config_names_file_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "[general]\nlisten_port = 6432\n\n[databases.app]\nport = 0\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice")).arg("--config").arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("{}:5: databases.app.port:", path.display())), "{err}");
+    std::fs::write(&path, "[general]\nlisten_port = 6432\nbogus = 1\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sluice")).arg("--config").arg(&path).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.toml:3:") && err.contains("bogus"), "{err}");
+    let missing = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["--config", "/nonexistent.toml"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent.toml"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_without_dropping_clients() {
+    let pg = PgCluster::start();
+    pg.psql("create database other; grant all on database other to u_scram");
+    let s = Sluice::builder(&pg).database("app", &[("pool_size", "1")]).start();
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&a, "select 1").await, "1");
+    assert!(try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "other").await.is_err());
+    // new database, bigger pool, a new client password (the server password stays)
+    let cfg = s.config().replace("pool_size = 1", "pool_size = 3")
+        + &format!("\n[databases.other]\nhost = \"127.0.0.1\"\nport = {}\ndbname = \"other\"\n", pg.port);
+    let cfg = cfg.replace(
+        "[users.u_scram]\npassword = \"pw_scram\"",
+        "[users.u_scram]\npassword = \"new-secret\"\nserver_password = \"pw_scram\"",
+    );
+    assert!(cfg.contains("new-secret"), "config layout changed:\n{cfg}");
+    s.write_config(&cfg);
+    s.reload();
+    assert!(s.wait_log("configuration reloaded", Duration::from_secs(10)));
+    let o = connect(s.port, Role::SCRAM.name, "new-secret", "other").await;
+    assert_eq!(value(&o, "select current_database()").await, "other");
+    assert!(try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await.is_err());
+    // the old client is still connected and working
+    assert_eq!(value(&a, "select 2").await, "2");
+    // pool_size 3: three transactions at once
+    a.simple_query("begin").await.unwrap();
+    let b = connect(s.port, Role::SCRAM.name, "new-secret", "app").await;
+    b.simple_query("begin").await.unwrap();
+    let c = connect(s.port, Role::SCRAM.name, "new-secret", "app").await;
+    let r = tokio::time::timeout(Duration::from_secs(5), value(&c, "select 3")).await;
+    assert_eq!(r.expect("pool size was not raised by the reload"), "3");
+    // a broken config is refused and the running one kept
+    s.write_config("[general]\nlisten_port = \"nope\"\n");
+    s.reload();
+    assert!(s.wait_log("reload failed", Duration::from_secs(10)));
+    assert_eq!(value(&c, "select 4").await, "4");
+    let d = connect(s.port, Role::SCRAM.name, "new-secret", "other").await;
+    assert_eq!(value(&d, "select 5").await, "5");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_transactions_then_exits() {
+    let pg = PgCluster::start();
+    let mut s = Sluice::builder(&pg).general("shutdown_timeout", "30").start();
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let idle = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    a.simple_query("create table drain (a int); begin; insert into drain values (1)").await.unwrap();
+    s.terminate();
+    assert!(wait_until(Duration::from_secs(5), || try_connect_blocking(s.port)), "still accepting after SIGTERM");
+    // the idle client is closed; the one in a transaction can finish it
+    let idle_closed = common::eventually(Duration::from_secs(5), || async { idle.is_closed() }).await;
+    assert!(idle_closed, "idle client was not closed on SIGTERM");
+    a.simple_query("insert into drain values (2); commit").await.unwrap();
+    assert!(s.wait_exit(Duration::from_secs(10)).is_some(), "did not exit after the last transaction");
+    assert_eq!(pg.psql("select count(*) from drain"), "2");
+}
+
+/// True when a new TCP connection is refused (the listener is closed).
+fn try_connect_blocking(port: u16) -> bool {
+    std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_exits_promptly_and_logs_connections() {
+    let pg = PgCluster::start();
+    let mut s = Sluice::builder(&pg).start();
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    a.simple_query("begin").await.unwrap();
+    drop(connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await);
+    assert!(s.wait_log("login", Duration::from_secs(5)));
+    assert!(s.wait_log("client disconnected", Duration::from_secs(5)));
+    s.interrupt();
+    assert!(s.wait_exit(Duration::from_secs(5)).is_some(), "SIGINT did not stop sluice promptly");
+    assert!(
+        wait_until(Duration::from_secs(10), || pg
+            .psql("select count(*) from pg_stat_activity where usename = 'u_scram'")
+            == "0"),
+        "server connections left open after exit"
+    );
+}

@@ -1,0 +1,249 @@
+//! Pooling semantics through Sluice with a real client crate (tokio-postgres):
+//! sharing, parameter isolation, session-mode transparency, cancel, NOTIFY, COPY,
+//! every auth method on both sides.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{PgCluster, Role, Sluice, connect, try_connect};
+use futures_util::StreamExt;
+use tokio_postgres::{AsyncMessage, NoTls, SimpleQueryMessage};
+
+async fn value(c: &tokio_postgres::Client, sql: &str) -> String {
+    for m in c.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}")) {
+        if let SimpleQueryMessage::Row(r) = m {
+            return r.get(0).unwrap_or("").to_string();
+        }
+    }
+    panic!("no row from {sql}")
+}
+
+fn pooled(pg: &PgCluster, mode: &str, size: usize) -> Sluice {
+    Sluice::builder(pg)
+        .general("pool_mode", &format!("\"{mode}\""))
+        .database("app", &[("pool_size", &size.to_string())])
+        .start()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_auth_method_both_sides() {
+    let pg = PgCluster::start();
+    for auth in ["scram-sha-256", "md5"] {
+        let s = Sluice::builder(&pg).general("auth_type", &format!("\"{auth}\"")).start();
+        for role in [Role::SCRAM, Role::MD5, Role::PLAIN] {
+            let c = connect(s.port, role.name, role.password, "app").await;
+            assert_eq!(value(&c, "select current_user").await, role.name, "{auth} {}", role.name);
+            let Err(bad) = try_connect(s.port, role.name, "wrong", "app").await else {
+                panic!("wrong password must fail")
+            };
+            assert_eq!(bad.code().map(|c| c.code()), Some("28P01"), "{auth}: {bad}");
+        }
+        let Err(unknown) = try_connect(s.port, "nobody", "x", "app").await else { panic!("unknown user must fail") };
+        assert_eq!(unknown.code().map(|c| c.code()), Some("28P01"));
+        let nodb = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "nope").await.err().unwrap();
+        assert_eq!(nodb.code().map(|c| c.code()), Some("3D000"));
+    }
+    let s = Sluice::builder(&pg).general("auth_type", "\"trust\"").start();
+    let c = connect(s.port, Role::TRUST.name, "", "app").await;
+    assert_eq!(value(&c, "select current_user").await, Role::TRUST.name);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scram_secret_and_md5_hash_in_config() {
+    let pg = PgCluster::start();
+    let secret = pg.scram_secret(Role::SCRAM.name);
+    // SCRAM secret only: the server login reuses the client's proof (pass-through).
+    let s = Sluice::builder(&pg).user(Role::SCRAM.name, &[("password", &common::toml_str(&secret))]).start();
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&c, "select current_user").await, Role::SCRAM.name);
+    assert!(try_connect(s.port, Role::SCRAM.name, "wrong", "app").await.is_err());
+    // md5 hash for md5 clients and md5 server auth
+    let hash = common::md5_secret(Role::MD5.name, Role::MD5.password);
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"md5\"")
+        .user(Role::MD5.name, &[("password", &common::toml_str(&hash))])
+        .start();
+    let c = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
+    assert_eq!(value(&c, "select current_user").await, Role::MD5.name);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_interleave_on_a_pool_of_one() {
+    let pg = PgCluster::start();
+    let s = pooled(&pg, "transaction", 1);
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    a.simple_query("create table t_inter (who text); begin; insert into t_inter values ('a')").await.unwrap();
+    let pid_a = value(&a, "select pg_backend_pid()").await;
+    // b waits for the only server until a commits
+    let waiter = tokio::spawn(async move {
+        let pid = value(&b, "select pg_backend_pid()").await;
+        let seen = value(&b, "select count(*) from t_inter").await;
+        (pid, seen)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "b was served while a held the only server in a transaction");
+    a.simple_query("commit").await.unwrap();
+    let (pid_b, seen) = tokio::time::timeout(Duration::from_secs(10), waiter).await.unwrap().unwrap();
+    assert_eq!(pid_a, pid_b, "pool of one: same server");
+    assert_eq!(seen, "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parameters_are_isolated_between_clients() {
+    let pg = PgCluster::start();
+    let s = pooled(&pg, "transaction", 1);
+    let url = |app: &str, tz: &str| {
+        format!(
+            "host=127.0.0.1 port={} user={} password={} dbname=app application_name={app} options='-c TimeZone={tz} -c search_path=s_{app},public -c statement_timeout=4321'",
+            s.port,
+            Role::SCRAM.name,
+            Role::SCRAM.password
+        )
+    };
+    let (a, ca) = tokio_postgres::connect(&url("alpha", "UTC"), NoTls).await.unwrap();
+    tokio::spawn(ca);
+    let (b, cb) = tokio_postgres::connect(&url("beta", "Asia/Tokyo"), NoTls).await.unwrap();
+    tokio::spawn(cb);
+    for _ in 0..3 {
+        assert_eq!(value(&a, "select current_setting('application_name')").await, "alpha");
+        assert_eq!(value(&b, "select current_setting('application_name')").await, "beta");
+        assert_eq!(value(&a, "show TimeZone").await, "UTC");
+        assert_eq!(value(&b, "show TimeZone").await, "Asia/Tokyo");
+        assert_eq!(value(&a, "show search_path").await, "s_alpha,public");
+        assert_eq!(value(&b, "show statement_timeout").await, "4321ms");
+    }
+    // A SET outside a transaction is remembered for that client only.
+    a.simple_query("set TimeZone = 'Europe/Paris'").await.unwrap();
+    assert_eq!(value(&b, "show TimeZone").await, "Asia/Tokyo");
+    assert_eq!(value(&a, "show TimeZone").await, "Europe/Paris");
+    // A client without settings gets the server defaults back.
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&c, "select current_setting('application_name')").await, "");
+    assert_ne!(value(&c, "show TimeZone").await, "Asia/Tokyo");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_startup_setting_is_refused_like_postgres() {
+    let pg = PgCluster::start();
+    let s = pooled(&pg, "transaction", 2);
+    let url = format!(
+        "host=127.0.0.1 port={} user={} password={} dbname=app options='-c TimeZone=Nowhere/Atlantis'",
+        s.port,
+        Role::SCRAM.name,
+        Role::SCRAM.password
+    );
+    let Err(e) = tokio_postgres::connect(&url, NoTls).await else { panic!("bad TimeZone must fail") };
+    assert_eq!(e.code().map(|c| c.code()), Some("22023"), "{e}");
+    let ok = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&ok, "select 1").await, "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_is_transparent() {
+    let pg = PgCluster::start();
+    let s = pooled(&pg, "session", 2);
+    let url = format!(
+        "host=127.0.0.1 port={} user={} password={} dbname=app application_name=sess options='-c client_min_messages=warning'",
+        s.port,
+        Role::SCRAM.name,
+        Role::SCRAM.password
+    );
+    let (a, mut conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    let (tx, mut notes) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut stream = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = stream.next().await {
+            if let AsyncMessage::Notification(n) = m {
+                let _ = tx.send((n.process_id(), n.channel().to_string(), n.payload().to_string()));
+            }
+        }
+    });
+    let pid = value(&a, "select pg_backend_pid()").await;
+    assert_eq!(value(&a, "show client_min_messages").await, "warning");
+    assert_eq!(value(&a, "select application_name from pg_stat_activity where pid = pg_backend_pid()").await, "sess");
+    for _ in 0..5 {
+        assert_eq!(value(&a, "select pg_backend_pid()").await, pid, "session keeps its server");
+    }
+    a.simple_query("listen chan").await.unwrap();
+    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let pid_b = value(&b, "select pg_backend_pid()").await;
+    assert_ne!(pid, pid_b);
+    b.simple_query("notify chan, 'hello'").await.unwrap();
+    let (sender, chan, payload) = tokio::time::timeout(Duration::from_secs(10), notes.recv()).await.unwrap().unwrap();
+    assert_eq!((sender.to_string(), chan.as_str(), payload.as_str()), (pid_b, "chan", "hello"));
+    // The cancel key is the server's own: cancelling through Sluice reaches it.
+    let token = a.cancel_token();
+    let sleeper = tokio::spawn(async move { a.simple_query("select pg_sleep(30)").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    token.cancel_query(NoTls).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), sleeper).await.unwrap().unwrap();
+    assert_eq!(r.err().and_then(|e| e.code().map(|c| c.code().to_string())).as_deref(), Some("57014"));
+    // pg_terminate_backend on the pid the client sees ends that client.
+    value(&b, &format!("select pg_terminate_backend({pid})")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_resets_servers_between_clients() {
+    let pg = PgCluster::start();
+    let s = pooled(&pg, "session", 1);
+    {
+        let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+        a.simple_query("set work_mem = '7MB'; prepare p as select 1; create temp table tt(a int)").await.unwrap();
+    }
+    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_ne!(value(&b, "show work_mem").await, "7MB");
+    assert_eq!(value(&b, "select count(*) from pg_prepared_statements").await, "0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_in_transaction_mode_hits_only_that_client() {
+    let pg = PgCluster::start();
+    let s = pooled(&pg, "transaction", 2);
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    // Cancelling an idle client does nothing.
+    a.cancel_token().cancel_query(NoTls).await.unwrap();
+    assert_eq!(value(&a, "select 1").await, "1");
+    let token = a.cancel_token();
+    let slow_a = tokio::spawn(async move { a.simple_query("select pg_sleep(30)").await.map(|_| ()) });
+    let slow_b = tokio::spawn(async move { b.simple_query("select pg_sleep(1)").await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    token.cancel_query(NoTls).await.unwrap();
+    let ra = tokio::time::timeout(Duration::from_secs(10), slow_a).await.unwrap().unwrap();
+    assert_eq!(ra.err().and_then(|e| e.code().map(|c| c.code().to_string())).as_deref(), Some("57014"));
+    let rb = tokio::time::timeout(Duration::from_secs(10), slow_b).await.unwrap().unwrap();
+    assert!(rb.is_ok(), "the other client's query must not be cancelled: {rb:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_through_tokio_postgres() {
+    use futures_util::SinkExt;
+    let pg = PgCluster::start();
+    let s = pooled(&pg, "transaction", 2);
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    c.simple_query("create table cp (a int)").await.unwrap();
+    let sink = c.copy_in("copy cp from stdin").await.unwrap();
+    futures_util::pin_mut!(sink);
+    for i in 0..5000 {
+        sink.send(bytes::Bytes::from(format!("{i}\n"))).await.unwrap();
+    }
+    assert_eq!(sink.finish().await.unwrap(), 5000);
+    let out = c.copy_out("copy cp to stdout").await.unwrap();
+    let chunks: Vec<_> = out.collect().await;
+    let total: usize = chunks.iter().map(|c| c.as_ref().unwrap().iter().filter(|&&b| b == b'\n').count()).sum();
+    assert_eq!(total, 5000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unix_socket_and_psql() {
+    let pg = PgCluster::start();
+    let s = pooled(&pg, "transaction", 2);
+    let out = common::psql_cmd(s.port, s.socket_dir.to_str().unwrap(), Role::SCRAM.name, Role::SCRAM.password, "app")
+        .args(["-c", "select 'via-unix'"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "via-unix");
+}

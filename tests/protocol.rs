@@ -1,0 +1,254 @@
+//! Black-box protocol tests: the release of servers at the right moment for every
+//! flow a client can send (simple, extended, Flush without Sync, pipelines, COPY,
+//! function calls, Terminate), and malformed input. Raw sockets, trust auth.
+
+mod common;
+mod raw;
+
+use std::time::Duration;
+
+use common::{PgCluster, Sluice};
+use raw::*;
+
+fn setup(pool_size: usize, mode: &str) -> (PgCluster, Sluice) {
+    let pg = PgCluster::start();
+    let sluice = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .general("pool_mode", &format!("\"{mode}\""))
+        .database("app", &[("pool_size", &pool_size.to_string())])
+        .start();
+    (pg, sluice)
+}
+
+fn trust(s: &Sluice) -> Raw {
+    Raw::login(s.port, "u_trust", "app")
+}
+
+#[test]
+fn simple_query_with_error_halfway_then_more() {
+    let (_pg, s) = setup(1, "transaction");
+    let mut c = trust(&s);
+    c.send(&query("select 1; select 1/0; select 2"));
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "TDCEZ");
+    assert_eq!(sqlstate(&m[3].1), "22012");
+    assert_eq!(m[4].1, b"I");
+    c.send(&query(""));
+    assert_eq!(tags(&c.until_ready()), "IZ");
+    c.send(&query("select 42"));
+    assert_eq!(first_value(&c.until_ready()), "42");
+}
+
+#[test]
+fn extended_unnamed_and_pipelined_syncs() {
+    let (_pg, s) = setup(1, "transaction");
+    let mut c = trust(&s);
+    let mut batch = Vec::new();
+    for i in 0..3 {
+        batch.extend(parse("", "select $1::int + 1"));
+        batch.extend(bind("", "", &[&i.to_string()]));
+        batch.extend(describe_portal(""));
+        batch.extend(execute("", 0));
+        batch.extend(sync());
+    }
+    c.send(&batch);
+    for i in 0..3 {
+        let m = c.until_ready();
+        assert_eq!(tags(&m), "12TDCZ");
+        assert_eq!(first_value(&m), (i + 1).to_string());
+    }
+    // a second client is served on the single server afterwards
+    let mut d = trust(&s);
+    d.send(&query("select 7"));
+    assert_eq!(first_value(&d.until_ready()), "7");
+}
+
+#[test]
+fn flush_without_sync_keeps_the_server_linked() {
+    let (_pg, s) = setup(1, "transaction");
+    let mut a = trust(&s);
+    let mut batch = parse("", "select pg_backend_pid()");
+    batch.extend(bind("", "", &[]));
+    batch.extend(execute("", 0));
+    batch.extend(flush());
+    a.send(&batch);
+    let m = a.take(4);
+    assert_eq!(tags(&m), "12DC");
+    // A holds the only server until it syncs: B's query must wait.
+    let port = s.port;
+    let b = std::thread::spawn(move || {
+        let mut b = Raw::login(port, "u_trust", "app");
+        b.send(&query("select pg_backend_pid()"));
+        first_value(&b.until_ready())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!b.is_finished(), "second client got a server while the first had not synced");
+    a.send(&sync());
+    assert_eq!(tags(&a.until_ready()), "Z");
+    let pid_b = b.join().unwrap();
+    assert_eq!(pid_b, first_value(&m));
+}
+
+#[test]
+fn copy_in_and_out_inside_a_transaction() {
+    let (pg, s) = setup(2, "transaction");
+    pg.psql("CREATE TABLE copy_t (a int, b text); GRANT ALL ON copy_t TO u_trust");
+    let mut c = trust(&s);
+    c.send(&query("begin"));
+    c.until_ready();
+    c.send(&query("copy copy_t from stdin"));
+    assert_eq!(c.recv().unwrap().0, b'G');
+    let mut data = Vec::new();
+    for i in 0..1000 {
+        data.extend(msg(b'd', format!("{i}\tvalue {i}\n").as_bytes()));
+    }
+    data.extend(msg(b'c', b""));
+    c.send(&data);
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "CZ");
+    assert_eq!(m[1].1, b"T");
+    c.send(&query("copy (select * from copy_t order by a) to stdout"));
+    let m = c.until_ready();
+    assert_eq!(m[0].0, b'H');
+    assert_eq!(m.iter().filter(|(t, _)| *t == b'd').count(), 1000);
+    assert_eq!(tags(&m[m.len() - 3..]), "cCZ");
+    c.send(&query("commit"));
+    c.until_ready();
+    assert_eq!(pg.psql("select count(*) from copy_t"), "1000");
+}
+
+#[test]
+fn function_call_message() {
+    let (_pg, s) = setup(1, "transaction");
+    let mut c = trust(&s);
+    c.send(&query("select 'int4pl'::regproc::oid"));
+    let oid: i32 = first_value(&c.until_ready()).parse().unwrap();
+    let mut b = oid.to_be_bytes().to_vec();
+    b.extend_from_slice(&0u16.to_be_bytes()); // argument formats: default text
+    b.extend_from_slice(&2u16.to_be_bytes());
+    for v in ["40", "2"] {
+        b.extend_from_slice(&(v.len() as i32).to_be_bytes());
+        b.extend_from_slice(v.as_bytes());
+    }
+    b.extend_from_slice(&0u16.to_be_bytes()); // result format text
+    c.send(&msg(b'F', &b));
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "VZ");
+    assert_eq!(&m[0].1[4..], b"42");
+}
+
+#[test]
+fn large_messages_stream_both_ways() {
+    let (_pg, s) = setup(1, "transaction");
+    let mut c = trust(&s);
+    let big = "x".repeat(8 << 20);
+    c.send(&query(&format!("select length('{big}')")));
+    assert_eq!(first_value(&c.until_ready()), (8 << 20).to_string());
+    c.send(&query("select repeat('y', 30000000)"));
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "TDCZ");
+    assert_eq!(m[1].1.len(), 2 + 4 + 30_000_000);
+}
+
+#[test]
+fn terminate_returns_the_server() {
+    let (_pg, s) = setup(1, "transaction");
+    let mut a = trust(&s);
+    a.send(&query("select 1"));
+    a.until_ready();
+    a.send(&msg(b'X', b""));
+    assert!(a.closed());
+    let mut b = trust(&s);
+    b.send(&query("select 2"));
+    assert_eq!(first_value(&b.until_ready()), "2");
+}
+
+#[test]
+fn encryption_requests_are_refused_then_startup_works() {
+    let (_pg, s) = setup(1, "transaction");
+    for code in [80877103u32, 80877104] {
+        let mut r = Raw::open(s.port);
+        let mut p = 8u32.to_be_bytes().to_vec();
+        p.extend(code.to_be_bytes());
+        r.send(&p);
+        let mut one = [0u8; 1];
+        std::io::Read::read_exact(&mut r.s, &mut one).unwrap();
+        assert_eq!(&one, b"N");
+        r.send(&startup(&[("user", "u_trust"), ("database", "app")], 3 << 16));
+        assert_eq!(r.until_ready()[0].0, b'R');
+    }
+}
+
+#[test]
+fn newer_protocol_minor_is_negotiated_down() {
+    let (_pg, s) = setup(1, "transaction");
+    let mut r = Raw::open(s.port);
+    r.send(&startup(&[("user", "u_trust"), ("database", "app"), ("_pq_.something", "1")], (3 << 16) | 2));
+    let m = r.until_ready();
+    assert_eq!(m[0].0, b'v', "{m:?}");
+    assert_eq!(&m[0].1[..4], &(3u32 << 16).to_be_bytes());
+    assert!(String::from_utf8_lossy(&m[0].1).contains("_pq_.something"));
+    assert_eq!(m[1].0, b'R');
+    r.send(&query("select 5"));
+    assert_eq!(first_value(&r.until_ready()), "5");
+}
+
+#[test]
+fn malformed_startup_packets_are_rejected() {
+    let (_pg, s) = setup(1, "transaction");
+    let cases: Vec<Vec<u8>> = vec![
+        3u32.to_be_bytes().to_vec(),                                          // length below minimum
+        0x7fff_ffffu32.to_be_bytes().to_vec(),                                // absurd length
+        startup(&[("user", "u_trust")], 2 << 16),                             // protocol 2
+        [12u32.to_be_bytes(), (3u32 << 16).to_be_bytes(), *b"abcd"].concat(), // unterminated
+        startup(&[("database", "app")], 3 << 16),                             // no user
+    ];
+    for bytes in cases {
+        let mut r = Raw::open(s.port);
+        r.send(&bytes);
+        let m = r.recv();
+        if let Some((tag, body)) = &m {
+            assert_eq!(*tag, b'E', "{m:?}");
+            assert!(["08P01", "28000"].contains(&sqlstate(body).as_str()), "{}", sqlstate(body));
+        }
+        assert!(r.closed());
+    }
+    let mut ok = trust(&s);
+    ok.send(&query("select 1"));
+    assert_eq!(first_value(&ok.until_ready()), "1");
+}
+
+#[test]
+fn absurd_message_length_closes_only_that_client() {
+    let (pg, s) = setup(1, "transaction");
+    let mut bad = trust(&s);
+    bad.send(&[b'Q', 0x7f, 0xff, 0xff, 0xff]);
+    let (tag, body) = bad.recv().expect("an error before closing");
+    assert_eq!(tag, b'E');
+    assert_eq!(sqlstate(&body), "08P01");
+    assert!(bad.closed());
+    // Mid-transaction too: the server must not stay stuck in the transaction.
+    let mut c = trust(&s);
+    c.send(&query("begin; select 1"));
+    c.until_ready();
+    c.send(&[b'Q', 0, 0, 0, 1]);
+    assert!(c.closed());
+    let mut ok = trust(&s);
+    ok.send(&query("select 3"));
+    assert_eq!(first_value(&ok.until_ready()), "3");
+    let stuck = pg.psql("select count(*) from pg_stat_activity where state like 'idle in transaction%'");
+    assert_eq!(stuck, "0");
+}
+
+#[test]
+fn statement_mode_refuses_transaction_blocks() {
+    let (_pg, s) = setup(2, "statement");
+    let mut c = trust(&s);
+    c.send(&query("begin"));
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "CEZ", "{m:?}");
+    assert_eq!(sqlstate(&m[1].1), "25001");
+    assert_eq!(m[2].1, b"I");
+    c.send(&query("select 9"));
+    assert_eq!(first_value(&c.until_ready()), "9");
+}
