@@ -12,5 +12,6 @@ pub mod config;
 pub mod net;
 pub mod params;
 pub mod pool;
+pub mod prepared;
 pub mod protocol;
 pub mod server;

@@ -2,6 +2,7 @@
 //! machine (`session`) that lends and returns server connections, and the relay
 //! (`relay`) that forwards frames while a server is linked.
 
+mod extended;
 mod login;
 mod relay;
 mod session;

@@ -9,15 +9,17 @@ use std::time::Instant;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::extended::{ClientCtx, Extended};
 use super::session::{Session, sleep_opt};
 use super::{ClientConn, Exit};
 use crate::app::Phase;
 use crate::config::PoolMode;
 use crate::params::is_reported;
+use crate::prepared::{MAX_PARSE_LEN, NAME_PREFIX};
 use crate::protocol::build::{self, Severity};
 use crate::protocol::fields::{ErrorFields, parameter_status};
-use crate::protocol::scan::{Scanner, Splice};
-use crate::protocol::{ProtocolError, TxStatus, be, body, fe, sqlstate};
+use crate::protocol::scan::{Need, Scanner, Splice};
+use crate::protocol::{MAX_INSPECTED_LEN, ProtocolError, TxStatus, be, body, fe, sqlstate};
 
 /// Protocol state of the linked exchange.
 #[derive(Debug, Default)]
@@ -36,22 +38,60 @@ pub struct Track {
     busy_since: Option<Instant>,
     last_client_activity: Option<Instant>,
     param_updates: Vec<(String, String)>,
+    /// Prepared-statement rewriting (transaction and statement mode).
+    pub ext: Extended,
+}
+
+/// How much of each client message the relay reads.
+fn client_need(pooled: bool) -> impl Fn(u8) -> Need {
+    move |tag| match tag {
+        fe::TERMINATE => Need::Whole(MAX_INSPECTED_LEN),
+        _ if !pooled => Need::Stream,
+        fe::PARSE => Need::Whole(MAX_PARSE_LEN),
+        fe::BIND | fe::DESCRIBE => Need::Prefix(NAME_PREFIX),
+        fe::CLOSE => Need::Whole(MAX_INSPECTED_LEN),
+        fe::QUERY => Need::Prefix(256),
+        _ => Need::Stream,
+    }
+}
+
+fn server_need(tag: u8) -> Need {
+    match tag {
+        be::READY_FOR_QUERY | be::PARAMETER_STATUS | be::ERROR_RESPONSE => Need::Whole(MAX_INSPECTED_LEN),
+        _ => Need::Stream,
+    }
 }
 
 impl Track {
     /// No request outstanding and no message half-forwarded in either direction.
     pub fn protocol_idle(&self) -> bool {
-        self.pending == 0 && !self.unsynced && !self.client_scan.mid_message() && !self.server_scan.mid_message()
+        self.pending == 0
+            && !self.unsynced
+            && !self.client_scan.mid_message()
+            && !self.server_scan.mid_message()
+            && self.ext.is_idle()
     }
 
-    /// Scans client bytes; returns how many can be forwarded.
-    fn scan_client(&mut self, buf: &[u8], splice: &mut Splice) -> Result<usize, ProtocolError> {
+    /// Scans client bytes; returns how many can be forwarded. `ctx` is given in the
+    /// pooled modes, where prepared statements are rewritten.
+    fn scan_client(
+        &mut self,
+        buf: &[u8],
+        splice: &mut Splice,
+        mut ctx: Option<ClientCtx>,
+    ) -> Result<usize, ProtocolError> {
         let was_busy = self.pending > 0;
-        let Track { client_scan, pending, unsynced, terminated, .. } = self;
+        let Track { client_scan, pending, unsynced, terminated, ext, .. } = self;
+        if let Some(cx) = ctx.as_mut().filter(|_| !client_scan.mid_message()) {
+            ext.inject_closes(splice, cx.server);
+        }
         let n = client_scan.scan(
             buf,
-            |t| t == fe::TERMINATE,
+            client_need(ctx.is_some()),
             |m, sp| {
+                if let Some(cx) = ctx.as_mut() {
+                    ext.on_client(&m, sp, cx)?;
+                }
                 match m.tag {
                     fe::TERMINATE => {
                         *terminated = true;
@@ -78,12 +118,21 @@ impl Track {
     }
 
     /// Scans server bytes; returns how many can be forwarded.
-    fn scan_server(&mut self, buf: &[u8], splice: &mut Splice, mode: PoolMode) -> Result<usize, ProtocolError> {
-        let Track { server_scan, pending, violation, server_fatal, tx, param_updates, .. } = self;
+    fn scan_server(
+        &mut self,
+        buf: &[u8],
+        splice: &mut Splice,
+        mode: PoolMode,
+        prepared: &mut crate::prepared::ServerStatements,
+    ) -> Result<usize, ProtocolError> {
+        let Track { server_scan, pending, violation, server_fatal, tx, param_updates, ext, .. } = self;
         server_scan.scan(
             buf,
-            |t| matches!(t, be::READY_FOR_QUERY | be::PARAMETER_STATUS | be::ERROR_RESPONSE),
+            server_need,
             |m, sp| {
+                if mode != PoolMode::Session {
+                    ext.on_server(&m, sp, prepared)?;
+                }
                 let frame = m.frame.unwrap_or_default();
                 match m.tag {
                     be::READY_FOR_QUERY => {
@@ -194,8 +243,18 @@ impl Session {
     }
 
     async fn forward_client(&mut self, conn: &mut ClientConn, splice: &mut Splice) -> Result<(), Exit> {
-        let n = self.track.scan_client(&conn.buf, splice).map_err(Exit::protocol)?;
         let server = self.server.as_mut().expect("relay without a server");
+        let ctx = (self.mode != PoolMode::Session).then_some(ClientCtx {
+            stmts: &mut self.stmts,
+            server: &mut server.prepared,
+            cap: self.limits.server_statements,
+            client_limit: self.limits.client_statements,
+            tx: server.tx,
+        });
+        let n = self.track.scan_client(&conn.buf, splice, ctx).map_err(|e| match e {
+            ProtocolError::Limit(what) => Exit::fatal(sqlstate::CONFIGURATION_LIMIT_EXCEEDED, what),
+            e => Exit::protocol(e),
+        })?;
         let out = splice.finish(&conn.buf, n);
         let written = if out.is_empty() { Ok(()) } else { server.stream.write_all(out).await };
         splice.reset();
@@ -207,12 +266,17 @@ impl Session {
         if self.track.terminated {
             return Err(Exit::Terminated);
         }
+        let mut local = BytesMut::new();
+        self.track.ext.take_leading_synthetic(&mut local);
+        if !local.is_empty() {
+            conn.stream.write_all(&local).await.map_err(|_| Exit::Closed)?;
+        }
         Ok(())
     }
 
     async fn forward_server(&mut self, conn: &mut ClientConn, splice: &mut Splice) -> Result<(), Exit> {
         let server = self.server.as_mut().expect("relay without a server");
-        let n = self.track.scan_server(&server.buf, splice, self.mode).map_err(|e| {
+        let n = self.track.scan_server(&server.buf, splice, self.mode, &mut server.prepared).map_err(|e| {
             server.broken = true;
             Exit::fatal(sqlstate::PROTOCOL_VIOLATION, format!("server sent invalid data: {e}"))
         })?;
@@ -229,6 +293,17 @@ impl Session {
             if let Some(applied) = server.applied.as_mut() {
                 applied.set(&k, &v);
             }
+        }
+        for (name, st) in self.track.ext.undefined.drain(..) {
+            self.stmts.undefine(&name, &st);
+        }
+        for (name, st) in self.track.ext.redefined.drain(..) {
+            self.stmts.insert(&name, st);
+        }
+        if std::mem::take(&mut self.track.ext.discarded) {
+            // The client ran DISCARD ALL: its settings are the server defaults now.
+            self.params = crate::params::ClientParams::default();
+            server.applied = Some(crate::params::ClientParams::default());
         }
         if written.is_err() {
             return Err(Exit::Closed);

@@ -15,6 +15,7 @@ use crate::cancel::{CancelKey, CancelTarget};
 use crate::config::{PoolMode, secs};
 use crate::params::ClientParams;
 use crate::pool::{Pool, PoolError};
+use crate::prepared::ClientStatements;
 use crate::protocol::{Header, TxStatus, fe, sqlstate};
 use crate::server::ServerConn;
 
@@ -34,7 +35,17 @@ pub struct Session {
     pub(super) server: Option<ServerConn>,
     pub(super) track: Track,
     pub(super) timeouts: Timeouts,
+    pub(super) limits: Limits,
+    /// The client's named prepared statements (pooled modes).
+    pub(super) stmts: ClientStatements,
     pub(super) phase: watch::Receiver<Phase>,
+}
+
+/// Prepared-statement limits copied from the config at login.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub server_statements: usize,
+    pub client_statements: usize,
 }
 
 /// What the idle client asked for.
@@ -58,8 +69,23 @@ impl Session {
             idle_transaction: secs(g.idle_transaction_timeout),
             client_idle: secs(g.client_idle_timeout),
         };
+        let limits = Limits {
+            server_statements: g.max_prepared_statements,
+            client_statements: g.max_client_prepared_statements,
+        };
         let phase = app.phase();
-        let s = Session { pool, mode, params, key, server, track: Track::default(), timeouts, phase };
+        let s = Session {
+            limits,
+            stmts: ClientStatements::default(),
+            pool,
+            mode,
+            params,
+            key,
+            server,
+            track: Track::default(),
+            timeouts,
+            phase,
+        };
         if let Some(server) = &s.server {
             s.key.slot.set(Some(target(server)));
         }
@@ -160,6 +186,7 @@ impl Session {
             && server.exec(&settings.reset_query).await.is_ok()
         {
             server.applied = Some(ClientParams::default());
+            server.prepared.clear();
         }
         self.pool.checkin(server);
     }
@@ -187,7 +214,10 @@ impl Session {
         let reset = self.mode == PoolMode::Session || settings.reset_query_always;
         if reset && !settings.reset_query.is_empty() {
             match tokio::time::timeout(step, server.exec(&settings.reset_query)).await {
-                Ok(Ok(())) => server.applied = Some(ClientParams::default()),
+                Ok(Ok(())) => {
+                    server.applied = Some(ClientParams::default());
+                    server.prepared.clear();
+                }
                 _ => return self.pool.discard(server),
             }
         }

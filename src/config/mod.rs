@@ -94,6 +94,7 @@ pub struct General {
     pub log_disconnections: bool,
     pub tcp_keepalive: bool,
     pub max_prepared_statements: usize,
+    pub max_client_prepared_statements: usize,
 }
 
 impl Default for General {
@@ -130,6 +131,7 @@ impl Default for General {
             log_disconnections: true,
             tcp_keepalive: true,
             max_prepared_statements: 200,
+            max_client_prepared_statements: 2000,
         }
     }
 }

@@ -123,6 +123,10 @@ pub fn negotiate_protocol_version(buf: &mut BytesMut, minor: u32, unsupported: &
     });
 }
 
+pub fn command_complete(buf: &mut BytesMut, tag: &str) {
+    frame(buf, be::COMMAND_COMPLETE, |b| cstr(b, tag.as_bytes()));
+}
+
 pub fn close_complete(buf: &mut BytesMut) {
     frame(buf, be::CLOSE_COMPLETE, |_| {});
 }

@@ -112,6 +112,8 @@ pub enum ProtocolError {
     Malformed(&'static str),
     #[error("invalid startup packet length {0}")]
     BadStartupLength(usize),
+    #[error("{0}")]
+    Limit(&'static str),
     #[error("unsupported frontend protocol {major}.{minor}")]
     UnsupportedVersion { major: u16, minor: u16 },
 }

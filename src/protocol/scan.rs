@@ -7,7 +7,18 @@ use std::ops::Range;
 
 use bytes::BytesMut;
 
-use super::{HEADER_LEN, Header, MAX_INSPECTED_LEN, ProtocolError};
+use super::{HEADER_LEN, Header, ProtocolError};
+
+/// How much of a message the caller must see before it is passed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Header only; the body streams through.
+    Stream,
+    /// The whole frame, up to the given length (longer is a protocol error).
+    Whole(usize),
+    /// The first `n` bytes of the frame (or all of it, if shorter); the rest streams.
+    Prefix(usize),
+}
 
 /// Tracks the message boundary across reads.
 #[derive(Debug, Default, Clone, Copy)]
@@ -22,7 +33,7 @@ pub struct Msg<'a> {
     /// Offset of the message in the scanned buffer.
     pub start: usize,
     pub frame_len: usize,
-    /// The whole frame, for tags the caller asked to see whole.
+    /// The whole frame (or its prefix), for tags the caller asked to see.
     pub frame: Option<&'a [u8]>,
 }
 
@@ -32,14 +43,14 @@ impl Scanner {
         self.remaining > 0
     }
 
-    /// Walks `buf` from the start. `whole(tag)` says which messages must be complete
-    /// before `on` sees them; every other message is reported as soon as its header is
-    /// in and passes through in pieces. Returns how many bytes were consumed (the rest
-    /// is an incomplete header or an incomplete whole-message: keep it for next time).
+    /// Walks `buf` from the start. `need(tag)` says how much of each message `on` must
+    /// see; a message is reported once that much is in, and its remaining bytes pass
+    /// through in pieces. Returns how many bytes were consumed (the rest is an
+    /// incomplete header or an incomplete needed part: keep it for next time).
     pub fn scan<'a>(
         &mut self,
         buf: &'a [u8],
-        whole: impl Fn(u8) -> bool,
+        need: impl Fn(u8) -> Need,
         mut on: impl FnMut(Msg<'a>, &mut Splice) -> Result<(), ProtocolError>,
         splice: &mut Splice,
     ) -> Result<usize, ProtocolError> {
@@ -48,22 +59,22 @@ impl Scanner {
         while self.remaining == 0 {
             let Some(h) = Header::peek(&buf[pos..])? else { break };
             let start = pos;
-            if whole(h.tag) {
-                if h.frame_len > MAX_INSPECTED_LEN {
+            let want = match need(h.tag) {
+                Need::Stream => 0,
+                Need::Whole(max) if h.frame_len > max => {
                     return Err(ProtocolError::TooLarge { tag: h.tag, len: h.frame_len });
                 }
-                if buf.len() - pos < h.frame_len {
-                    break;
-                }
-                pos += h.frame_len;
-                let frame = Some(&buf[start..pos]);
-                on(Msg { tag: h.tag, start, frame_len: h.frame_len, frame }, splice)?;
-            } else {
-                let avail = (buf.len() - pos).min(h.frame_len);
-                pos += avail;
-                self.remaining = h.frame_len - avail;
-                on(Msg { tag: h.tag, start, frame_len: h.frame_len, frame: None }, splice)?;
+                Need::Whole(_) => h.frame_len,
+                Need::Prefix(n) => n.min(h.frame_len),
+            };
+            let avail = (buf.len() - pos).min(h.frame_len);
+            if avail < want {
+                break;
             }
+            pos += avail;
+            self.remaining = h.frame_len - avail;
+            let frame = (want > 0).then(|| &buf[start..start + want]);
+            on(Msg { tag: h.tag, start, frame_len: h.frame_len, frame }, splice)?;
         }
         Ok(pos)
     }

@@ -17,3 +17,4 @@ pub const INVALID_PARAMETER_VALUE: &str = "22023";
 pub const INTERNAL_ERROR: &str = "XX000";
 pub const INVALID_SQL_STATEMENT_NAME: &str = "26000";
 pub const DUPLICATE_PREPARED_STATEMENT: &str = "42P05";
+pub const CONFIGURATION_LIMIT_EXCEEDED: &str = "53400";

@@ -83,6 +83,8 @@ pub struct ServerConn {
     pub last_used: Instant,
     /// Set when the connection must not be reused (protocol state unknown).
     pub broken: bool,
+    /// Prepared statements this connection holds (pooled modes).
+    pub prepared: crate::prepared::ServerStatements,
 }
 
 impl ServerConn {
@@ -101,6 +103,7 @@ impl ServerConn {
             created: now,
             last_used: now,
             broken: false,
+            prepared: Default::default(),
         }
     }
 

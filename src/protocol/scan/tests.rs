@@ -1,4 +1,9 @@
 use super::*;
+use crate::protocol::MAX_INSPECTED_LEN;
+
+fn whole_if(tags: &'static [u8]) -> impl Fn(u8) -> Need {
+    move |t| if tags.contains(&t) { Need::Whole(MAX_INSPECTED_LEN) } else { Need::Stream }
+}
 use proptest::prelude::*;
 
 fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
@@ -14,7 +19,7 @@ fn collect(sc: &mut Scanner, buf: &[u8], whole: &[u8]) -> (usize, Vec<(u8, bool)
     let n = sc
         .scan(
             buf,
-            |t| whole.contains(&t),
+            |t| if whole.contains(&t) { Need::Whole(MAX_INSPECTED_LEN) } else { Need::Stream },
             |m, _| {
                 seen.push((m.tag, m.frame.is_some()));
                 Ok(())
@@ -45,11 +50,40 @@ fn streams_and_waits_for_whole() {
 fn rejects_bad_lengths_and_oversized_whole_messages() {
     let mut sc = Scanner::default();
     let mut sp = Splice::new();
-    assert!(sc.scan(b"Q\0\0\0\x01", |_| false, |_, _| Ok(()), &mut sp).is_err());
+    assert!(sc.scan(b"Q\0\0\0\x01", |_| Need::Stream, |_, _| Ok(()), &mut sp).is_err());
     let big = [b'E', 0x10, 0, 0, 0];
-    assert!(matches!(sc.scan(&big, |_| true, |_, _| Ok(()), &mut sp), Err(ProtocolError::TooLarge { .. })));
+    assert!(matches!(
+        sc.scan(&big, |_| Need::Whole(MAX_INSPECTED_LEN), |_, _| Ok(()), &mut sp),
+        Err(ProtocolError::TooLarge { .. })
+    ));
     // the same length streamed is fine
-    assert_eq!(sc.scan(&big, |_| false, |_, _| Ok(()), &mut sp).unwrap(), 5);
+    assert_eq!(sc.scan(&big, |_| Need::Stream, |_, _| Ok(()), &mut sp).unwrap(), 5);
+}
+
+#[test]
+fn prefix_is_seen_then_the_rest_streams() {
+    let m = msg(b'B', &[1; 100]);
+    let mut sc = Scanner::default();
+    let mut sp = Splice::new();
+    let mut seen = Vec::new();
+    let need = |t| if t == b'B' { Need::Prefix(20) } else { Need::Stream };
+    // fewer than 20 bytes: wait
+    assert_eq!(sc.scan(&m[..10], need, |_, _| Ok(()), &mut sp).unwrap(), 0);
+    let n = sc
+        .scan(
+            &m[..30],
+            need,
+            |x, _| {
+                seen.push(x.frame.unwrap().len());
+                Ok(())
+            },
+            &mut sp,
+        )
+        .unwrap();
+    assert_eq!((n, seen), (30, vec![20]));
+    assert!(sc.mid_message());
+    assert_eq!(sc.scan(&m[30..], need, |_, _| panic!("no new message"), &mut sp).unwrap(), m.len() - 30);
+    assert!(!sc.mid_message());
 }
 
 #[test]
@@ -90,7 +124,7 @@ proptest! {
             pending.extend_from_slice(&stream[pos..pos + step]);
             pos += step;
             let mut sp = Splice::new();
-            let n = sc.scan(&pending, |t| t == b'Z' || t == b'S', |m, _| { seen.push(m.tag); Ok(()) }, &mut sp).unwrap();
+            let n = sc.scan(&pending, whole_if(b"ZS"), |m, _| { seen.push(m.tag); Ok(()) }, &mut sp).unwrap();
             consumed_total += n;
             pending.drain(..n);
         }

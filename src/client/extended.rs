@@ -1,0 +1,394 @@
+//! Prepared statements through transaction pooling, applied to the relayed stream.
+//! Client → server: named Parse/Bind/Describe are renamed to the shared server-side
+//! statement, a Parse is injected before a Bind/Describe on a server that lacks the
+//! statement (or the client's unnamed statement), Close of a named statement and
+//! DEALLOCATE are answered locally. Server → client: a queue of expected replies, one
+//! per message sent, lets replies to injected messages be swallowed and Sluice's own
+//! replies be placed exactly where the client expects them, also after errors (the
+//! server skips to the next Sync, and so does the queue).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::prepared::{self, ClientStatements, ServerStatements, SqlCommand, Statement};
+use crate::protocol::build;
+use crate::protocol::fields::ErrorFields;
+use crate::protocol::scan::{Msg, Splice};
+use crate::protocol::{ProtocolError, TxStatus, be, body, fe};
+
+/// What a message sent to the server will be answered with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Parse,
+    Bind,
+    Describe,
+    Execute,
+    Close,
+    Sync,
+    Query,
+    Call,
+    /// A reply Sluice makes up with no server message behind it.
+    Local,
+}
+
+impl Kind {
+    /// Whether a server message with `tag` is the last of this kind's reply.
+    fn done_by(self, tag: u8) -> bool {
+        match self {
+            Kind::Parse => tag == be::PARSE_COMPLETE,
+            Kind::Bind => tag == be::BIND_COMPLETE,
+            Kind::Close => tag == be::CLOSE_COMPLETE,
+            Kind::Describe => matches!(tag, be::ROW_DESCRIPTION | be::NO_DATA),
+            Kind::Execute => {
+                matches!(tag, be::COMMAND_COMPLETE | be::EMPTY_QUERY_RESPONSE | be::PORTAL_SUSPENDED)
+            }
+            Kind::Sync | Kind::Query | Kind::Call => tag == be::READY_FOR_QUERY,
+            Kind::Local => false,
+        }
+    }
+
+    /// Extended-protocol messages: after an error the server skips them up to Sync.
+    fn skippable(self) -> bool {
+        matches!(self, Kind::Parse | Kind::Bind | Kind::Describe | Kind::Execute | Kind::Close | Kind::Local)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Reply {
+    Forward,
+    /// The reply to a message Sluice injected: the client must not see it.
+    Swallow,
+    /// Sluice's own reply to a message it did not forward.
+    Synthetic(Bytes),
+}
+
+/// What the outcome of a message changes in Sluice's books.
+#[derive(Debug, Default)]
+enum Effect {
+    #[default]
+    None,
+    /// A Parse defined this client name: undone if the server rejects or skips it.
+    Define(Bytes, Arc<Statement>),
+    /// A Parse of a name already defined earlier in the pipeline: it fails as a
+    /// duplicate, unless that earlier Parse was skipped, and then the name stands.
+    Redefine(Bytes, Arc<Statement>),
+    /// DISCARD ALL: on success the server holds no statements any more.
+    DiscardAll,
+}
+
+#[derive(Debug)]
+struct Expect {
+    kind: Kind,
+    reply: Reply,
+    /// The server-side statement concerned (Parse, Bind, Execute).
+    stmt: Option<u64>,
+    effect: Effect,
+    failed: bool,
+}
+
+impl Expect {
+    fn new(kind: Kind, reply: Reply, stmt: Option<u64>) -> Self {
+        Expect { kind, reply, stmt, effect: Effect::None, failed: false }
+    }
+
+    fn with(mut self, effect: Effect) -> Self {
+        self.effect = effect;
+        self
+    }
+}
+
+/// What the client side of a scan needs besides the message.
+pub struct ClientCtx<'a> {
+    pub stmts: &'a mut ClientStatements,
+    pub server: &'a mut ServerStatements,
+    /// max_prepared_statements per server connection.
+    pub cap: usize,
+    /// Statements one client may hold.
+    pub client_limit: usize,
+    pub tx: TxStatus,
+}
+
+/// Per-link state of the extended-protocol rewriting.
+#[derive(Debug, Default)]
+pub struct Extended {
+    queue: VecDeque<Expect>,
+    last_bind: Option<u64>,
+    /// Set when the server finished a DISCARD ALL (its statements are gone).
+    pub discarded: bool,
+    /// Client statements whose Parse failed or was skipped: the caller forgets them.
+    pub undefined: Vec<(Bytes, Arc<Statement>)>,
+    /// Client statements a Parse re-established (after an earlier Parse of the same
+    /// name in the pipeline was skipped): the caller records them again.
+    pub redefined: Vec<(Bytes, Arc<Statement>)>,
+}
+
+impl Extended {
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    fn push(&mut self, kind: Kind, reply: Reply, stmt: Option<u64>) {
+        self.queue.push_back(Expect::new(kind, reply, stmt));
+    }
+
+    /// Closes on the server the statements queued for closing, before anything else.
+    pub fn inject_closes(&mut self, sp: &mut Splice, server: &mut ServerStatements) {
+        for id in std::mem::take(&mut server.to_close) {
+            let (buf, from) = sp.insert_buf();
+            prepared::close_frame(buf, id);
+            sp.commit_insert(0, from);
+            self.push(Kind::Close, Reply::Swallow, None);
+        }
+    }
+
+    /// Handles one client message (pooled modes). Sync/Query bookkeeping for the
+    /// release decision stays with the caller.
+    pub fn on_client(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
+        match m.tag {
+            fe::PARSE => self.on_parse(m, sp, cx),
+            fe::BIND | fe::DESCRIBE => self.on_bind_or_describe(m, sp, cx),
+            fe::CLOSE => self.on_close(m, sp, cx),
+            fe::EXECUTE => {
+                self.push(Kind::Execute, Reply::Forward, self.last_bind);
+                Ok(())
+            }
+            fe::SYNC => {
+                self.push(Kind::Sync, Reply::Forward, None);
+                Ok(())
+            }
+            fe::QUERY => self.on_query(m, sp, cx),
+            fe::FUNCTION_CALL => {
+                self.push(Kind::Call, Reply::Forward, None);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn on_parse(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
+        let frame = m.frame.ok_or(ProtocolError::Malformed("Parse"))?;
+        let p = prepared::parse_view(frame)?;
+        if p.name.is_empty() {
+            let id = rand::random::<u64>() | 1;
+            cx.stmts.unnamed = Some((Bytes::copy_from_slice(frame), id));
+            cx.server.unnamed = id;
+            self.push(Kind::Parse, Reply::Forward, None);
+            return Ok(());
+        }
+        sp.drop_range(m.start, m.start + m.frame_len);
+        if let Some(existing) = cx.stmts.get(p.name).cloned() {
+            // A real server refuses a second Parse of the same name: make it say so.
+            // If the earlier Parse was skipped after an error, this one succeeds and
+            // the name stands again.
+            self.ensure(&existing, m.start, sp, cx);
+            sp.insert(m.start, &existing.parse);
+            let effect = Effect::Redefine(Bytes::copy_from_slice(p.name), existing);
+            self.queue.push_back(Expect::new(Kind::Parse, Reply::Forward, None).with(effect));
+            return Ok(());
+        }
+        if cx.stmts.len() >= cx.client_limit {
+            return Err(ProtocolError::Limit(
+                "too many prepared statements for one client (max_client_prepared_statements)",
+            ));
+        }
+        let st = Arc::new(prepared::statement(&p));
+        cx.stmts.insert(p.name, st.clone());
+        let item = if cx.server.contains(st.id) {
+            let mut b = BytesMut::new();
+            build::parse_complete(&mut b);
+            Expect::new(Kind::Local, Reply::Synthetic(b.freeze()), None)
+        } else {
+            self.add_to_server(st.id, m.start, sp, cx);
+            sp.insert(m.start, &st.parse);
+            Expect::new(Kind::Parse, Reply::Forward, Some(st.id))
+        };
+        self.queue.push_back(item.with(Effect::Define(Bytes::copy_from_slice(p.name), st)));
+        Ok(())
+    }
+
+    /// Records a statement on the server, closing the least recently used one if full.
+    fn add_to_server(&mut self, id: u64, at: usize, sp: &mut Splice, cx: &mut ClientCtx) {
+        if let Some(evicted) = cx.server.add(id, cx.cap) {
+            let (buf, from) = sp.insert_buf();
+            prepared::close_frame(buf, evicted);
+            sp.commit_insert(at, from);
+            self.push(Kind::Close, Reply::Swallow, None);
+        }
+    }
+
+    /// Makes sure the server holds `st`, injecting its Parse before offset `at`.
+    fn ensure(&mut self, st: &Statement, at: usize, sp: &mut Splice, cx: &mut ClientCtx) {
+        if !cx.server.contains(st.id) {
+            self.add_to_server(st.id, at, sp, cx);
+            sp.insert(at, &st.parse);
+            self.push(Kind::Parse, Reply::Swallow, Some(st.id));
+        }
+    }
+
+    fn on_bind_or_describe(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
+        let prefix = m.frame.ok_or(ProtocolError::Malformed("Bind/Describe"))?;
+        let kind = if m.tag == fe::BIND { Kind::Bind } else { Kind::Describe };
+        if kind == Kind::Describe && body(prefix).first() == Some(&b'P') {
+            self.push(kind, Reply::Forward, None);
+            return Ok(());
+        }
+        let (_, name) = prepared::name_field(prefix, m.tag)?;
+        let mut stmt = None;
+        if name.is_empty() {
+            if let Some((parse, id)) = cx.stmts.unnamed.clone() {
+                if cx.server.unnamed != id {
+                    // The unnamed statement was parsed on another server: parse it here.
+                    sp.insert(m.start, &parse);
+                    self.push(Kind::Parse, Reply::Swallow, None);
+                    cx.server.unnamed = id;
+                }
+            }
+        } else if let Some(st) = cx.stmts.get(name).cloned() {
+            self.ensure(&st, m.start, sp, cx);
+            let new_name = Statement::server_name(st.id);
+            let (renamed, replaced) = prepared::renamed_prefix(prefix, m.frame_len, m.tag, new_name.as_bytes())?;
+            sp.drop_range(m.start, m.start + replaced);
+            sp.insert(m.start, &renamed);
+            stmt = Some(st.id);
+        }
+        if kind == Kind::Bind {
+            self.last_bind = stmt;
+        }
+        self.push(kind, Reply::Forward, stmt);
+        Ok(())
+    }
+
+    fn on_close(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
+        let frame = m.frame.ok_or(ProtocolError::Malformed("Close"))?;
+        let (_, name) = prepared::name_field(frame, m.tag)?;
+        if body(frame).first() == Some(&b'S') {
+            if name.is_empty() {
+                cx.stmts.unnamed = None;
+            } else {
+                // Other clients may share the server-side statement: answer here.
+                cx.stmts.remove(name);
+                sp.drop_range(m.start, m.start + m.frame_len);
+                let mut b = BytesMut::new();
+                build::close_complete(&mut b);
+                self.push(Kind::Local, Reply::Synthetic(b.freeze()), None);
+                return Ok(());
+            }
+        }
+        self.push(Kind::Close, Reply::Forward, None);
+        Ok(())
+    }
+
+    fn on_query(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
+        // A simple query replaces the server's unnamed statement.
+        cx.server.unnamed = 0;
+        let command = m
+            .frame
+            .filter(|f| f.len() == m.frame_len)
+            .and_then(|f| crate::protocol::read_cstr(body(f)).and_then(|(sql, _)| prepared::sql_command(sql)));
+        let local_tag = match command {
+            Some(SqlCommand::Deallocate(name)) if cx.stmts.remove(name.as_bytes()) => "DEALLOCATE",
+            Some(SqlCommand::DeallocateAll) => {
+                cx.stmts.clear();
+                "DEALLOCATE ALL"
+            }
+            Some(SqlCommand::DiscardAll) => {
+                cx.stmts.clear();
+                self.queue.push_back(Expect::new(Kind::Query, Reply::Forward, None).with(Effect::DiscardAll));
+                return Ok(());
+            }
+            _ => {
+                self.push(Kind::Query, Reply::Forward, None);
+                return Ok(());
+            }
+        };
+        sp.drop_range(m.start, m.start + m.frame_len);
+        let mut b = BytesMut::new();
+        build::command_complete(&mut b, local_tag);
+        build::ready_for_query(&mut b, cx.tx);
+        self.push(Kind::Local, Reply::Synthetic(b.freeze()), None);
+        Ok(())
+    }
+
+    /// Sluice's own replies now at the head of the queue (everything before them has
+    /// been answered): append them to `out` for the client.
+    pub fn take_leading_synthetic(&mut self, out: &mut BytesMut) {
+        while let Some(Expect { reply: Reply::Synthetic(b), .. }) = self.queue.front() {
+            out.extend_from_slice(b);
+            self.queue.pop_front();
+        }
+    }
+
+    /// Handles one server message (pooled modes).
+    pub fn on_server(&mut self, m: &Msg, sp: &mut Splice, server: &mut ServerStatements) -> Result<(), ProtocolError> {
+        if matches!(m.tag, be::NOTICE_RESPONSE | be::PARAMETER_STATUS | be::NOTIFICATION_RESPONSE) {
+            return Ok(());
+        }
+        let Some(head) = self.queue.front_mut() else { return Ok(()) };
+        if m.tag == be::ERROR_RESPONSE {
+            if !head.kind.skippable() {
+                head.failed = true;
+                return Ok(());
+            }
+            let item = self.queue.pop_front().expect("head exists");
+            self.after_error(item, m, server)?;
+            return Ok(());
+        }
+        if !head.kind.done_by(m.tag) {
+            return Ok(());
+        }
+        let item = self.queue.pop_front().expect("head exists");
+        if item.reply == Reply::Swallow {
+            sp.drop_range(m.start, m.start + m.frame_len);
+        }
+        match item.effect {
+            Effect::Redefine(name, st) => {
+                server.add(st.id, usize::MAX);
+                self.redefined.push((name, st));
+            }
+            Effect::DiscardAll if !item.failed => {
+                server.clear();
+                self.discarded = true;
+            }
+            _ => {}
+        }
+        let end = m.start + m.frame_len;
+        while let Some(Expect { reply: Reply::Synthetic(b), .. }) = self.queue.front() {
+            sp.insert(end, b);
+            self.queue.pop_front();
+        }
+        Ok(())
+    }
+
+    /// An error ended an extended-protocol message: the server now skips everything up
+    /// to the next Sync, so drop what was expected of those messages.
+    fn after_error(&mut self, item: Expect, m: &Msg, server: &mut ServerStatements) -> Result<(), ProtocolError> {
+        if let Effect::Define(name, st) = item.effect {
+            self.undefined.push((name, st));
+        }
+        if let Some(id) = item.stmt {
+            let f = ErrorFields::parse(body(m.frame.unwrap_or_default()))?;
+            if item.kind == Kind::Parse {
+                server.forget(id);
+            } else if f.code == "0A000" && f.message.contains("cached plan must not change result type") {
+                // The server's statement is stale: close and re-parse it on next use.
+                server.forget(id);
+                server.to_close.push(id);
+            }
+        }
+        while let Some(next) = self.queue.front() {
+            if !next.kind.skippable() {
+                break;
+            }
+            let dropped = self.queue.pop_front().expect("front exists");
+            if let (Kind::Parse, Some(id)) = (dropped.kind, dropped.stmt) {
+                server.forget(id);
+            }
+            if let Effect::Define(name, st) = dropped.effect {
+                self.undefined.push((name, st));
+            }
+        }
+        Ok(())
+    }
+}

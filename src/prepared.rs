@@ -1,0 +1,305 @@
+//! Named prepared statements in transaction and statement mode. A client's statement
+//! names map to server-side names derived from the query text (`sluice_<hash>`), so a
+//! statement is parsed once per server connection whatever the number of clients
+//! preparing it. This module holds the state (per client, per server) and the message
+//! views and builders; `client::extended` applies them to the relayed stream.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::protocol::{ProtocolError, body, build, read_cstr};
+
+/// Largest Parse message Sluice holds whole to learn its query text.
+pub const MAX_PARSE_LEN: usize = 64 << 20;
+
+/// How much of a Bind or Describe must be seen to rename its statement.
+pub const NAME_PREFIX: usize = 5 + 2 * 1024;
+
+/// A statement as prepared on servers.
+#[derive(Debug)]
+pub struct Statement {
+    /// Hash of the query text and parameter types; names it on servers.
+    pub id: u64,
+    /// The Parse frame Sluice sends to a server, with the server-side name.
+    pub parse: Bytes,
+}
+
+impl Statement {
+    pub fn server_name(id: u64) -> String {
+        format!("sluice_{id:016x}")
+    }
+}
+
+/// A Parse message's parts.
+pub struct ParseView<'a> {
+    pub name: &'a [u8],
+    pub query: &'a [u8],
+    /// Parameter count and types, as sent.
+    pub types: &'a [u8],
+}
+
+pub fn parse_view(frame: &[u8]) -> Result<ParseView<'_>, ProtocolError> {
+    let bad = ProtocolError::Malformed("Parse");
+    let (name, rest) = read_cstr(body(frame)).ok_or(bad.clone())?;
+    let (query, types) = read_cstr(rest).ok_or(bad)?;
+    Ok(ParseView { name, query, types })
+}
+
+/// Builds the statement a client's Parse describes.
+pub fn statement(p: &ParseView) -> Statement {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    p.query.hash(&mut h);
+    p.types.hash(&mut h);
+    let id = h.finish();
+    let mut out = BytesMut::with_capacity(p.query.len() + p.types.len() + 32);
+    out.put_u8(b'P');
+    out.put_u32(0);
+    out.put_slice(Statement::server_name(id).as_bytes());
+    out.put_u8(0);
+    out.put_slice(p.query);
+    out.put_u8(0);
+    out.put_slice(p.types);
+    let len = (out.len() - 1) as u32;
+    out[1..5].copy_from_slice(&len.to_be_bytes());
+    Statement { id, parse: out.freeze() }
+}
+
+/// The statement name field of a Bind (after the portal name) or a Describe/Close
+/// (after the kind byte): its offset within the frame and its bytes.
+pub fn name_field(frame: &[u8], tag: u8) -> Result<(usize, &[u8]), ProtocolError> {
+    let b = body(frame);
+    let skip = match tag {
+        b'B' => read_cstr(b).map(|(portal, _)| portal.len() + 1).ok_or(ProtocolError::Malformed("Bind"))?,
+        _ => 1,
+    };
+    let rest = b.get(skip..).ok_or(ProtocolError::Malformed("Describe/Close"))?;
+    let (name, _) = read_cstr(rest).ok_or(ProtocolError::Malformed("statement name too long or unterminated"))?;
+    Ok((5 + skip, name))
+}
+
+/// Rewrites the statement name of a Bind/Describe whose first `prefix.len()` bytes
+/// are given: returns the new prefix (header with adjusted length, fields up to and
+/// including the new name) and how many bytes of the original it replaces.
+pub fn renamed_prefix(
+    prefix: &[u8],
+    frame_len: usize,
+    tag: u8,
+    new_name: &[u8],
+) -> Result<(BytesMut, usize), ProtocolError> {
+    let (at, old) = name_field(prefix, tag)?;
+    let replaced = at + old.len() + 1;
+    let new_len = frame_len - old.len() + new_name.len() - 1;
+    let mut out = BytesMut::with_capacity(at + new_name.len() + 1);
+    out.put_u8(tag);
+    out.put_u32(new_len as u32);
+    out.put_slice(&prefix[5..at]);
+    out.put_slice(new_name);
+    out.put_u8(0);
+    Ok((out, replaced))
+}
+
+/// The statements a client prepared, by its names.
+#[derive(Debug, Default)]
+pub struct ClientStatements {
+    map: HashMap<Bytes, Arc<Statement>>,
+    /// The client's latest unnamed-statement Parse and an id telling it apart.
+    pub unnamed: Option<(Bytes, u64)>,
+}
+
+impl ClientStatements {
+    pub fn get(&self, name: &[u8]) -> Option<&Arc<Statement>> {
+        self.map.get(name)
+    }
+
+    pub fn insert(&mut self, name: &[u8], s: Arc<Statement>) {
+        self.map.insert(Bytes::copy_from_slice(name), s);
+    }
+
+    /// Forgets `name` if it still stands for `st` (a later Parse may have reused it).
+    pub fn undefine(&mut self, name: &[u8], st: &Arc<Statement>) {
+        if self.map.get(name).is_some_and(|cur| Arc::ptr_eq(cur, st)) {
+            self.map.remove(name);
+        }
+    }
+
+    pub fn remove(&mut self, name: &[u8]) -> bool {
+        self.map.remove(name).is_some()
+    }
+
+    pub fn clear(&mut self) {
+        self.map.clear();
+        self.unnamed = None;
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// The statements a server connection holds, with least-recently-used eviction.
+#[derive(Debug, Default)]
+pub struct ServerStatements {
+    used: HashMap<u64, u64>,
+    tick: u64,
+    /// Statements to Close on the server before its next use (evicted or stale).
+    pub to_close: Vec<u64>,
+    /// Id of the client unnamed statement the server currently holds (0: none known).
+    pub unnamed: u64,
+}
+
+impl ServerStatements {
+    pub fn contains(&mut self, id: u64) -> bool {
+        self.tick += 1;
+        match self.used.get_mut(&id) {
+            Some(t) => {
+                *t = self.tick;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Records a statement as prepared; returns the one evicted to stay within `cap`.
+    pub fn add(&mut self, id: u64, cap: usize) -> Option<u64> {
+        self.tick += 1;
+        self.used.insert(id, self.tick);
+        if self.used.len() <= cap.max(1) {
+            return None;
+        }
+        let (&oldest, _) = self.used.iter().filter(|(k, _)| **k != id).min_by_key(|(_, t)| **t)?;
+        self.used.remove(&oldest);
+        Some(oldest)
+    }
+
+    pub fn forget(&mut self, id: u64) {
+        self.used.remove(&id);
+    }
+
+    /// After DISCARD ALL / DEALLOCATE ALL on the server.
+    pub fn clear(&mut self) {
+        self.used.clear();
+        self.to_close.clear();
+        self.unnamed = 0;
+    }
+
+    pub fn len(&self) -> usize {
+        self.used.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.used.is_empty()
+    }
+}
+
+/// A Close of a server-side statement.
+pub fn close_frame(buf: &mut BytesMut, id: u64) {
+    build::close(buf, b'S', Statement::server_name(id).as_bytes());
+}
+
+/// SQL commands about prepared statements that Sluice answers or follows itself.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SqlCommand {
+    Deallocate(String),
+    DeallocateAll,
+    DiscardAll,
+}
+
+/// Recognises a simple Query consisting of exactly one DEALLOCATE or DISCARD ALL.
+pub fn sql_command(query: &[u8]) -> Option<SqlCommand> {
+    let text = std::str::from_utf8(query).ok()?.trim().trim_end_matches(';').trim();
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let upper: Vec<String> = words.iter().map(|w| w.to_ascii_uppercase()).collect();
+    match upper.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["DISCARD", "ALL"] => Some(SqlCommand::DiscardAll),
+        ["DEALLOCATE", "ALL"] | ["DEALLOCATE", "PREPARE", "ALL"] => Some(SqlCommand::DeallocateAll),
+        ["DEALLOCATE", _] | ["DEALLOCATE", "PREPARE", _] => {
+            let name = words.last()?;
+            Some(SqlCommand::Deallocate(unquote(name)))
+        }
+        _ => None,
+    }
+}
+
+fn unquote(name: &str) -> String {
+    match name.strip_prefix('"').and_then(|n| n.strip_suffix('"')) {
+        Some(q) => q.replace("\"\"", "\""),
+        None => name.to_ascii_lowercase(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_frame(name: &str, query: &str) -> BytesMut {
+        let mut b = BytesMut::new();
+        build::parse(&mut b, name.as_bytes(), query.as_bytes(), &[23]);
+        b
+    }
+
+    #[test]
+    fn same_text_same_server_statement() {
+        let a = parse_frame("a", "select $1");
+        let b = parse_frame("other", "select $1");
+        let c = parse_frame("a", "select $1 + 1");
+        let sa = statement(&parse_view(&a).unwrap());
+        let sb = statement(&parse_view(&b).unwrap());
+        let sc = statement(&parse_view(&c).unwrap());
+        assert_eq!(sa.id, sb.id);
+        assert_ne!(sa.id, sc.id);
+        let v = parse_view(&sa.parse).unwrap();
+        assert_eq!(v.name, Statement::server_name(sa.id).as_bytes());
+        assert_eq!(v.query, b"select $1");
+        assert_eq!(v.types, &[0, 1, 0, 0, 0, 23]);
+        assert_eq!(crate::protocol::Header::peek(&sa.parse).unwrap().unwrap().frame_len, sa.parse.len());
+    }
+
+    #[test]
+    fn bind_and_describe_are_renamed() {
+        let mut bind = BytesMut::new();
+        bind.put_u8(b'B');
+        bind.put_u32(0);
+        bind.put_slice(b"portal\0P_1\0rest-of-bind");
+        let len = (bind.len() - 1) as u32;
+        bind[1..5].copy_from_slice(&len.to_be_bytes());
+        let (at, name) = name_field(&bind, b'B').unwrap();
+        assert_eq!((at, name), (12, &b"P_1"[..]));
+        let (prefix, replaced) = renamed_prefix(&bind, bind.len(), b'B', b"sluice_x").unwrap();
+        let mut out = prefix.to_vec();
+        out.extend_from_slice(&bind[replaced..]);
+        assert_eq!(&out[5..], b"portal\0sluice_x\0rest-of-bind");
+        assert_eq!(u32::from_be_bytes(out[1..5].try_into().unwrap()) as usize, out.len() - 1);
+        let mut d = BytesMut::new();
+        build::close(&mut d, b'S', b"stmt");
+        d[0] = b'D';
+        assert_eq!(name_field(&d, b'D').unwrap(), (6, &b"stmt"[..]));
+        assert!(name_field(b"B\0\0\0\x08abc", b'B').is_err());
+    }
+
+    #[test]
+    fn server_lru_evicts_oldest() {
+        let mut s = ServerStatements::default();
+        assert_eq!(s.add(1, 2), None);
+        assert_eq!(s.add(2, 2), None);
+        assert!(s.contains(1));
+        assert_eq!(s.add(3, 2), Some(2));
+        assert!(s.contains(1) && s.contains(3) && !s.contains(2));
+    }
+
+    #[test]
+    fn recognises_deallocate_and_discard() {
+        assert_eq!(sql_command(b"DEALLOCATE foo;"), Some(SqlCommand::Deallocate("foo".into())));
+        assert_eq!(sql_command(b"  deallocate prepare \"S_1\" "), Some(SqlCommand::Deallocate("S_1".into())));
+        assert_eq!(sql_command(b"DEALLOCATE ALL"), Some(SqlCommand::DeallocateAll));
+        assert_eq!(sql_command(b"discard all;"), Some(SqlCommand::DiscardAll));
+        assert_eq!(sql_command(b"select 1; deallocate x"), None);
+        assert_eq!(sql_command(b"discard plans"), None);
+    }
+}

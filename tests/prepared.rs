@@ -1,0 +1,255 @@
+//! Named and unnamed prepared statements through transaction pooling, byte-exact:
+//! sharing server-side statements, local Close, DEALLOCATE, errors in pipelines,
+//! re-parsing on another server, eviction, invalidated plans.
+
+mod common;
+mod raw;
+
+use common::{PgCluster, Sluice};
+use raw::*;
+
+fn setup(pool_size: usize, extra: &[(&str, &str)]) -> (PgCluster, Sluice) {
+    let pg = PgCluster::start();
+    let mut b = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .general("pool_mode", "\"transaction\"")
+        .database("app", &[("pool_size", &pool_size.to_string())]);
+    for (k, v) in extra {
+        b = b.general(k, v);
+    }
+    (pg, b.start())
+}
+
+fn login(s: &Sluice) -> Raw {
+    Raw::login(s.port, "u_trust", "app")
+}
+
+/// Parse + Sync; returns the tags received.
+fn prepare(c: &mut Raw, name: &str, sql: &str) -> String {
+    let mut b = parse(name, sql);
+    b.extend(sync());
+    c.send(&b);
+    tags(&c.until_ready())
+}
+
+/// Bind + Execute + Sync of a named statement; returns the messages.
+fn run(c: &mut Raw, name: &str, params: &[&str]) -> Vec<(u8, Vec<u8>)> {
+    let mut b = bind("", name, params);
+    b.extend(execute("", 0));
+    b.extend(sync());
+    c.send(&b);
+    c.until_ready()
+}
+
+fn close_stmt(name: &str) -> Vec<u8> {
+    let mut b = vec![b'S'];
+    b.extend_from_slice(name.as_bytes());
+    b.push(0);
+    msg(b'C', &b)
+}
+
+#[test]
+fn statements_are_shared_and_survive_server_changes() {
+    let (_pg, s) = setup(2, &[]);
+    let mut clients: Vec<Raw> = (0..6).map(|_| login(&s)).collect();
+    for (i, c) in clients.iter_mut().enumerate() {
+        // different names for the same text, and one name for different texts
+        assert_eq!(prepare(c, &format!("s{i}"), "select $1::int * 2"), "1Z");
+        assert_eq!(prepare(c, "same", &format!("select {i} + $1::int")), "1Z");
+    }
+    for round in 0..3 {
+        for (i, c) in clients.iter_mut().enumerate() {
+            let m = run(c, &format!("s{i}"), &[&round.to_string()]);
+            assert_eq!(tags(&m), "2DCZ");
+            assert_eq!(first_value(&m), (round * 2).to_string());
+            assert_eq!(first_value(&run(c, "same", &["10"])), (i + 10).to_string());
+        }
+    }
+    // One server-side statement per distinct text on each server: 1 + 6.
+    let mut c = login(&s);
+    c.send(&query("select count(*) from pg_prepared_statements"));
+    let n: usize = first_value(&c.until_ready()).parse().unwrap();
+    assert!(n <= 7, "server holds {n} statements for 7 distinct texts");
+}
+
+#[test]
+fn close_is_local_and_closed_names_are_gone() {
+    let (_pg, s) = setup(1, &[]);
+    let mut a = login(&s);
+    let mut b = login(&s);
+    assert_eq!(prepare(&mut a, "q", "select 1"), "1Z");
+    assert_eq!(prepare(&mut b, "q", "select 1"), "1Z");
+    let mut batch = close_stmt("q");
+    batch.extend(sync());
+    a.send(&batch);
+    assert_eq!(tags(&a.until_ready()), "3Z");
+    let m = run(&mut a, "q", &[]);
+    assert_eq!(tags(&m), "EZ");
+    assert_eq!(sqlstate(&m[0].1), "26000");
+    // b's statement (the same server-side one) still works
+    assert_eq!(first_value(&run(&mut b, "q", &[])), "1");
+    // and a can prepare the name again
+    assert_eq!(prepare(&mut a, "q", "select 2"), "1Z");
+    assert_eq!(first_value(&run(&mut a, "q", &[])), "2");
+}
+
+#[test]
+fn errors_in_pipelines_leave_no_phantoms() {
+    let (_pg, s) = setup(1, &[]);
+    let mut c = login(&s);
+    // A failed Parse then messages the server skips up to Sync.
+    let mut b = parse("bad", "select from nowhere_table");
+    b.extend(bind("", "bad", &[]));
+    b.extend(execute("", 0));
+    b.extend(parse("good", "select 7"));
+    b.extend(sync());
+    b.extend(parse("good", "select 7"));
+    b.extend(bind("", "good", &[]));
+    b.extend(execute("", 0));
+    b.extend(sync());
+    c.send(&b);
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "EZ", "{m:?}");
+    assert_eq!(sqlstate(&m[0].1), "42P01");
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "12DCZ", "{m:?}");
+    assert_eq!(first_value(&m), "7");
+    let m = run(&mut c, "bad", &[]);
+    assert_eq!(sqlstate(&m[0].1), "26000", "a failed Parse must not leave a statement");
+    // Parse of a name in use fails as on a real server.
+    let m = {
+        c.send(&[parse("good", "select 8"), sync()].concat());
+        c.until_ready()
+    };
+    assert_eq!(tags(&m), "EZ");
+    assert_eq!(sqlstate(&m[0].1), "42P05");
+    assert_eq!(first_value(&run(&mut c, "good", &[])), "7");
+}
+
+#[test]
+fn synthetic_replies_keep_their_place_in_pipelines() {
+    let (_pg, s) = setup(1, &[]);
+    let mut a = login(&s);
+    assert_eq!(prepare(&mut a, "x", "select 'x'"), "1Z");
+    let mut b = login(&s);
+    // b's Parse of the same text is answered by Sluice, between server replies.
+    let mut batch = parse("u", "select 'u'");
+    batch.extend(bind("", "u", &[]));
+    batch.extend(execute("", 0));
+    batch.extend(parse("y", "select 'x'"));
+    batch.extend(close_stmt("nothing"));
+    batch.extend(bind("", "y", &[]));
+    batch.extend(execute("", 0));
+    batch.extend(flush());
+    b.send(&batch);
+    let m = b.take(9);
+    assert_eq!(tags(&m), "12DC132DC", "{m:?}");
+    b.send(&sync());
+    assert_eq!(tags(&b.until_ready()), "Z");
+}
+
+#[test]
+fn unnamed_statement_is_reparsed_on_another_server() {
+    let (_pg, s) = setup(2, &[]);
+    let mut a = login(&s);
+    let mut holder = login(&s);
+    // Parse/Describe/Sync of the unnamed statement, as some drivers do...
+    let mut b = parse("", "select pg_backend_pid()");
+    b.extend({
+        let mut d = vec![b'S', 0];
+        d.truncate(2);
+        msg(b'D', &d)
+    });
+    b.extend(sync());
+    a.send(&b);
+    assert_eq!(tags(&a.until_ready()), "1tTZ");
+    // ...another client takes that server...
+    holder.send(&query("begin; select pg_backend_pid()"));
+    let held = first_value(&holder.until_ready());
+    // ...then Bind/Execute/Sync lands on the other server and must still work.
+    let m = run(&mut a, "", &[]);
+    assert_eq!(tags(&m), "2DCZ", "{m:?}");
+    assert_ne!(first_value(&m), held);
+    holder.send(&query("commit"));
+    holder.until_ready();
+}
+
+#[test]
+fn deallocate_and_discard_behave_as_on_a_server() {
+    let (_pg, s) = setup(1, &[]);
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "d1", "select 1"), "1Z");
+    assert_eq!(prepare(&mut c, "d2", "select 2"), "1Z");
+    c.send(&query("DEALLOCATE d1"));
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "CZ");
+    assert!(String::from_utf8_lossy(&m[0].1).starts_with("DEALLOCATE"));
+    assert_eq!(sqlstate(&run(&mut c, "d1", &[])[0].1), "26000");
+    assert_eq!(first_value(&run(&mut c, "d2", &[])), "2");
+    c.send(&query("deallocate nosuch"));
+    let m = c.until_ready();
+    assert_eq!(sqlstate(&m[0].1), "26000");
+    c.send(&query("DEALLOCATE ALL"));
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    assert_eq!(sqlstate(&run(&mut c, "d2", &[])[0].1), "26000");
+    assert_eq!(prepare(&mut c, "d3", "select 3"), "1Z");
+    c.send(&query("DISCARD ALL"));
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    assert_eq!(sqlstate(&run(&mut c, "d3", &[])[0].1), "26000");
+    // the server really lost its statements, and Sluice knows it
+    assert_eq!(prepare(&mut c, "d4", "select 3"), "1Z");
+    assert_eq!(first_value(&run(&mut c, "d4", &[])), "3");
+}
+
+#[test]
+fn eviction_and_server_loss_reprepare_transparently() {
+    let (pg, s) = setup(1, &[("max_prepared_statements", "2")]);
+    let mut c = login(&s);
+    for i in 0..5 {
+        assert_eq!(prepare(&mut c, &format!("e{i}"), &format!("select {i}")), "1Z");
+    }
+    for _ in 0..2 {
+        for i in 0..5 {
+            assert_eq!(first_value(&run(&mut c, &format!("e{i}"), &[])), i.to_string());
+        }
+    }
+    c.send(&query("select count(*) from pg_prepared_statements"));
+    assert!(first_value(&c.until_ready()).parse::<u32>().unwrap() <= 2);
+    c.send(&query("select pg_backend_pid()"));
+    let pid = first_value(&c.until_ready());
+    pg.psql(&format!("select pg_terminate_backend({pid})"));
+    assert!(common::wait_until(std::time::Duration::from_secs(5), || {
+        pg.psql(&format!("select count(*) from pg_stat_activity where pid = {pid}")) == "0"
+    }));
+    for i in 0..5 {
+        assert_eq!(first_value(&run(&mut c, &format!("e{i}"), &[])), i.to_string());
+    }
+}
+
+#[test]
+fn changed_result_type_fails_once_then_works() {
+    let (pg, s) = setup(1, &[]);
+    pg.psql("create table plan_t (a int); insert into plan_t values (1); grant all on plan_t to u_trust");
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "p", "select * from plan_t"), "1Z");
+    assert_eq!(first_value(&run(&mut c, "p", &[])), "1");
+    pg.psql("alter table plan_t add column b text default 'x'");
+    let m = run(&mut c, "p", &[]);
+    assert_eq!(tags(&m), "EZ");
+    assert_eq!(sqlstate(&m[0].1), "0A000");
+    let m = run(&mut c, "p", &[]);
+    assert_eq!(tags(&m), "2DCZ", "the pool stays poisoned: {m:?}");
+}
+
+#[test]
+fn session_mode_passes_statements_through() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .database("app", &[("pool_size", "1"), ("pool_mode", "\"session\"")])
+        .start();
+    let mut c = Raw::login(s.port, "u_trust", "app");
+    assert_eq!(prepare(&mut c, "mine", "select 5"), "1Z");
+    c.send(&query("select name from pg_prepared_statements"));
+    assert_eq!(first_value(&c.until_ready()), "mine");
+}
