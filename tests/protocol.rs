@@ -252,3 +252,27 @@ fn statement_mode_refuses_transaction_blocks() {
     c.send(&query("select 9"));
     assert_eq!(first_value(&c.until_ready()), "9");
 }
+
+#[test]
+fn extended_copy_in_with_early_sync_releases_the_server() {
+    let (pg, s) = setup(1, "transaction");
+    pg.psql("CREATE TABLE copy_x (a int); GRANT ALL ON copy_x TO u_trust");
+    let mut c = trust(&s);
+    // As tokio-postgres does: Bind/Execute/Sync, then the data, CopyDone and Sync.
+    let mut b = parse("", "copy copy_x from stdin");
+    b.extend(bind("", "", &[]));
+    b.extend(execute("", 0));
+    b.extend(sync());
+    c.send(&b);
+    let m = c.take(3);
+    assert_eq!(tags(&m), "12G");
+    let mut data = msg(b'd', b"1\n2\n");
+    data.extend(msg(b'c', b""));
+    data.extend(sync());
+    c.send(&data);
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    // the single server went back to the pool
+    let mut d = trust(&s);
+    d.send(&query("select count(*) from copy_x"));
+    assert_eq!(first_value(&d.until_ready()), "2");
+}

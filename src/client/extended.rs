@@ -320,6 +320,20 @@ impl Extended {
         }
     }
 
+    /// Removes the first `n` Sync expectations after the head (the Execute that
+    /// started a COPY FROM STDIN): the server ignores those Syncs.
+    pub fn drop_ignored_syncs(&mut self, mut n: usize) {
+        let mut i = 1;
+        while n > 0 && i < self.queue.len() {
+            if self.queue[i].kind == Kind::Sync {
+                self.queue.remove(i);
+                n -= 1;
+            } else {
+                i += 1;
+            }
+        }
+    }
+
     /// Handles one server message (pooled modes).
     pub fn on_server(&mut self, m: &Msg, sp: &mut Splice, server: &mut ServerStatements) -> Result<(), ProtocolError> {
         if matches!(m.tag, be::NOTICE_RESPONSE | be::PARAMETER_STATUS | be::NOTIFICATION_RESPONSE) {

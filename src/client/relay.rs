@@ -40,6 +40,11 @@ pub struct Track {
     param_updates: Vec<(String, String)>,
     /// Prepared-statement rewriting (transaction and statement mode).
     pub ext: Extended,
+    /// The server is in copy-in mode: it ignores Sync and Flush until CopyDone/Fail.
+    copy_in: bool,
+    /// Syncs sent since the last Execute and not yet answered: if that Execute starts
+    /// a COPY FROM STDIN, the server ignores them.
+    syncs_after_execute: u32,
 }
 
 /// How much of each client message the relay reads.
@@ -81,7 +86,7 @@ impl Track {
         mut ctx: Option<ClientCtx>,
     ) -> Result<usize, ProtocolError> {
         let was_busy = self.pending > 0;
-        let Track { client_scan, pending, unsynced, terminated, ext, .. } = self;
+        let Track { client_scan, pending, unsynced, terminated, ext, copy_in, syncs_after_execute, .. } = self;
         if let Some(cx) = ctx.as_mut().filter(|_| !client_scan.mid_message()) {
             ext.inject_closes(splice, cx.server);
         }
@@ -89,20 +94,31 @@ impl Track {
             buf,
             client_need(ctx.is_some()),
             |m, sp| {
-                if let Some(cx) = ctx.as_mut() {
+                let ignored = *copy_in && matches!(m.tag, fe::SYNC | fe::FLUSH);
+                if let Some(cx) = ctx.as_mut().filter(|_| !ignored) {
                     ext.on_client(&m, sp, cx)?;
                 }
                 match m.tag {
+                    _ if ignored => {}
                     fe::TERMINATE => {
                         *terminated = true;
                         sp.drop_range(m.start, m.start + m.frame_len);
                     }
-                    fe::QUERY | fe::FUNCTION_CALL => *pending += 1,
+                    fe::QUERY | fe::FUNCTION_CALL => {
+                        *pending += 1;
+                        *syncs_after_execute = 0;
+                    }
                     fe::SYNC => {
                         *pending += 1;
+                        *syncs_after_execute += 1;
                         *unsynced = false;
                     }
-                    fe::COPY_DATA | fe::COPY_DONE | fe::COPY_FAIL => {}
+                    fe::EXECUTE => {
+                        *syncs_after_execute = 0;
+                        *unsynced = true;
+                    }
+                    fe::COPY_DONE | fe::COPY_FAIL => *copy_in = false,
+                    fe::COPY_DATA => {}
                     _ => *unsynced = true,
                 }
                 Ok(())
@@ -125,7 +141,18 @@ impl Track {
         mode: PoolMode,
         prepared: &mut crate::prepared::ServerStatements,
     ) -> Result<usize, ProtocolError> {
-        let Track { server_scan, pending, violation, server_fatal, tx, param_updates, ext, .. } = self;
+        let Track {
+            server_scan,
+            pending,
+            violation,
+            server_fatal,
+            tx,
+            param_updates,
+            ext,
+            copy_in,
+            syncs_after_execute,
+            ..
+        } = self;
         server_scan.scan(
             buf,
             server_need,
@@ -135,7 +162,17 @@ impl Track {
                 }
                 let frame = m.frame.unwrap_or_default();
                 match m.tag {
+                    be::COPY_IN_RESPONSE => {
+                        // Syncs sent after the Execute that started this COPY are ignored.
+                        *copy_in = true;
+                        *pending = pending.saturating_sub(*syncs_after_execute);
+                        if mode != PoolMode::Session {
+                            ext.drop_ignored_syncs(*syncs_after_execute as usize);
+                        }
+                        *syncs_after_execute = 0;
+                    }
                     be::READY_FOR_QUERY => {
+                        *syncs_after_execute = 0;
                         let status = frame.get(5).copied().and_then(TxStatus::from_byte);
                         let status = status.ok_or(ProtocolError::Malformed("ReadyForQuery"))?;
                         *pending = pending.saturating_sub(1);
