@@ -23,6 +23,8 @@ pub const NAME_PREFIX: usize = 5 + 2 * 1024;
 pub struct Statement {
     /// Hash of the query text and parameter types; names it on servers.
     pub id: u64,
+    /// The server-side name, `sluice_<id>`.
+    pub name: Bytes,
     /// The Parse frame Sluice sends to a server, with the server-side name.
     pub parse: Bytes,
 }
@@ -54,17 +56,18 @@ pub fn statement(p: &ParseView) -> Statement {
     p.query.hash(&mut h);
     p.types.hash(&mut h);
     let id = h.finish();
+    let name = Bytes::from(Statement::server_name(id));
     let mut out = BytesMut::with_capacity(p.query.len() + p.types.len() + 32);
     out.put_u8(b'P');
     out.put_u32(0);
-    out.put_slice(Statement::server_name(id).as_bytes());
+    out.put_slice(&name);
     out.put_u8(0);
     out.put_slice(p.query);
     out.put_u8(0);
     out.put_slice(p.types);
     let len = (out.len() - 1) as u32;
     out[1..5].copy_from_slice(&len.to_be_bytes());
-    Statement { id, parse: out.freeze() }
+    Statement { id, name, parse: out.freeze() }
 }
 
 /// The statement name field of a Bind (after the portal name) or a Describe/Close
@@ -81,24 +84,25 @@ pub fn name_field(frame: &[u8], tag: u8) -> Result<(usize, &[u8]), ProtocolError
 }
 
 /// Rewrites the statement name of a Bind/Describe whose first `prefix.len()` bytes
-/// are given: returns the new prefix (header with adjusted length, fields up to and
-/// including the new name) and how many bytes of the original it replaces.
+/// are given: appends the new prefix (header with adjusted length, fields up to and
+/// including the new name) to `out` and returns how many bytes of the original it
+/// replaces.
 pub fn renamed_prefix(
+    out: &mut BytesMut,
     prefix: &[u8],
     frame_len: usize,
     tag: u8,
     new_name: &[u8],
-) -> Result<(BytesMut, usize), ProtocolError> {
+) -> Result<usize, ProtocolError> {
     let (at, old) = name_field(prefix, tag)?;
     let replaced = at + old.len() + 1;
     let new_len = frame_len - old.len() + new_name.len() - 1;
-    let mut out = BytesMut::with_capacity(at + new_name.len() + 1);
     out.put_u8(tag);
     out.put_u32(new_len as u32);
     out.put_slice(&prefix[5..at]);
     out.put_slice(new_name);
     out.put_u8(0);
-    Ok((out, replaced))
+    Ok(replaced)
 }
 
 /// The statements a client prepared, by its names.
@@ -256,6 +260,7 @@ mod tests {
         assert_ne!(sa.id, sc.id);
         let v = parse_view(&sa.parse).unwrap();
         assert_eq!(v.name, Statement::server_name(sa.id).as_bytes());
+        assert_eq!(&sa.name[..], v.name);
         assert_eq!(v.query, b"select $1");
         assert_eq!(v.types, &[0, 1, 0, 0, 0, 23]);
         assert_eq!(crate::protocol::Header::peek(&sa.parse).unwrap().unwrap().frame_len, sa.parse.len());
@@ -271,7 +276,8 @@ mod tests {
         bind[1..5].copy_from_slice(&len.to_be_bytes());
         let (at, name) = name_field(&bind, b'B').unwrap();
         assert_eq!((at, name), (12, &b"P_1"[..]));
-        let (prefix, replaced) = renamed_prefix(&bind, bind.len(), b'B', b"sluice_x").unwrap();
+        let mut prefix = BytesMut::new();
+        let replaced = renamed_prefix(&mut prefix, &bind, bind.len(), b'B', b"sluice_x").unwrap();
         let mut out = prefix.to_vec();
         out.extend_from_slice(&bind[replaced..]);
         assert_eq!(&out[5..], b"portal\0sluice_x\0rest-of-bind");

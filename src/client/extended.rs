@@ -129,6 +129,15 @@ impl Extended {
         self.queue.is_empty()
     }
 
+    /// Forgets everything but the allocations (a new link starts).
+    pub fn clear(&mut self) {
+        self.queue.clear();
+        self.last_bind = None;
+        self.discarded = false;
+        self.undefined.clear();
+        self.redefined.clear();
+    }
+
     fn push(&mut self, kind: Kind, reply: Reply, stmt: Option<u64>) {
         self.queue.push_back(Expect::new(kind, reply, stmt));
     }
@@ -247,10 +256,10 @@ impl Extended {
             }
         } else if let Some(st) = cx.stmts.get(name).cloned() {
             self.ensure(&st, m.start, sp, cx);
-            let new_name = Statement::server_name(st.id);
-            let (renamed, replaced) = prepared::renamed_prefix(prefix, m.frame_len, m.tag, new_name.as_bytes())?;
+            let (buf, from) = sp.insert_buf();
+            let replaced = prepared::renamed_prefix(buf, prefix, m.frame_len, m.tag, &st.name)?;
             sp.drop_range(m.start, m.start + replaced);
-            sp.insert(m.start, &renamed);
+            sp.commit_insert(m.start, from);
             stmt = Some(st.id);
         }
         if kind == Kind::Bind {

@@ -68,6 +68,15 @@ fn server_need(tag: u8) -> Need {
 }
 
 impl Track {
+    /// Starts tracking a new link, keeping allocated buffers.
+    pub fn reset(&mut self) {
+        let mut ext = std::mem::take(&mut self.ext);
+        ext.clear();
+        let mut updates = std::mem::take(&mut self.param_updates);
+        updates.clear();
+        *self = Track { ext: ext, param_updates: updates, ..Track::default() };
+    }
+
     /// No request outstanding and no message half-forwarded in either direction.
     pub fn protocol_idle(&self) -> bool {
         self.pending == 0
@@ -224,8 +233,15 @@ impl Session {
     /// Relays until the transaction ends (Ok: the server went back to the pool) or
     /// the connection ends (Err).
     pub(super) async fn relay(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
-        let mut splice = Splice::new();
-        self.forward_client(conn, &mut splice).await?;
+        let mut splice = std::mem::take(&mut self.splice);
+        let r = self.relay_loop(conn, &mut splice).await;
+        splice.reset();
+        self.splice = splice;
+        r
+    }
+
+    async fn relay_loop(&mut self, conn: &mut ClientConn, splice: &mut Splice) -> Result<(), Exit> {
+        self.forward_client(conn, splice).await?;
         loop {
             if self.mode != PoolMode::Session && self.releasable() {
                 self.release().await;
@@ -243,14 +259,14 @@ impl Session {
             tokio::select! {
                 r = conn.stream.read_buf(&mut conn.buf) => match r {
                     Ok(0) | Err(_) => return Err(Exit::Closed),
-                    Ok(_) => self.forward_client(conn, &mut splice).await?,
+                    Ok(_) => self.forward_client(conn, splice).await?,
                 },
                 r = server.stream.read_buf(&mut server.buf) => match r {
                     Ok(0) | Err(_) => {
                         server.broken = true;
                         return Err(server_lost(self.track.server_fatal.take()));
                     }
-                    Ok(_) => self.forward_server(conn, &mut splice).await?,
+                    Ok(_) => self.forward_server(conn, splice).await?,
                 },
                 _ = sleep_opt(query_deadline.map(|d| d.saturating_duration_since(Instant::now()))) => {
                     server.broken = true;

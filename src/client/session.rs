@@ -38,6 +38,8 @@ pub struct Session {
     pub(super) limits: Limits,
     /// The client's named prepared statements (pooled modes).
     pub(super) stmts: ClientStatements,
+    /// Output assembly for the relay, kept to reuse its buffers.
+    pub(super) splice: crate::protocol::scan::Splice,
     pub(super) phase: watch::Receiver<Phase>,
 }
 
@@ -77,6 +79,7 @@ impl Session {
         let s = Session {
             limits,
             stmts: ClientStatements::default(),
+            splice: Default::default(),
             pool,
             mode,
             params,
@@ -171,7 +174,7 @@ impl Session {
             return Err(exit);
         }
         self.key.slot.set(Some(target(&server)));
-        self.track = Track::default();
+        self.track.reset();
         self.server = Some(server);
         Ok(())
     }
