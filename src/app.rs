@@ -234,6 +234,7 @@ async fn janitor(app: Arc<App>) {
             _ = tick.tick() => {}
             _ = phase.wait_for(|p| *p == Phase::Stopping) => return,
         }
+        app.pools.rebalance();
         for pool in app.pools.all() {
             let missing = pool.maintain();
             if missing > 0 {

@@ -238,3 +238,34 @@ async fn idle_servers_are_retired_and_min_pool_size_kept() {
     pg.psql(&format!("select pg_terminate_backend(pid) from pg_stat_activity where usename = '{}'", Role::SCRAM.name));
     assert!(wait_until(Duration::from_secs(10), || n(&pg) == 2), "min_pool_size not restored");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_connection_limits_queue_then_rebalance() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"md5\"")
+        .general("max_db_connections", "1")
+        .general("query_wait_timeout", "1")
+        .database("app", &[("pool_size", "5")])
+        .database("app2", &[("dbname", "\"app\""), ("max_db_connections", "5")])
+        .user(Role::SCRAM.name, &[("password", "\"pw_scram\""), ("max_user_connections", "1")])
+        .start();
+    let servers = |pg: &PgCluster| sluice_backends(pg, "true");
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let b = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
+    // a holds the database's only server in a transaction: b waits, then times out.
+    a.simple_query("begin").await.unwrap();
+    let Err(e) = b.simple_query("select 1").await else { panic!("max_db_connections = 1 was exceeded") };
+    assert_eq!(code(&e), "57014", "{e}");
+    a.simple_query("commit").await.unwrap();
+    // a's server is idle in its own pool: b's pool gets room by closing it.
+    let b = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
+    assert_eq!(value(&b, "select current_user").await, Role::MD5.name);
+    assert_eq!(servers(&pg), 1);
+    // max_user_connections = 1 across databases for u_scram
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app2").await;
+    c.simple_query("begin").await.unwrap();
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let Err(e) = a.simple_query("select 1").await else { panic!("max_user_connections = 1 was exceeded") };
+    assert_eq!(code(&e), "57014", "{e}");
+}

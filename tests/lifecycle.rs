@@ -117,3 +117,33 @@ async fn sigint_exits_promptly_and_logs_connections() {
         "server connections left open after exit"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listens_on_ipv6_loopback_too() {
+    if !common::has_ipv6_loopback() {
+        eprintln!("no ::1 on this machine; IPv6 listening not exercised");
+        return;
+    }
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("listen_addr", "[\"127.0.0.1\", \"::1\"]").start();
+    let url =
+        format!("host=::1 port={} user={} password={} dbname=app", s.port, Role::SCRAM.name, Role::SCRAM.password);
+    let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    assert_eq!(value(&c, "select 6").await, "6");
+}
+
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("log_format", "\"json\"").start();
+    let out = common::psql_cmd(s.port, "127.0.0.1", Role::SCRAM.name, Role::SCRAM.password, "app")
+        .args(["-c", "select 1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(s.wait_log("client disconnected", Duration::from_secs(5)));
+    for line in s.log().lines().filter(|l| !l.trim().is_empty()) {
+        assert!(line.starts_with('{') && line.ends_with('}'), "not a JSON object: {line}");
+    }
+}

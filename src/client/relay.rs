@@ -74,7 +74,7 @@ impl Track {
         ext.clear();
         let mut updates = std::mem::take(&mut self.param_updates);
         updates.clear();
-        *self = Track { ext: ext, param_updates: updates, ..Track::default() };
+        *self = Track { ext, param_updates: updates, ..Track::default() };
     }
 
     /// No request outstanding and no message half-forwarded in either direction.

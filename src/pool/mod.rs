@@ -345,6 +345,36 @@ impl Pool {
         }
     }
 
+    /// Clients wait although the pool has room: a shared limit (max_db_connections,
+    /// max_user_connections) stops it from opening a connection.
+    pub fn is_starved(&self) -> bool {
+        let size = self.settings.load().size;
+        let i = self.inner.lock();
+        !i.waiters.is_empty() && i.total < size && i.connecting == 0
+    }
+
+    /// Whether this pool counts against the same limit as `other`.
+    pub fn shares_limit_with(&self, other: &Pool) -> bool {
+        Arc::ptr_eq(&self.db_limit, &other.db_limit) || Arc::ptr_eq(&self.user_limit, &other.user_limit)
+    }
+
+    /// Closes one idle connection, if any (to make room under a shared limit).
+    pub fn evict_one_idle(&self) -> bool {
+        let s = self.inner.lock().idle.pop();
+        match s {
+            Some(s) => {
+                self.discard(s);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Lets waiters retry opening a connection.
+    pub fn retry_waiters(&self) {
+        self.wake_waiters();
+    }
+
     pub fn is_unused(&self) -> bool {
         let i = self.inner.lock();
         i.total == 0 && i.waiters.is_empty()

@@ -48,6 +48,19 @@ impl Pools {
         l.clone()
     }
 
+    /// Pools starved by a shared connection limit get room by closing an idle
+    /// connection of another pool under the same limit (run by the janitor).
+    pub fn rebalance(&self) {
+        let pools = self.all();
+        for starved in pools.iter().filter(|p| p.is_starved()) {
+            let freed =
+                pools.iter().any(|p| !Arc::ptr_eq(p, starved) && p.shares_limit_with(starved) && p.evict_one_idle());
+            if freed {
+                starved.retry_waiters();
+            }
+        }
+    }
+
     pub fn all(&self) -> Vec<Arc<Pool>> {
         let mut v: Vec<_> = self.map.lock().values().cloned().collect();
         v.sort_by(|a, b| a.key.cmp(&b.key));
