@@ -247,3 +247,20 @@ async fn unix_socket_and_psql() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "via-unix");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_server_user_and_server_lifetime() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("server_lifetime", "0.5")
+        .database("forced", &[("dbname", "\"app\""), ("user", "\"u_md5\""), ("password", "\"pw_md5\"")])
+        .start();
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "forced").await;
+    assert_eq!(value(&c, "select current_user").await, Role::MD5.name);
+    let first = value(&c, "select pg_backend_pid()").await;
+    // Past server_lifetime the connection is retired and a new one used.
+    let renewed =
+        common::eventually(Duration::from_secs(10), || async { value(&c, "select pg_backend_pid()").await != first })
+            .await;
+    assert!(renewed, "server_lifetime did not retire the server connection");
+}

@@ -276,3 +276,21 @@ fn extended_copy_in_with_early_sync_releases_the_server() {
     d.send(&query("select count(*) from copy_x"));
     assert_eq!(first_value(&d.until_ready()), "2");
 }
+
+#[test]
+fn notices_pass_through_and_login_timeout_applies() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("auth_type", "\"trust\"").general("client_login_timeout", "0.5").start();
+    let mut c = trust(&s);
+    c.send(&query("do $$ begin raise notice 'hello there'; end $$"));
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "NCZ");
+    assert_eq!(field(&m[0].1, b'M'), "hello there");
+    // A client that never finishes its login is closed with an error.
+    let mut idle = Raw::open(s.port);
+    let (tag, body) = idle.recv().expect("an error, then the close");
+    assert_eq!(tag, b'E');
+    assert_eq!(sqlstate(&body), "08P01");
+    assert!(field(&body, b'M').contains("client_login_timeout"));
+    assert!(idle.closed());
+}
