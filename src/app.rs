@@ -48,6 +48,9 @@ pub struct App {
     phase: watch::Sender<Phase>,
     /// Key for deterministic fake SCRAM salts of unknown users.
     pub mock_key: [u8; 32],
+    /// Logged-in clients, for the admin console.
+    pub client_infos: crate::stats::Registry<crate::stats::ClientInfo>,
+    next_client_id: std::sync::atomic::AtomicU64,
 }
 
 /// Counts a connected client for as long as it lives.
@@ -73,7 +76,14 @@ impl App {
             no_clients: Notify::new(),
             phase: watch::channel(Phase::Running).0,
             mock_key: rand::random(),
+            client_infos: Default::default(),
+            next_client_id: std::sync::atomic::AtomicU64::new(1),
         }))
+    }
+
+    /// A new id for a client connection.
+    pub fn client_id(&self) -> u64 {
+        self.next_client_id.fetch_add(1, Ordering::Relaxed)
     }
 
     pub fn client_count(&self) -> usize {

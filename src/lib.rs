@@ -15,3 +15,4 @@ pub mod pool;
 pub mod prepared;
 pub mod protocol;
 pub mod server;
+pub mod stats;

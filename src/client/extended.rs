@@ -122,6 +122,10 @@ pub struct Extended {
     /// Client statements a Parse re-established (after an earlier Parse of the same
     /// name in the pipeline was skipped): the caller records them again.
     pub redefined: Vec<(Bytes, Arc<Statement>)>,
+    /// Parses sent to servers (forwarded or injected), and client Parses answered
+    /// from a server's cache, since the last flush.
+    pub server_parses: u64,
+    pub cache_hits: u64,
 }
 
 impl Extended {
@@ -183,6 +187,7 @@ impl Extended {
             let id = rand::random::<u64>() | 1;
             cx.stmts.unnamed = Some((Bytes::copy_from_slice(frame), id));
             cx.server.unnamed = id;
+            self.server_parses += 1;
             self.push(Kind::Parse, Reply::Forward, None);
             return Ok(());
         }
@@ -205,12 +210,14 @@ impl Extended {
         let st = Arc::new(prepared::statement(&p));
         cx.stmts.insert(p.name, st.clone());
         let item = if cx.server.contains(st.id) {
+            self.cache_hits += 1;
             let mut b = BytesMut::new();
             build::parse_complete(&mut b);
             Expect::new(Kind::Local, Reply::Synthetic(b.freeze()), None)
         } else {
             self.add_to_server(st.id, m.start, sp, cx);
             sp.insert(m.start, &st.parse);
+            self.server_parses += 1;
             Expect::new(Kind::Parse, Reply::Forward, Some(st.id))
         };
         self.queue.push_back(item.with(Effect::Define(Bytes::copy_from_slice(p.name), st)));
@@ -232,6 +239,7 @@ impl Extended {
         if !cx.server.contains(st.id) {
             self.add_to_server(st.id, at, sp, cx);
             sp.insert(at, &st.parse);
+            self.server_parses += 1;
             self.push(Kind::Parse, Reply::Swallow, Some(st.id));
         }
     }
@@ -250,6 +258,7 @@ impl Extended {
                 if cx.server.unnamed != id {
                     // The unnamed statement was parsed on another server: parse it here.
                     sp.insert(m.start, &parse);
+                    self.server_parses += 1;
                     self.push(Kind::Parse, Reply::Swallow, None);
                     cx.server.unnamed = id;
                 }

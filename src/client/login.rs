@@ -19,6 +19,7 @@ use crate::pool::Pool;
 use crate::protocol::startup::{self, StartupMessage, StartupPacket};
 use crate::protocol::{TxStatus, build, sqlstate};
 use crate::server::ServerConn;
+use crate::stats::ClientInfo;
 
 /// Runs the login; Ok gives a session ready to serve queries.
 pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<Session, Exit> {
@@ -63,10 +64,13 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<Session, Exi
         Exit::fatal(sqlstate::INVALID_AUTHORIZATION, format!("no server login configured for user \"{user}\""))
     })?;
     let params = client_params(&msg)?;
+    let info = Arc::new(ClientInfo::new(app.client_id(), user, database, &conn.peer, false));
+    *info.application_name.lock() = params.get("application_name").unwrap_or_default().to_string();
     let session = match pool.settings().mode {
-        PoolMode::Session => start_session_mode(app, conn, pool, params).await?,
-        mode => start_pooled(app, conn, pool, params, mode).await?,
+        PoolMode::Session => start_session_mode(app, conn, pool, params, info.clone()).await?,
+        mode => start_pooled(app, conn, pool, params, mode, info.clone()).await?,
     };
+    app.client_infos.insert(info.id, info);
     if cfg.general.log_connections {
         info!(peer = %conn.peer, user, database, "login");
     }
@@ -143,6 +147,7 @@ async fn start_session_mode(
     conn: &mut ClientConn,
     pool: Arc<Pool>,
     params: ClientParams,
+    info: Arc<ClientInfo>,
 ) -> Result<Session, Exit> {
     let server = pool.checkout().await.map_err(pool_failure)?;
     let server = apply_or_fail(&pool, server, &params).await?;
@@ -155,7 +160,7 @@ async fn start_session_mode(
     build::backend_key_data(&mut out, server.pid, server.secret);
     build::ready_for_query(&mut out, TxStatus::Idle);
     conn.stream.write_all(&out).await.map_err(|_| Exit::Closed)?;
-    Ok(Session::new(app, pool, PoolMode::Session, params, key, Some(server)))
+    Ok(Session::new(app, info, pool, PoolMode::Session, params, key, Some(server)))
 }
 
 /// Transaction and statement mode: the client is told the server defaults overlaid
@@ -166,6 +171,7 @@ async fn start_pooled(
     pool: Arc<Pool>,
     mut params: ClientParams,
     mode: PoolMode,
+    info: Arc<ClientInfo>,
 ) -> Result<Session, Exit> {
     let mut defaults = pool.defaults();
     let unknown = params.iter().any(|(k, v)| pool.canonical(k, v).is_none());
@@ -203,5 +209,5 @@ async fn start_pooled(
     build::backend_key_data(&mut out, key.pid, key.secret);
     build::ready_for_query(&mut out, TxStatus::Idle);
     conn.stream.write_all(&out).await.map_err(|_| Exit::Closed)?;
-    Ok(Session::new(app, pool, mode, params, key, None))
+    Ok(Session::new(app, info, pool, mode, params, key, None))
 }

@@ -6,6 +6,7 @@ mod extended;
 mod login;
 mod relay;
 mod session;
+mod track;
 
 use std::sync::Arc;
 

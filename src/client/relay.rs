@@ -9,211 +9,14 @@ use std::time::Instant;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::extended::{ClientCtx, Extended};
+use super::extended::ClientCtx;
 use super::session::{Session, sleep_opt};
 use super::{ClientConn, Exit};
 use crate::app::Phase;
 use crate::config::PoolMode;
-use crate::params::is_reported;
-use crate::prepared::{MAX_PARSE_LEN, NAME_PREFIX};
 use crate::protocol::build::{self, Severity};
-use crate::protocol::fields::{ErrorFields, parameter_status};
-use crate::protocol::scan::{Need, Scanner, Splice};
-use crate::protocol::{MAX_INSPECTED_LEN, ProtocolError, TxStatus, be, body, fe, sqlstate};
-
-/// Protocol state of the linked exchange.
-#[derive(Debug, Default)]
-pub struct Track {
-    /// Query, Sync and FunctionCall messages not yet answered by ReadyForQuery.
-    pub pending: u32,
-    /// Extended-protocol messages sent since the last Sync.
-    pub unsynced: bool,
-    client_scan: Scanner,
-    server_scan: Scanner,
-    terminated: bool,
-    /// Statement mode saw a transaction block open.
-    violation: bool,
-    server_fatal: Option<String>,
-    tx: Option<TxStatus>,
-    busy_since: Option<Instant>,
-    last_client_activity: Option<Instant>,
-    param_updates: Vec<(String, String)>,
-    /// Prepared-statement rewriting (transaction and statement mode).
-    pub ext: Extended,
-    /// The server is in copy-in mode: it ignores Sync and Flush until CopyDone/Fail.
-    copy_in: bool,
-    /// Syncs sent since the last Execute and not yet answered: if that Execute starts
-    /// a COPY FROM STDIN, the server ignores them.
-    syncs_after_execute: u32,
-}
-
-/// How much of each client message the relay reads.
-fn client_need(pooled: bool) -> impl Fn(u8) -> Need {
-    move |tag| match tag {
-        fe::TERMINATE => Need::Whole(MAX_INSPECTED_LEN),
-        _ if !pooled => Need::Stream,
-        fe::PARSE => Need::Whole(MAX_PARSE_LEN),
-        fe::BIND | fe::DESCRIBE => Need::Prefix(NAME_PREFIX),
-        fe::CLOSE => Need::Whole(MAX_INSPECTED_LEN),
-        fe::QUERY => Need::Prefix(256),
-        _ => Need::Stream,
-    }
-}
-
-fn server_need(tag: u8) -> Need {
-    match tag {
-        be::READY_FOR_QUERY | be::PARAMETER_STATUS | be::ERROR_RESPONSE => Need::Whole(MAX_INSPECTED_LEN),
-        _ => Need::Stream,
-    }
-}
-
-impl Track {
-    /// Starts tracking a new link, keeping allocated buffers.
-    pub fn reset(&mut self) {
-        let mut ext = std::mem::take(&mut self.ext);
-        ext.clear();
-        let mut updates = std::mem::take(&mut self.param_updates);
-        updates.clear();
-        *self = Track { ext, param_updates: updates, ..Track::default() };
-    }
-
-    /// No request outstanding and no message half-forwarded in either direction.
-    pub fn protocol_idle(&self) -> bool {
-        self.pending == 0
-            && !self.unsynced
-            && !self.client_scan.mid_message()
-            && !self.server_scan.mid_message()
-            && self.ext.is_idle()
-    }
-
-    /// Scans client bytes; returns how many can be forwarded. `ctx` is given in the
-    /// pooled modes, where prepared statements are rewritten.
-    fn scan_client(
-        &mut self,
-        buf: &[u8],
-        splice: &mut Splice,
-        mut ctx: Option<ClientCtx>,
-    ) -> Result<usize, ProtocolError> {
-        let was_busy = self.pending > 0;
-        let Track { client_scan, pending, unsynced, terminated, ext, copy_in, syncs_after_execute, .. } = self;
-        if let Some(cx) = ctx.as_mut().filter(|_| !client_scan.mid_message()) {
-            ext.inject_closes(splice, cx.server);
-        }
-        let n = client_scan.scan(
-            buf,
-            client_need(ctx.is_some()),
-            |m, sp| {
-                let ignored = *copy_in && matches!(m.tag, fe::SYNC | fe::FLUSH);
-                if let Some(cx) = ctx.as_mut().filter(|_| !ignored) {
-                    ext.on_client(&m, sp, cx)?;
-                }
-                match m.tag {
-                    _ if ignored => {}
-                    fe::TERMINATE => {
-                        *terminated = true;
-                        sp.drop_range(m.start, m.start + m.frame_len);
-                    }
-                    fe::QUERY | fe::FUNCTION_CALL => {
-                        *pending += 1;
-                        *syncs_after_execute = 0;
-                    }
-                    fe::SYNC => {
-                        *pending += 1;
-                        *syncs_after_execute += 1;
-                        *unsynced = false;
-                    }
-                    fe::EXECUTE => {
-                        *syncs_after_execute = 0;
-                        *unsynced = true;
-                    }
-                    fe::COPY_DONE | fe::COPY_FAIL => *copy_in = false,
-                    fe::COPY_DATA => {}
-                    _ => *unsynced = true,
-                }
-                Ok(())
-            },
-            splice,
-        )?;
-        let now = Instant::now();
-        if !was_busy && self.pending > 0 {
-            self.busy_since = Some(now);
-        }
-        self.last_client_activity = Some(now);
-        Ok(n)
-    }
-
-    /// Scans server bytes; returns how many can be forwarded.
-    fn scan_server(
-        &mut self,
-        buf: &[u8],
-        splice: &mut Splice,
-        mode: PoolMode,
-        prepared: &mut crate::prepared::ServerStatements,
-    ) -> Result<usize, ProtocolError> {
-        let Track {
-            server_scan,
-            pending,
-            violation,
-            server_fatal,
-            tx,
-            param_updates,
-            ext,
-            copy_in,
-            syncs_after_execute,
-            ..
-        } = self;
-        server_scan.scan(
-            buf,
-            server_need,
-            |m, sp| {
-                if mode != PoolMode::Session {
-                    ext.on_server(&m, sp, prepared)?;
-                }
-                let frame = m.frame.unwrap_or_default();
-                match m.tag {
-                    be::COPY_IN_RESPONSE => {
-                        // Syncs sent after the Execute that started this COPY are ignored.
-                        *copy_in = true;
-                        *pending = pending.saturating_sub(*syncs_after_execute);
-                        if mode != PoolMode::Session {
-                            ext.drop_ignored_syncs(*syncs_after_execute as usize);
-                        }
-                        *syncs_after_execute = 0;
-                    }
-                    be::READY_FOR_QUERY => {
-                        *syncs_after_execute = 0;
-                        let status = frame.get(5).copied().and_then(TxStatus::from_byte);
-                        let status = status.ok_or(ProtocolError::Malformed("ReadyForQuery"))?;
-                        *pending = pending.saturating_sub(1);
-                        *tx = Some(status);
-                        if mode == PoolMode::Statement && status != TxStatus::Idle {
-                            *violation = true;
-                            sp.drop_range(m.start, m.start + m.frame_len);
-                        }
-                    }
-                    be::PARAMETER_STATUS => {
-                        let (k, v) = parameter_status(body(frame))?;
-                        let k = String::from_utf8_lossy(k);
-                        if is_reported(&k) {
-                            param_updates.push((k.into_owned(), String::from_utf8_lossy(v).into_owned()));
-                        }
-                    }
-                    be::ERROR_RESPONSE => {
-                        let f = ErrorFields::parse(body(frame))?;
-                        if f.is_fatal() {
-                            // Replaced by Sluice's own 08006 when the server goes away.
-                            *server_fatal = Some(format!("{} ({})", f.message, f.code));
-                            sp.drop_range(m.start, m.start + m.frame_len);
-                        }
-                    }
-                    _ => {}
-                }
-                Ok(())
-            },
-            splice,
-        )
-    }
-}
+use crate::protocol::scan::Splice;
+use crate::protocol::{ProtocolError, TxStatus, sqlstate};
 
 fn server_lost(detail: Option<String>) -> Exit {
     let message = match detail {
@@ -276,6 +79,7 @@ impl Session {
                     return Err(Exit::fatal(sqlstate::IDLE_IN_TRANSACTION_TIMEOUT, "idle_transaction_timeout: transaction left idle too long"));
                 }
                 _ = self.phase.changed() => {}
+                _ = self.info.kill.notified() => return Err(super::session::killed()),
             }
         }
     }
@@ -353,6 +157,10 @@ impl Session {
         for (name, st) in self.track.ext.redefined.drain(..) {
             self.stmts.insert(&name, st);
         }
+        if self.track.xact_done.is_some() {
+            self.flush_stats();
+        }
+        let server = self.server.as_mut().expect("relay without a server");
         if std::mem::take(&mut self.track.ext.discarded) {
             // The client ran DISCARD ALL: its settings are the server defaults now.
             self.params = crate::params::ClientParams::default();

@@ -3,12 +3,13 @@
 //! ends, until the client leaves. Cleans up the server on every way out.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 
-use super::relay::Track;
+use super::track::Track;
 use super::{ClientConn, Exit};
 use crate::app::{App, Phase};
 use crate::cancel::{CancelKey, CancelTarget};
@@ -18,6 +19,7 @@ use crate::pool::{Pool, PoolError};
 use crate::prepared::ClientStatements;
 use crate::protocol::{Header, TxStatus, fe, sqlstate};
 use crate::server::ServerConn;
+use crate::stats::{ClientInfo, ClientState, ServerState};
 
 /// Timeouts copied from the config at login.
 #[derive(Debug, Clone, Copy)]
@@ -28,6 +30,9 @@ pub struct Timeouts {
 }
 
 pub struct Session {
+    pub(super) app: Arc<App>,
+    /// What the admin console shows of this client.
+    pub(super) info: Arc<ClientInfo>,
     pub(super) pool: Arc<Pool>,
     pub(super) mode: PoolMode,
     pub(super) params: ClientParams,
@@ -58,7 +63,8 @@ enum Wanted {
 
 impl Session {
     pub fn new(
-        app: &App,
+        app: &Arc<App>,
+        info: Arc<ClientInfo>,
         pool: Arc<Pool>,
         mode: PoolMode,
         params: ClientParams,
@@ -77,6 +83,8 @@ impl Session {
         };
         let phase = app.phase();
         let s = Session {
+            app: app.clone(),
+            info,
             limits,
             stmts: ClientStatements::default(),
             splice: Default::default(),
@@ -91,7 +99,10 @@ impl Session {
         };
         if let Some(server) = &s.server {
             s.key.slot.set(Some(target(server)));
+            s.info.server_id.store(server.id, Relaxed);
+            server.info.set_state(ServerState::Active, s.info.id);
         }
+        s.info.set_state(if s.server.is_some() { ClientState::Active } else { ClientState::Idle });
         s
     }
 
@@ -112,6 +123,7 @@ impl Session {
             }
         };
         self.cleanup().await;
+        self.app.client_infos.remove(self.info.id);
         exit
     }
 
@@ -139,6 +151,7 @@ impl Session {
                 _ = sleep_opt(idle) => {
                     return Wanted::Leave(Exit::fatal(sqlstate::PROTOCOL_VIOLATION, "client_idle_timeout: closing idle connection"));
                 }
+                _ = self.info.kill.notified() => return Wanted::Leave(killed()),
             }
         }
     }
@@ -146,6 +159,8 @@ impl Session {
     /// Gets a server for the client's transaction and makes it carry the client's
     /// settings. The client's EOF while waiting ends the wait.
     async fn link(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
+        self.info.set_state(ClientState::Waiting);
+        let started = std::time::Instant::now();
         let mut server = loop {
             let server = {
                 let checkout = self.pool.checkout();
@@ -173,7 +188,11 @@ impl Session {
             self.pool.checkin(server);
             return Err(exit);
         }
+        self.pool.stats.waited(started.elapsed());
         self.key.slot.set(Some(target(&server)));
+        server.info.set_state(ServerState::Active, self.info.id);
+        self.info.server_id.store(server.id, Relaxed);
+        self.info.set_state(ClientState::Active);
         self.track.reset();
         self.server = Some(server);
         Ok(())
@@ -181,8 +200,11 @@ impl Session {
 
     /// Returns the linked server to the pool (transaction ended).
     pub(super) async fn release(&mut self) {
+        self.flush_stats();
         let Some(mut server) = self.server.take() else { return };
         self.key.slot.set(None);
+        self.info.server_id.store(0, Relaxed);
+        self.info.set_state(ClientState::Idle);
         let settings = self.pool.settings();
         if settings.reset_query_always
             && !settings.reset_query.is_empty()
@@ -196,6 +218,7 @@ impl Session {
 
     /// After the client left: roll back, reset, and return or close the server.
     async fn cleanup(&mut self) {
+        self.flush_stats();
         let Some(mut server) = self.server.take() else { return };
         self.key.slot.set(None);
         if server.broken || !self.track.protocol_idle() {
@@ -226,6 +249,29 @@ impl Session {
         }
         self.pool.checkin(server);
     }
+}
+
+impl Session {
+    /// Adds this exchange's counts to the pool's statistics.
+    pub(super) fn flush_stats(&mut self) {
+        let stats = &self.pool.stats;
+        stats.add(&self.track.take_stats(self.mode != PoolMode::Session));
+        if let Some(d) = self.track.xact_done.take() {
+            stats.transaction(d);
+        }
+        for code in self.track.errors.drain(..) {
+            stats.error(&code);
+        }
+        self.info.prepared_statements.store(self.stmts.len() as u64, Relaxed);
+        if let Some(s) = &self.server {
+            s.info.prepared_statements.store(s.prepared.len() as u64, Relaxed);
+        }
+    }
+}
+
+/// The exit of a client ended from the admin console.
+pub(super) fn killed() -> Exit {
+    Exit::fatal(sqlstate::ADMIN_SHUTDOWN, "terminated by the admin console")
 }
 
 fn target(server: &ServerConn) -> CancelTarget {

@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 use crate::auth::ServerLogin;
 use crate::config::PoolMode;
 use crate::server::{ServerConn, ServerError, ServerTarget, connect};
+use crate::stats::{PoolStats, Registry, ServerInfo, ServerState};
 
 pub use limit::ConnLimit;
 
@@ -68,6 +69,61 @@ enum Next {
     Wait(oneshot::Receiver<ServerConn>),
 }
 
+/// A slot counted in `total` and `connecting` while a connection is being opened;
+/// given back if the open fails or is abandoned (its future dropped).
+struct ConnectingSlot<'a> {
+    pool: &'a Pool,
+    armed: bool,
+}
+
+impl ConnectingSlot<'_> {
+    async fn open(mut self) -> Result<ServerConn, ServerError> {
+        let r = self.pool.connect_counted().await;
+        self.armed = false;
+        let mut inner = self.pool.inner.lock();
+        inner.connecting -= 1;
+        if r.is_err() {
+            inner.total -= 1;
+            self.pool.release_limits();
+        }
+        drop(inner);
+        if r.is_err() {
+            self.pool.wake_waiters();
+        }
+        r
+    }
+}
+
+impl Drop for ConnectingSlot<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            {
+                let mut inner = self.pool.inner.lock();
+                inner.connecting -= 1;
+                inner.total -= 1;
+            }
+            self.pool.release_limits();
+            self.pool.wake_waiters();
+        }
+    }
+}
+
+/// A client waiting for a connection. If it goes away, a connection that was handed
+/// to it in the meantime goes back to the pool.
+struct Waiter<'a> {
+    pool: &'a Pool,
+    rx: oneshot::Receiver<ServerConn>,
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        self.rx.close();
+        if let Ok(s) = self.rx.try_recv() {
+            self.pool.checkin(s);
+        }
+    }
+}
+
 /// Counts of the pool's connections for logs and the admin console.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PoolCounts {
@@ -89,10 +145,21 @@ pub struct Pool {
     defaults: Mutex<Option<Arc<ParamList>>>,
     /// Server spellings of client-supplied setting values already proven valid.
     canonical: Mutex<std::collections::HashMap<(String, String), String>>,
+    pub stats: PoolStats,
+    /// Open server connections, for the admin console.
+    pub servers: Registry<ServerInfo>,
+    /// Source of connection ids, shared by all pools.
+    ids: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Pool {
-    pub fn new(key: PoolKey, settings: PoolSettings, db_limit: Arc<ConnLimit>, user_limit: Arc<ConnLimit>) -> Self {
+    pub fn new(
+        key: PoolKey,
+        settings: PoolSettings,
+        db_limit: Arc<ConnLimit>,
+        user_limit: Arc<ConnLimit>,
+        ids: Arc<std::sync::atomic::AtomicU64>,
+    ) -> Self {
         Pool {
             key,
             settings: ArcSwap::from_pointee(settings),
@@ -101,6 +168,9 @@ impl Pool {
             user_limit,
             defaults: Mutex::new(None),
             canonical: Mutex::new(Default::default()),
+            stats: PoolStats::default(),
+            servers: Registry::default(),
+            ids,
         }
     }
 
@@ -146,16 +216,25 @@ impl Pool {
 
     /// Lends a server connection: an idle one, a new one if the pool has room, or the
     /// next one returned, in FIFO order, within `query_wait_timeout`.
+    ///
+    /// Cancellation-safe: if the future is dropped (the client left) while connecting
+    /// or just after a connection was handed to it, the slot or connection goes back.
     pub async fn checkout(&self) -> Result<ServerConn, PoolError> {
         let deadline = self.settings.load().wait_timeout.map(|t| tokio::time::Instant::now() + t);
         loop {
             match self.next()? {
                 Next::Take(s) => return Ok(s),
-                Next::Connect => return self.open().await.map_err(PoolError::Connect),
+                Next::Connect => {
+                    let slot = ConnectingSlot { pool: self, armed: true };
+                    return slot.open().await.map_err(PoolError::Connect);
+                }
                 Next::Wait(rx) => {
+                    let mut waiter = Waiter { pool: self, rx };
                     let got = match deadline {
-                        Some(d) => tokio::time::timeout_at(d, rx).await.map_err(|_| PoolError::WaitTimeout)?,
-                        None => rx.await,
+                        Some(d) => {
+                            tokio::time::timeout_at(d, &mut waiter.rx).await.map_err(|_| PoolError::WaitTimeout)?
+                        }
+                        None => (&mut waiter.rx).await,
                     };
                     if let Ok(s) = got {
                         return Ok(s);
@@ -178,6 +257,7 @@ impl Pool {
             }
             inner.total -= 1;
             self.release_limits();
+            self.servers.remove(s.id);
             drop(s);
         }
         if inner.waiters.is_empty() && inner.total < settings.size && self.acquire_limits() {
@@ -195,21 +275,30 @@ impl Pool {
         !expired && !s.broken && !s.stream.is_dead_or_noisy()
     }
 
+    /// Opens a connection for a slot already counted in `total` and `connecting`.
     async fn open(&self) -> Result<ServerConn, ServerError> {
+        let slot = ConnectingSlot { pool: self, armed: true };
+        slot.open().await
+    }
+
+    async fn connect_counted(&self) -> Result<ServerConn, ServerError> {
         let settings = self.settings.load_full();
-        let r = connect(&settings.target, &settings.login, settings.connect_timeout).await;
-        {
-            let mut inner = self.inner.lock();
-            inner.connecting -= 1;
-            if r.is_err() {
-                inner.total -= 1;
-                self.release_limits();
+        let id = self.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let started = Instant::now();
+        let r = connect(&settings.target, &settings.login, settings.connect_timeout, id).await;
+        match &r {
+            Ok(s) => {
+                self.stats.server_connects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.stats.connect_hist.observe(started.elapsed());
+                s.info.set_state(ServerState::Active, 0);
+                self.servers.insert(id, s.info.clone());
+            }
+            Err(_) => {
+                self.stats.server_connect_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
         if let Ok(s) = &r {
             self.defaults.lock().get_or_insert_with(|| Arc::new(s.reported.clone()));
-        } else {
-            self.wake_waiters();
         }
         r
     }
@@ -223,6 +312,7 @@ impl Pool {
             return self.discard(s);
         }
         s.last_used = Instant::now();
+        s.info.set_state(ServerState::Idle, 0);
         let mut inner = self.inner.lock();
         if inner.closed {
             drop(inner);
@@ -239,6 +329,7 @@ impl Pool {
 
     /// Closes a connection and lets a waiter open a replacement.
     pub fn discard(&self, s: ServerConn) {
+        self.servers.remove(s.id);
         s.close();
         {
             let mut inner = self.inner.lock();

@@ -18,11 +18,23 @@ pub struct PoolKey {
     pub user: String,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Pools {
     map: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     db_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     user_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
+    server_ids: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Default for Pools {
+    fn default() -> Self {
+        Pools {
+            map: Default::default(),
+            db_limits: Default::default(),
+            user_limits: Default::default(),
+            server_ids: Arc::new(std::sync::atomic::AtomicU64::new(1)),
+        }
+    }
 }
 
 impl Pools {
@@ -36,7 +48,7 @@ impl Pools {
         }
         let db_limit = self.limit(&self.db_limits, db, db_max(cfg, db));
         let user_limit = self.limit(&self.user_limits, &key.user, user_max(cfg, &key.user));
-        let pool = Arc::new(Pool::new(key.clone(), settings, db_limit, user_limit));
+        let pool = Arc::new(Pool::new(key.clone(), settings, db_limit, user_limit, self.server_ids.clone()));
         map.insert(key, pool.clone());
         Some(pool)
     }

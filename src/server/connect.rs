@@ -64,17 +64,18 @@ pub async fn connect(
     target: &ServerTarget,
     login: &ServerLogin,
     timeout: Option<Duration>,
+    id: u64,
 ) -> Result<ServerConn, ServerError> {
-    let fut = connect_inner(target, login);
+    let fut = connect_inner(target, login, id);
     match timeout {
         Some(t) => tokio::time::timeout(t, fut).await.map_err(|_| ServerError::ConnectTimeout)?,
         None => fut.await,
     }
 }
 
-async fn connect_inner(target: &ServerTarget, login: &ServerLogin) -> Result<ServerConn, ServerError> {
+async fn connect_inner(target: &ServerTarget, login: &ServerLogin, id: u64) -> Result<ServerConn, ServerError> {
     let stream = target.addr.open().await?;
-    let mut conn = ServerConn::new(stream, target.addr.clone());
+    let mut conn = ServerConn::new(stream, target.addr.clone(), id);
     let mut out = BytesMut::new();
     build::startup_message(&mut out, &[("user", &target.user), ("database", &target.database)]);
     conn.stream.write_all(&out).await?;
@@ -93,6 +94,7 @@ async fn connect_inner(target: &ServerTarget, login: &ServerLogin) -> Result<Ser
             }
             be::READY_FOR_QUERY => {
                 conn.tx = TxStatus::Idle;
+                conn.info.pid.store(conn.pid as u64, std::sync::atomic::Ordering::Relaxed);
                 return Ok(conn);
             }
             be::ERROR_RESPONSE => return Err(ServerError::Server(ErrorFields::parse(body(&frame))?)),

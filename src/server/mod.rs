@@ -4,7 +4,7 @@
 
 pub mod connect;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::BytesMut;
@@ -16,8 +16,6 @@ use crate::protocol::fields::{ErrorFields, parameter_status};
 use crate::protocol::{Header, ProtocolError, TxStatus, be, body, build};
 
 pub use connect::{ServerAddr, ServerTarget, connect};
-
-static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Why a server connection failed or was given up.
 #[derive(Debug, thiserror::Error)]
@@ -85,13 +83,17 @@ pub struct ServerConn {
     pub broken: bool,
     /// Prepared statements this connection holds (pooled modes).
     pub prepared: crate::prepared::ServerStatements,
+    /// What the admin console shows of this connection.
+    pub info: Arc<crate::stats::ServerInfo>,
 }
 
 impl ServerConn {
-    pub(crate) fn new(stream: Stream, addr: ServerAddr) -> Self {
+    pub(crate) fn new(stream: Stream, addr: ServerAddr, id: u64) -> Self {
         let now = Instant::now();
+        let info = Arc::new(crate::stats::ServerInfo::new(id, &addr.host, addr.port));
         ServerConn {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            info,
+            id,
             stream,
             buf: BytesMut::with_capacity(16 * 1024),
             addr,

@@ -1,0 +1,254 @@
+//! Protocol tracking of a linked exchange: which Query/Sync messages still await a
+//! ReadyForQuery, whether extended-protocol messages wait for a Sync, COPY state, the
+//! transaction status, and the per-exchange statistics. Scans both directions with the
+//! frame scanner; the relay (`relay.rs`) does the I/O.
+
+use std::time::{Duration, Instant};
+
+use super::extended::{ClientCtx, Extended};
+use crate::config::PoolMode;
+use crate::params::is_reported;
+use crate::prepared::{MAX_PARSE_LEN, NAME_PREFIX};
+use crate::protocol::fields::{ErrorFields, parameter_status};
+use crate::protocol::scan::{Need, Scanner, Splice};
+use crate::protocol::{MAX_INSPECTED_LEN, ProtocolError, TxStatus, be, body, fe};
+use crate::stats::ExchangeStats;
+
+/// Protocol state of the linked exchange.
+#[derive(Debug, Default)]
+pub struct Track {
+    /// Statistics of this exchange, flushed to the pool at each transaction end.
+    pub stats: ExchangeStats,
+    /// When the current transaction began; its duration once it ended.
+    xact_start: Option<Instant>,
+    pub xact_done: Option<Duration>,
+    /// SQLSTATEs of errors the server sent, flushed with the stats.
+    pub errors: Vec<String>,
+    /// Query, Sync and FunctionCall messages not yet answered by ReadyForQuery.
+    pub pending: u32,
+    /// Extended-protocol messages sent since the last Sync.
+    pub unsynced: bool,
+    pub(super) client_scan: Scanner,
+    pub(super) server_scan: Scanner,
+    pub(super) terminated: bool,
+    /// Statement mode saw a transaction block open.
+    pub(super) violation: bool,
+    pub(super) server_fatal: Option<String>,
+    pub(super) tx: Option<TxStatus>,
+    pub(super) busy_since: Option<Instant>,
+    pub(super) last_client_activity: Option<Instant>,
+    pub(super) param_updates: Vec<(String, String)>,
+    /// Prepared-statement rewriting (transaction and statement mode).
+    pub ext: Extended,
+    /// The server is in copy-in mode: it ignores Sync and Flush until CopyDone/Fail.
+    pub(super) copy_in: bool,
+    /// Syncs sent since the last Execute and not yet answered: if that Execute starts
+    /// a COPY FROM STDIN, the server ignores them.
+    pub(super) syncs_after_execute: u32,
+}
+
+/// How much of each client message the relay reads.
+pub(super) fn client_need(pooled: bool) -> impl Fn(u8) -> Need {
+    move |tag| match tag {
+        fe::TERMINATE => Need::Whole(MAX_INSPECTED_LEN),
+        _ if !pooled => Need::Stream,
+        fe::PARSE => Need::Whole(MAX_PARSE_LEN),
+        fe::BIND | fe::DESCRIBE => Need::Prefix(NAME_PREFIX),
+        fe::CLOSE => Need::Whole(MAX_INSPECTED_LEN),
+        fe::QUERY => Need::Prefix(256),
+        _ => Need::Stream,
+    }
+}
+
+fn server_need(tag: u8) -> Need {
+    match tag {
+        be::READY_FOR_QUERY | be::PARAMETER_STATUS | be::ERROR_RESPONSE => Need::Whole(MAX_INSPECTED_LEN),
+        _ => Need::Stream,
+    }
+}
+
+impl Track {
+    /// Takes this exchange's statistics for the pool (transaction end or exit).
+    pub fn take_stats(&mut self, pooled: bool) -> ExchangeStats {
+        let mut s = std::mem::take(&mut self.stats);
+        if pooled {
+            s.server_parses = std::mem::take(&mut self.ext.server_parses);
+            s.prepared_hits = std::mem::take(&mut self.ext.cache_hits);
+        } else {
+            s.server_parses = s.client_parses;
+        }
+        s
+    }
+
+    /// Starts tracking a new link, keeping allocated buffers.
+    pub fn reset(&mut self) {
+        let mut ext = std::mem::take(&mut self.ext);
+        ext.clear();
+        let mut updates = std::mem::take(&mut self.param_updates);
+        updates.clear();
+        *self = Track { ext, param_updates: updates, ..Track::default() };
+    }
+
+    /// No request outstanding and no message half-forwarded in either direction.
+    pub fn protocol_idle(&self) -> bool {
+        self.pending == 0
+            && !self.unsynced
+            && !self.client_scan.mid_message()
+            && !self.server_scan.mid_message()
+            && self.ext.is_idle()
+    }
+
+    /// Scans client bytes; returns how many can be forwarded. `ctx` is given in the
+    /// pooled modes, where prepared statements are rewritten.
+    pub(super) fn scan_client(
+        &mut self,
+        buf: &[u8],
+        splice: &mut Splice,
+        mut ctx: Option<ClientCtx>,
+    ) -> Result<usize, ProtocolError> {
+        let was_busy = self.pending > 0;
+        let Track { client_scan, pending, unsynced, terminated, ext, copy_in, syncs_after_execute, stats, .. } = self;
+        if let Some(cx) = ctx.as_mut().filter(|_| !client_scan.mid_message()) {
+            ext.inject_closes(splice, cx.server);
+        }
+        let n = client_scan.scan(
+            buf,
+            client_need(ctx.is_some()),
+            |m, sp| {
+                let ignored = *copy_in && matches!(m.tag, fe::SYNC | fe::FLUSH);
+                if let Some(cx) = ctx.as_mut().filter(|_| !ignored) {
+                    ext.on_client(&m, sp, cx)?;
+                }
+                match m.tag {
+                    _ if ignored => {}
+                    fe::TERMINATE => {
+                        *terminated = true;
+                        sp.drop_range(m.start, m.start + m.frame_len);
+                    }
+                    fe::QUERY | fe::FUNCTION_CALL => {
+                        *pending += 1;
+                        *syncs_after_execute = 0;
+                    }
+                    fe::SYNC => {
+                        *pending += 1;
+                        *syncs_after_execute += 1;
+                        *unsynced = false;
+                    }
+                    fe::EXECUTE => {
+                        *syncs_after_execute = 0;
+                        *unsynced = true;
+                    }
+                    fe::COPY_DONE | fe::COPY_FAIL => *copy_in = false,
+                    fe::COPY_DATA => {}
+                    fe::PARSE => {
+                        stats.client_parses += 1;
+                        *unsynced = true;
+                    }
+                    fe::BIND => {
+                        stats.binds += 1;
+                        *unsynced = true;
+                    }
+                    _ => *unsynced = true,
+                }
+                Ok(())
+            },
+            splice,
+        )?;
+        let now = Instant::now();
+        if !was_busy && self.pending > 0 {
+            self.busy_since = Some(now);
+            if self.tx.is_none_or(|t| t == TxStatus::Idle) && self.xact_start.is_none() {
+                self.xact_start = Some(now);
+            }
+        }
+        self.last_client_activity = Some(now);
+        self.stats.received += n as u64;
+        Ok(n)
+    }
+
+    /// Scans server bytes; returns how many can be forwarded.
+    pub(super) fn scan_server(
+        &mut self,
+        buf: &[u8],
+        splice: &mut Splice,
+        mode: PoolMode,
+        prepared: &mut crate::prepared::ServerStatements,
+    ) -> Result<usize, ProtocolError> {
+        let Track {
+            server_scan,
+            pending,
+            violation,
+            server_fatal,
+            tx,
+            param_updates,
+            ext,
+            copy_in,
+            syncs_after_execute,
+            stats,
+            busy_since,
+            xact_start,
+            xact_done,
+            errors,
+            ..
+        } = self;
+        server_scan.scan(
+            buf,
+            server_need,
+            |m, sp| {
+                if mode != PoolMode::Session {
+                    ext.on_server(&m, sp, prepared)?;
+                }
+                let frame = m.frame.unwrap_or_default();
+                match m.tag {
+                    be::COPY_IN_RESPONSE => {
+                        // Syncs sent after the Execute that started this COPY are ignored.
+                        *copy_in = true;
+                        *pending = pending.saturating_sub(*syncs_after_execute);
+                        if mode != PoolMode::Session {
+                            ext.drop_ignored_syncs(*syncs_after_execute as usize);
+                        }
+                        *syncs_after_execute = 0;
+                    }
+                    be::READY_FOR_QUERY => {
+                        *syncs_after_execute = 0;
+                        let status = frame.get(5).copied().and_then(TxStatus::from_byte);
+                        let status = status.ok_or(ProtocolError::Malformed("ReadyForQuery"))?;
+                        *pending = pending.saturating_sub(1);
+                        *tx = Some(status);
+                        stats.queries += 1;
+                        if *pending == 0 {
+                            let now = Instant::now();
+                            stats.query_time_us += busy_since.map_or(0, |b| (now - b).as_micros() as u64);
+                            if status == TxStatus::Idle {
+                                *xact_done = xact_start.take().map(|s| now - s);
+                            }
+                        }
+                        if mode == PoolMode::Statement && status != TxStatus::Idle {
+                            *violation = true;
+                            sp.drop_range(m.start, m.start + m.frame_len);
+                        }
+                    }
+                    be::PARAMETER_STATUS => {
+                        let (k, v) = parameter_status(body(frame))?;
+                        let k = String::from_utf8_lossy(k);
+                        if is_reported(&k) {
+                            param_updates.push((k.into_owned(), String::from_utf8_lossy(v).into_owned()));
+                        }
+                    }
+                    be::ERROR_RESPONSE => {
+                        let f = ErrorFields::parse(body(frame))?;
+                        errors.push(f.code.clone());
+                        if f.is_fatal() {
+                            // Replaced by Sluice's own 08006 when the server goes away.
+                            *server_fatal = Some(format!("{} ({})", f.message, f.code));
+                            sp.drop_range(m.start, m.start + m.frame_len);
+                        }
+                    }
+                    _ => {}
+                }
+                Ok(())
+            },
+            splice,
+        )
+    }
+}

@@ -1,0 +1,381 @@
+//! Counters and latency histograms per pool, and the live registries of clients and
+//! server connections with their states: what the admin console, the metrics endpoint
+//! and the live view read. Updated with relaxed atomics, once per transaction or state
+//! change, never per message.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+
+/// Upper bounds of the latency buckets, in microseconds (the last bucket is +Inf).
+pub const BUCKETS_US: [u64; 20] = [
+    50, 100, 200, 300, 500, 750, 1_000, 2_000, 3_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000, 500_000,
+    1_000_000, 2_000_000, 5_000_000, 10_000_000,
+];
+
+/// A fixed-bucket latency histogram (Prometheus-style, cumulative on export).
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; BUCKETS_US.len() + 1],
+    sum_us: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let us = d.as_micros().min(u64::MAX as u128) as u64;
+        let i = BUCKETS_US.iter().position(|&b| us <= b).unwrap_or(BUCKETS_US.len());
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_us.fetch_add(us, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+
+    /// Per-bucket counts (not cumulative), the sum in µs and the count.
+    pub fn snapshot(&self) -> HistogramSnapshot {
+        HistogramSnapshot {
+            buckets: self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
+            sum_us: self.sum_us.load(Relaxed),
+            count: self.count.load(Relaxed),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HistogramSnapshot {
+    pub buckets: Vec<u64>,
+    pub sum_us: u64,
+    pub count: u64,
+}
+
+impl HistogramSnapshot {
+    /// Observations since `earlier` (for windows such as "the last minute").
+    pub fn since(&self, earlier: &HistogramSnapshot) -> HistogramSnapshot {
+        HistogramSnapshot {
+            buckets: self
+                .buckets
+                .iter()
+                .zip(earlier.buckets.iter().chain(std::iter::repeat(&0)))
+                .map(|(a, b)| a - b.min(a))
+                .collect(),
+            sum_us: self.sum_us.saturating_sub(earlier.sum_us),
+            count: self.count.saturating_sub(earlier.count),
+        }
+    }
+
+    /// The q-quantile in µs, interpolated linearly inside its bucket; 0 when empty.
+    pub fn quantile(&self, q: f64) -> u64 {
+        if self.count == 0 {
+            return 0;
+        }
+        let rank = (q.clamp(0.0, 1.0) * self.count as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, &n) in self.buckets.iter().enumerate() {
+            if n > 0 && seen + n >= rank {
+                let lo = if i == 0 { 0 } else { BUCKETS_US[i - 1] };
+                // the last bucket is open-ended: report its lower bound
+                let hi = BUCKETS_US.get(i).copied().unwrap_or(lo);
+                let frac = (rank - seen) as f64 / n as f64;
+                return lo + ((hi - lo) as f64 * frac) as u64;
+            }
+            seen += n;
+        }
+        *BUCKETS_US.last().unwrap()
+    }
+}
+
+/// Totals of one pool since start (PgBouncer's SHOW STATS columns, and more).
+#[derive(Debug, Default)]
+pub struct PoolStats {
+    pub server_assignment_count: AtomicU64,
+    pub xact_count: AtomicU64,
+    pub query_count: AtomicU64,
+    /// Bytes received from clients (and forwarded to servers).
+    pub received: AtomicU64,
+    /// Bytes sent to clients.
+    pub sent: AtomicU64,
+    pub xact_time_us: AtomicU64,
+    pub query_time_us: AtomicU64,
+    pub wait_time_us: AtomicU64,
+    pub client_parse_count: AtomicU64,
+    pub server_parse_count: AtomicU64,
+    pub bind_count: AtomicU64,
+    pub prepared_hits: AtomicU64,
+    pub prepared_misses: AtomicU64,
+    pub server_connects: AtomicU64,
+    pub server_connect_failures: AtomicU64,
+    pub xact_hist: Histogram,
+    pub query_hist: Histogram,
+    pub wait_hist: Histogram,
+    pub connect_hist: Histogram,
+    /// ErrorResponses from servers by SQLSTATE class (first two characters).
+    pub errors: Mutex<HashMap<String, u64>>,
+}
+
+/// What one linked exchange adds to the pool's totals, flushed when it ends.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ExchangeStats {
+    pub queries: u64,
+    pub query_time_us: u64,
+    pub received: u64,
+    pub sent: u64,
+    pub client_parses: u64,
+    pub server_parses: u64,
+    pub binds: u64,
+    pub prepared_hits: u64,
+}
+
+impl PoolStats {
+    pub fn add(&self, e: &ExchangeStats) {
+        self.query_count.fetch_add(e.queries, Relaxed);
+        self.query_time_us.fetch_add(e.query_time_us, Relaxed);
+        self.received.fetch_add(e.received, Relaxed);
+        self.sent.fetch_add(e.sent, Relaxed);
+        self.client_parse_count.fetch_add(e.client_parses, Relaxed);
+        self.server_parse_count.fetch_add(e.server_parses, Relaxed);
+        self.bind_count.fetch_add(e.binds, Relaxed);
+        self.prepared_hits.fetch_add(e.prepared_hits, Relaxed);
+        self.prepared_misses.fetch_add(e.server_parses, Relaxed);
+    }
+
+    pub fn transaction(&self, d: Duration) {
+        self.xact_count.fetch_add(1, Relaxed);
+        self.xact_time_us.fetch_add(d.as_micros() as u64, Relaxed);
+        self.xact_hist.observe(d);
+    }
+
+    pub fn waited(&self, d: Duration) {
+        self.server_assignment_count.fetch_add(1, Relaxed);
+        self.wait_time_us.fetch_add(d.as_micros() as u64, Relaxed);
+        self.wait_hist.observe(d);
+    }
+
+    pub fn error(&self, sqlstate: &str) {
+        let class = sqlstate.get(..2).unwrap_or("??").to_string();
+        *self.errors.lock().entry(class).or_default() += 1;
+    }
+}
+
+/// Microseconds since the Unix epoch.
+pub fn now_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+}
+
+/// A client's state as the admin console shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ClientState {
+    Login = 0,
+    Idle = 1,
+    Waiting = 2,
+    Active = 3,
+}
+
+/// A connected client, as listed by SHOW CLIENTS.
+#[derive(Debug)]
+pub struct ClientInfo {
+    pub id: u64,
+    pub user: String,
+    pub database: String,
+    pub addr: String,
+    pub port: u16,
+    pub local_addr: String,
+    pub local_port: u16,
+    pub connect_time_us: u64,
+    pub application_name: Mutex<String>,
+    pub tls: bool,
+    state: AtomicU8,
+    /// When the current request or wait began (µs since epoch).
+    pub request_time_us: AtomicU64,
+    /// The id of the linked server connection, 0 when none.
+    pub server_id: AtomicU64,
+    pub prepared_statements: AtomicU64,
+    /// Set by the console (KILL_CLIENT, KILL db): the session ends at once.
+    pub kill: tokio::sync::Notify,
+    pub killed: std::sync::atomic::AtomicBool,
+}
+
+impl ClientInfo {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(id: u64, user: &str, database: &str, peer: &crate::net::listener::Peer, tls: bool) -> Self {
+        let (addr, port) = match peer {
+            crate::net::listener::Peer::Tcp(a) => (a.ip().to_string(), a.port()),
+            crate::net::listener::Peer::Unix => ("unix".to_string(), 0),
+        };
+        ClientInfo {
+            id,
+            user: user.to_string(),
+            database: database.to_string(),
+            addr,
+            port,
+            local_addr: String::new(),
+            local_port: 0,
+            connect_time_us: now_us(),
+            application_name: Mutex::new(String::new()),
+            tls,
+            state: AtomicU8::new(ClientState::Login as u8),
+            request_time_us: AtomicU64::new(now_us()),
+            server_id: AtomicU64::new(0),
+            prepared_statements: AtomicU64::new(0),
+            kill: tokio::sync::Notify::new(),
+            killed: Default::default(),
+        }
+    }
+
+    pub fn state(&self) -> ClientState {
+        match self.state.load(Relaxed) {
+            1 => ClientState::Idle,
+            2 => ClientState::Waiting,
+            3 => ClientState::Active,
+            _ => ClientState::Login,
+        }
+    }
+
+    pub fn set_state(&self, s: ClientState) {
+        self.state.store(s as u8, Relaxed);
+        self.request_time_us.store(now_us(), Relaxed);
+    }
+
+    /// Asks the session to end (admin KILL).
+    pub fn kill(&self) {
+        self.killed.store(true, Relaxed);
+        self.kill.notify_one();
+    }
+}
+
+/// A server connection's state as the admin console shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ServerState {
+    Login = 0,
+    Idle = 1,
+    Active = 2,
+}
+
+/// A server connection, as listed by SHOW SERVERS.
+#[derive(Debug)]
+pub struct ServerInfo {
+    pub id: u64,
+    pub pid: AtomicU64,
+    pub addr: String,
+    pub port: u16,
+    pub connect_time_us: u64,
+    state: AtomicU8,
+    pub request_time_us: AtomicU64,
+    /// The linked client's id, 0 when none.
+    pub client_id: AtomicU64,
+    pub prepared_statements: AtomicU64,
+}
+
+impl ServerInfo {
+    pub fn new(id: u64, addr: &str, port: u16) -> Self {
+        ServerInfo {
+            id,
+            pid: AtomicU64::new(0),
+            addr: addr.to_string(),
+            port,
+            connect_time_us: now_us(),
+            state: AtomicU8::new(ServerState::Login as u8),
+            request_time_us: AtomicU64::new(now_us()),
+            client_id: AtomicU64::new(0),
+            prepared_statements: AtomicU64::new(0),
+        }
+    }
+
+    pub fn state(&self) -> ServerState {
+        match self.state.load(Relaxed) {
+            1 => ServerState::Idle,
+            2 => ServerState::Active,
+            _ => ServerState::Login,
+        }
+    }
+
+    pub fn set_state(&self, s: ServerState, client_id: u64) {
+        self.state.store(s as u8, Relaxed);
+        self.client_id.store(client_id, Relaxed);
+        self.request_time_us.store(now_us(), Relaxed);
+    }
+}
+
+/// Live entries by id; an entry is removed when its guard drops.
+#[derive(Debug)]
+pub struct Registry<T> {
+    map: Mutex<HashMap<u64, Arc<T>>>,
+}
+
+impl<T> Default for Registry<T> {
+    fn default() -> Self {
+        Registry { map: Mutex::new(HashMap::new()) }
+    }
+}
+
+impl<T> Registry<T> {
+    pub fn insert(&self, id: u64, v: Arc<T>) {
+        self.map.lock().insert(id, v);
+    }
+
+    pub fn remove(&self, id: u64) {
+        self.map.lock().remove(&id);
+    }
+
+    pub fn get(&self, id: u64) -> Option<Arc<T>> {
+        self.map.lock().get(&id).cloned()
+    }
+
+    /// A snapshot, sorted by id.
+    pub fn list(&self) -> Vec<Arc<T>> {
+        let mut v: Vec<(u64, Arc<T>)> = self.map.lock().iter().map(|(k, v)| (*k, v.clone())).collect();
+        v.sort_by_key(|(k, _)| *k);
+        v.into_iter().map(|(_, v)| v).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_quantiles() {
+        let h = Histogram::default();
+        for _ in 0..90 {
+            h.observe(Duration::from_micros(80));
+        }
+        for _ in 0..10 {
+            h.observe(Duration::from_millis(40));
+        }
+        let s = h.snapshot();
+        assert_eq!(s.count, 100);
+        let p50 = s.quantile(0.5);
+        assert!((50..=100).contains(&p50), "{p50}");
+        let p99 = s.quantile(0.99);
+        assert!((20_000..=50_000).contains(&p99), "{p99}");
+        assert_eq!(HistogramSnapshot::default().quantile(0.5), 0);
+        let later = {
+            h.observe(Duration::from_secs(30));
+            h.snapshot()
+        };
+        let d = later.since(&s);
+        assert_eq!(d.count, 1);
+        assert_eq!(d.quantile(0.5), 10_000_000);
+    }
+
+    #[test]
+    fn registry_lists_sorted() {
+        let r: Registry<u32> = Registry::default();
+        r.insert(2, Arc::new(20));
+        r.insert(1, Arc::new(10));
+        assert_eq!(r.list().iter().map(|v| **v).collect::<Vec<_>>(), vec![10, 20]);
+        r.remove(1);
+        assert_eq!(r.len(), 1);
+    }
+}
