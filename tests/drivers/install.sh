@@ -36,6 +36,15 @@ declare -A product=(
   [go]="$out/go/pgx-workload"
 )
 
+# Runs a command quietly, showing its output only if it fails.
+quiet() {
+  local log
+  if ! log=$("$@" 2>&1); then
+    printf '%s\n' "$log" >&2
+    return 1
+  fi
+}
+
 pinned_hash() { (cd "$src" && cat -- "$@") | sha256sum | cut -d' ' -f1; }
 
 up_to_date() {
@@ -66,12 +75,12 @@ install_python() {
 install_node() {
   mkdir -p "$out/node"
   cp "$src/node/package.json" "$src/node/package-lock.json" "$out/node/"
-  (cd "$out/node" && npm ci --no-audit --no-fund --loglevel=error)
+  (cd "$out/node" && quiet npm ci --no-audit --no-fund)
 }
 
 install_java() {
   mkdir -p "$out/java"
-  mvn -q -B -Dstyle.color=never -f "$src/java/pom.xml" "-Dsluice.build.dir=$out/java/build" \
+  quiet mvn -B -f "$src/java/pom.xml" "-Dsluice.build.dir=$out/java/build" \
     dependency:build-classpath "-Dmdep.outputFile=$out/java/classpath.txt"
 }
 
