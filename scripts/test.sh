@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: installs missing system packages, then `cargo fmt --check`,
-# `cargo clippy --all-targets -D warnings` and `cargo test --all-targets`.
+# `cargo clippy --all-targets -D warnings`, installs the pinned client drivers
+# (tests/drivers/install.sh) and runs `cargo test --all-targets`.
 # The integration tests start real PostgreSQL clusters (tests/common/pg.rs) and the debug
 # `sluice` binary. Usage: bash scripts/test.sh
 set -Eeuo pipefail # -E: the ERR trap also fires inside functions
@@ -36,8 +37,17 @@ need_cmd setpriv util-linux     # tests run PostgreSQL as the postgres user when
 need_cmd md5sum coreutils       # md5 password hashes in tests/common/pg.rs
 need_cmd pgrep procps           # tests that look for leftover processes
 [[ -e /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)  # cargo downloads
-# Driver suites add their packages here (see section 4), e.g.:
-#   need_cmd python3 python3; need_cmd node nodejs; need_cmd java default-jdk-headless; need_cmd go golang-go
+# Driver suites (tests/drivers.rs runs the programs in tests/drivers; section 3 installs the
+# pinned drivers): the toolchains. Java runs the workload with the source launcher, which needs
+# a JDK. Debian 12's golang-go (1.19) is older than pgx needs (go.mod says 1.25); it is only
+# the fallback where no Go is installed, and `go build` then says so.
+need_cmd python3 python3
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+need_cmd node nodejs
+need_cmd npm npm
+need_cmd javac default-jdk-headless
+need_cmd mvn maven
+need_cmd go golang-go
 
 install_packages() {
   local as_root=()
@@ -74,19 +84,23 @@ step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
 
 # ---------------------------------------------------------------------------------------------
-# 3. Unit and integration tests (the integration tests use the debug binary built here).
+# 3. Client drivers for the driver suites. The suites themselves are cargo tests
+#    (tests/drivers.rs: one test per driver and pool mode, each starting PostgreSQL and Sluice
+#    and running a program from tests/drivers), so they run in section 4; this installs their
+#    pinned drivers outside the source tree first: target/drivers/{venv,node,java,go}, ~/.m2 and
+#    Go's module cache. Parts whose pinned files did not change are skipped (well under a
+#    second). A new driver suite adds its program under tests/drivers, a part to
+#    tests/drivers/install.sh, its toolchain to section 1 and its tests to tests/drivers.rs.
+# ---------------------------------------------------------------------------------------------
+step "installing client drivers (tests/drivers/install.sh)"
+bash tests/drivers/install.sh
+
+# ---------------------------------------------------------------------------------------------
+# 4. Unit and integration tests (the integration tests use the debug binary built here), the
+#    driver suites (tests/drivers.rs) included.
 # ---------------------------------------------------------------------------------------------
 step "cargo test --all-targets"
 cargo test --all-targets
 
-# ---------------------------------------------------------------------------------------------
-# 4. Client-driver suites against a running Sluice. Hook each in here when it exists, as a
-#    step with its own script, and add its packages to section 1:
-#      step "python driver tests (psycopg, asyncpg)";  bash tests/drivers/python/run.sh
-#      step "node driver tests (pg, postgres.js)";      bash tests/drivers/node/run.sh
-#      step "java driver tests (pgjdbc)";               bash tests/drivers/java/run.sh
-#      step "go driver tests (pgx, lib/pq)";            bash tests/drivers/go/run.sh
-# ---------------------------------------------------------------------------------------------
-
 trap - ERR
-echo "ALL TESTS PASSED: fmt, clippy, cargo test"
+echo "ALL TESTS PASSED: fmt, clippy, cargo test (driver suites included)"
