@@ -246,6 +246,10 @@ async fn janitor(app: Arc<App>) {
         }
         app.pools.rebalance();
         for pool in app.pools.all() {
+            let counts = pool.counts();
+            if counts.waiting > 0 {
+                tracing::debug!(db = %pool.key.database, user = %pool.key.user, ?counts, "clients waiting");
+            }
             let missing = pool.maintain();
             if missing > 0 {
                 let pool = pool.clone();

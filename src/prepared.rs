@@ -27,6 +27,16 @@ pub struct Statement {
     pub name: Bytes,
     /// The Parse frame Sluice sends to a server, with the server-side name.
     pub parse: Bytes,
+    /// The pool's schema epoch when the client parsed it: copies prepared before that
+    /// are older than the client's Parse and must not stand in for it.
+    pub epoch: u64,
+    /// DEALLOCATE ALL / DISCARD ALL prepared as a statement: its execution empties the
+    /// server's (and the client's) statements.
+    pub command: Option<SqlCommand>,
+    /// The reply (RowDescription or NoData frame) the client got when it described
+    /// the statement, and the statement generation it was seen at; a copy on another
+    /// server, or of a later generation, is checked against it before use.
+    pub shape: parking_lot::Mutex<Option<(Bytes, u64)>>,
 }
 
 impl Statement {
@@ -50,8 +60,8 @@ pub fn parse_view(frame: &[u8]) -> Result<ParseView<'_>, ProtocolError> {
     Ok(ParseView { name, query, types })
 }
 
-/// Builds the statement a client's Parse describes.
-pub fn statement(p: &ParseView) -> Statement {
+/// Builds the statement a client's Parse describes, parsed in schema `epoch`.
+pub fn statement(p: &ParseView, epoch: u64) -> Statement {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     p.query.hash(&mut h);
     p.types.hash(&mut h);
@@ -67,7 +77,8 @@ pub fn statement(p: &ParseView) -> Statement {
     out.put_slice(p.types);
     let len = (out.len() - 1) as u32;
     out[1..5].copy_from_slice(&len.to_be_bytes());
-    Statement { id, name, parse: out.freeze() }
+    let command = sql_command(p.query).filter(SqlCommand::empties);
+    Statement { id, name, parse: out.freeze(), epoch, command, shape: Default::default() }
 }
 
 /// The statement name field of a Bind (after the portal name) or a Describe/Close
@@ -109,8 +120,8 @@ pub fn renamed_prefix(
 #[derive(Debug, Default)]
 pub struct ClientStatements {
     map: HashMap<Bytes, Arc<Statement>>,
-    /// The client's latest unnamed-statement Parse and an id telling it apart.
-    pub unnamed: Option<(Bytes, u64)>,
+    /// The client's latest unnamed-statement Parse.
+    pub unnamed: Option<Unnamed>,
 }
 
 impl ClientStatements {
@@ -147,10 +158,25 @@ impl ClientStatements {
     }
 }
 
+/// Whether a server holds a statement, and of which generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presence {
+    Absent,
+    /// Prepared before a schema change made it stale: close it, then prepare again.
+    Stale,
+    Fresh,
+}
+
+/// Statement generations of a pool: an id is bumped when a server reports its plan
+/// stale (a result type changed), so copies of older generations on other servers are
+/// re-prepared. Absent ids are generation 0.
+pub type Generations = HashMap<u64, u64>;
+
 /// The statements a server connection holds, with least-recently-used eviction.
 #[derive(Debug, Default)]
 pub struct ServerStatements {
-    used: HashMap<u64, u64>,
+    /// id → (last use tick, generation prepared, schema epoch prepared in).
+    used: HashMap<u64, (u64, u64, u64)>,
     tick: u64,
     /// Statements to Close on the server before its next use (evicted or stale).
     pub to_close: Vec<u64>,
@@ -159,25 +185,48 @@ pub struct ServerStatements {
 }
 
 impl ServerStatements {
-    pub fn contains(&mut self, id: u64) -> bool {
+    /// Whether the server holds `id` at generation `gen` (and marks it used).
+    pub fn lookup(&mut self, id: u64, generation: u64) -> Presence {
+        self.lookup_since(id, generation, 0)
+    }
+
+    /// Like [`ServerStatements::lookup`], but a copy prepared before schema epoch
+    /// `epoch` is stale too: a new client Parse must get what PostgreSQL would parse
+    /// now, not a copy planned before a DDL.
+    pub fn lookup_since(&mut self, id: u64, generation: u64, epoch: u64) -> Presence {
         self.tick += 1;
         match self.used.get_mut(&id) {
-            Some(t) => {
+            Some((t, g, e)) if *g == generation && *e >= epoch => {
                 *t = self.tick;
-                true
+                Presence::Fresh
             }
-            None => false,
+            Some(_) => Presence::Stale,
+            None => Presence::Absent,
         }
+    }
+
+    pub fn contains(&mut self, id: u64) -> bool {
+        self.lookup(id, self.generation(id).unwrap_or(0)) == Presence::Fresh
+    }
+
+    /// The generation the server holds `id` at.
+    pub fn generation(&self, id: u64) -> Option<u64> {
+        self.used.get(&id).map(|(_, g, _)| *g)
     }
 
     /// Records a statement as prepared; returns the one evicted to stay within `cap`.
     pub fn add(&mut self, id: u64, cap: usize) -> Option<u64> {
+        self.add_gen(id, 0, 0, cap)
+    }
+
+    /// Records `id` prepared at `generation` in schema `epoch`.
+    pub fn add_gen(&mut self, id: u64, generation: u64, epoch: u64, cap: usize) -> Option<u64> {
         self.tick += 1;
-        self.used.insert(id, self.tick);
+        self.used.insert(id, (self.tick, generation, epoch));
         if self.used.len() <= cap.max(1) {
             return None;
         }
-        let (&oldest, _) = self.used.iter().filter(|(k, _)| **k != id).min_by_key(|(_, t)| **t)?;
+        let (&oldest, _) = self.used.iter().filter(|(k, _)| **k != id).min_by_key(|(_, (t, _, _))| *t)?;
         self.used.remove(&oldest);
         Some(oldest)
     }
@@ -202,17 +251,38 @@ impl ServerStatements {
     }
 }
 
+/// A Describe of a server-side statement.
+pub fn describe_frame(buf: &mut BytesMut, name: &[u8]) {
+    build::describe(buf, b'S', name);
+}
+
 /// A Close of a server-side statement.
 pub fn close_frame(buf: &mut BytesMut, id: u64) {
     build::close(buf, b'S', Statement::server_name(id).as_bytes());
 }
 
 /// SQL commands about prepared statements that Sluice answers or follows itself.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SqlCommand {
     Deallocate(String),
     DeallocateAll,
     DiscardAll,
+}
+
+impl SqlCommand {
+    /// Whether it removes every prepared statement of the session.
+    pub fn empties(&self) -> bool {
+        matches!(self, SqlCommand::DeallocateAll | SqlCommand::DiscardAll)
+    }
+}
+
+/// A client's latest unnamed-statement Parse.
+#[derive(Debug, Clone)]
+pub struct Unnamed {
+    pub parse: Bytes,
+    /// Tells this Parse apart from others (a server remembers which one it holds).
+    pub id: u64,
+    pub command: Option<SqlCommand>,
 }
 
 /// Recognises a simple Query consisting of exactly one DEALLOCATE or DISCARD ALL.
@@ -253,9 +323,9 @@ mod tests {
         let a = parse_frame("a", "select $1");
         let b = parse_frame("other", "select $1");
         let c = parse_frame("a", "select $1 + 1");
-        let sa = statement(&parse_view(&a).unwrap());
-        let sb = statement(&parse_view(&b).unwrap());
-        let sc = statement(&parse_view(&c).unwrap());
+        let sa = statement(&parse_view(&a).unwrap(), 0);
+        let sb = statement(&parse_view(&b).unwrap(), 0);
+        let sc = statement(&parse_view(&c).unwrap(), 0);
         assert_eq!(sa.id, sb.id);
         assert_ne!(sa.id, sc.id);
         let v = parse_view(&sa.parse).unwrap();

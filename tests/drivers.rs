@@ -252,7 +252,6 @@ fn psycopg_session() {
 }
 
 #[test]
-#[ignore = "needs prepared statements in transaction mode (issue 3)"]
 fn psycopg_transaction() {
     run(Driver::Psycopg, DriverPoolMode::Transaction);
 }
@@ -263,7 +262,6 @@ fn asyncpg_session() {
 }
 
 #[test]
-#[ignore = "needs prepared statements in transaction mode (issue 3)"]
 fn asyncpg_transaction() {
     run(Driver::Asyncpg, DriverPoolMode::Transaction);
 }
@@ -274,7 +272,6 @@ fn node_pg_session() {
 }
 
 #[test]
-#[ignore = "needs prepared statements in transaction mode (issue 3)"]
 fn node_pg_transaction() {
     run(Driver::NodePg, DriverPoolMode::Transaction);
 }
@@ -285,7 +282,6 @@ fn jdbc_session() {
 }
 
 #[test]
-#[ignore = "needs prepared statements in transaction mode (issue 3)"]
 fn jdbc_transaction() {
     run(Driver::Jdbc, DriverPoolMode::Transaction);
 }
@@ -296,7 +292,6 @@ fn pgx_session() {
 }
 
 #[test]
-#[ignore = "needs prepared statements in transaction mode (issue 3)"]
 fn pgx_transaction() {
     run(Driver::Pgx, DriverPoolMode::Transaction);
 }

@@ -86,7 +86,6 @@ fn select_only_extended_1_to_500_clients() {
 }
 
 #[test]
-#[ignore = "needs prepared statements in transaction mode (issue 3)"]
 fn select_only_prepared_1_to_500_clients() {
     select_only_through_a_pool_of_40("prepared");
 }
@@ -121,7 +120,6 @@ fn parses_are_counted_from_the_server_log() {
 }
 
 #[test]
-#[ignore = "needs prepared statements in transaction mode (issue 3)"]
 fn hundred_clients_preparing_over_ten_servers_parse_at_most_ten_times() {
     let pg = parse_counting_cluster();
     let s = Sluice::builder(&pg)

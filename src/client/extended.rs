@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::prepared::{self, ClientStatements, ServerStatements, SqlCommand, Statement};
+use crate::prepared::{self, ClientStatements, Generations, Presence, ServerStatements, SqlCommand, Statement};
 use crate::protocol::build;
 use crate::protocol::fields::ErrorFields;
 use crate::protocol::scan::{Msg, Splice};
@@ -58,8 +58,12 @@ impl Kind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Reply {
     Forward,
-    /// The reply to a message Sluice injected: the client must not see it.
+    /// The reply to a message Sluice injected: the client must not see it (an error
+    /// still reaches it, as the error of the client message that follows).
     Swallow,
+    /// A client message Sluice already answered with an error: nothing of its reply
+    /// reaches the client, errors included.
+    Refused,
     /// Sluice's own reply to a message it did not forward.
     Synthetic(Bytes),
 }
@@ -76,6 +80,15 @@ enum Effect {
     Redefine(Bytes, Arc<Statement>),
     /// DISCARD ALL: on success the server holds no statements any more.
     DiscardAll,
+    /// Execution of a prepared DEALLOCATE ALL / DISCARD ALL: on success the server and
+    /// the client hold no statements any more.
+    Empties { discard: bool },
+    /// The client's Describe of its statement (at this generation): remember the
+    /// shape it saw.
+    Capture(Arc<Statement>, u64),
+    /// Sluice's Describe of a copy (of this generation) the client has not seen: if
+    /// the shape differs from what the client saw, it gets 0A000 as from PostgreSQL.
+    Verify(Arc<Statement>, u64),
 }
 
 #[derive(Debug)]
@@ -99,6 +112,14 @@ impl Expect {
     }
 }
 
+/// The shape a Describe reply gives: the RowDescription frame, or NoData.
+fn shape_of(m: &Msg) -> Bytes {
+    match m.frame {
+        Some(f) if m.tag == be::ROW_DESCRIPTION => Bytes::copy_from_slice(f),
+        _ => Bytes::from_static(b"n"),
+    }
+}
+
 /// What the client side of a scan needs besides the message.
 pub struct ClientCtx<'a> {
     pub stmts: &'a mut ClientStatements,
@@ -108,6 +129,16 @@ pub struct ClientCtx<'a> {
     /// Statements one client may hold.
     pub client_limit: usize,
     pub tx: TxStatus,
+    /// The pool's statement generations (see [`Generations`]).
+    pub gens: &'a Generations,
+    /// The pool's schema epoch: bumped by each DDL seen through Sluice.
+    pub epoch: u64,
+}
+
+impl ClientCtx<'_> {
+    fn generation(&self, id: u64) -> u64 {
+        self.gens.get(&id).copied().unwrap_or(0)
+    }
 }
 
 /// Per-link state of the extended-protocol rewriting.
@@ -115,6 +146,12 @@ pub struct ClientCtx<'a> {
 pub struct Extended {
     queue: VecDeque<Expect>,
     last_bind: Option<u64>,
+    last_bind_command: Option<SqlCommand>,
+    /// Messages were injected in the current client batch (a Flush must follow).
+    injected: bool,
+    /// Set when a prepared DEALLOCATE ALL / DISCARD ALL ran: the client's statements
+    /// are gone.
+    pub emptied: bool,
     /// Set when the server finished a DISCARD ALL (its statements are gone).
     pub discarded: bool,
     /// Client statements whose Parse failed or was skipped: the caller forgets them.
@@ -126,6 +163,9 @@ pub struct Extended {
     /// from a server's cache, since the last flush.
     pub server_parses: u64,
     pub cache_hits: u64,
+    /// Statements a server reported stale (id, generation it held): the caller bumps
+    /// the pool's generation so other servers re-prepare them.
+    pub stale: Vec<(u64, u64)>,
 }
 
 impl Extended {
@@ -137,22 +177,28 @@ impl Extended {
     pub fn clear(&mut self) {
         self.queue.clear();
         self.last_bind = None;
+        self.last_bind_command = None;
+        self.injected = false;
+        self.emptied = false;
         self.discarded = false;
         self.undefined.clear();
         self.redefined.clear();
+        self.stale.clear();
     }
 
     fn push(&mut self, kind: Kind, reply: Reply, stmt: Option<u64>) {
         self.queue.push_back(Expect::new(kind, reply, stmt));
     }
 
+    /// Whether messages were injected into the batch just scanned; resets the mark.
+    pub fn take_injected(&mut self) -> bool {
+        std::mem::take(&mut self.injected)
+    }
+
     /// Closes on the server the statements queued for closing, before anything else.
     pub fn inject_closes(&mut self, sp: &mut Splice, server: &mut ServerStatements) {
         for id in std::mem::take(&mut server.to_close) {
-            let (buf, from) = sp.insert_buf();
-            prepared::close_frame(buf, id);
-            sp.commit_insert(0, from);
-            self.push(Kind::Close, Reply::Swallow, None);
+            self.inject_close(id, 0, sp);
         }
     }
 
@@ -164,7 +210,11 @@ impl Extended {
             fe::BIND | fe::DESCRIBE => self.on_bind_or_describe(m, sp, cx),
             fe::CLOSE => self.on_close(m, sp, cx),
             fe::EXECUTE => {
-                self.push(Kind::Execute, Reply::Forward, self.last_bind);
+                let mut item = Expect::new(Kind::Execute, Reply::Forward, self.last_bind);
+                if let Some(c) = self.last_bind_command.as_ref().filter(|c| c.empties()) {
+                    item.effect = Effect::Empties { discard: *c == SqlCommand::DiscardAll };
+                }
+                self.queue.push_back(item);
                 Ok(())
             }
             fe::SYNC => {
@@ -185,7 +235,8 @@ impl Extended {
         let p = prepared::parse_view(frame)?;
         if p.name.is_empty() {
             let id = rand::random::<u64>() | 1;
-            cx.stmts.unnamed = Some((Bytes::copy_from_slice(frame), id));
+            let command = prepared::sql_command(p.query).filter(SqlCommand::empties);
+            cx.stmts.unnamed = Some(prepared::Unnamed { parse: Bytes::copy_from_slice(frame), id, command });
             cx.server.unnamed = id;
             self.server_parses += 1;
             self.push(Kind::Parse, Reply::Forward, None);
@@ -207,14 +258,18 @@ impl Extended {
                 "too many prepared statements for one client (max_client_prepared_statements)",
             ));
         }
-        let st = Arc::new(prepared::statement(&p));
+        let st = Arc::new(prepared::statement(&p, cx.epoch));
         cx.stmts.insert(p.name, st.clone());
-        let item = if cx.server.contains(st.id) {
+        let presence = cx.server.lookup_since(st.id, cx.generation(st.id), cx.epoch);
+        let item = if presence == Presence::Fresh {
             self.cache_hits += 1;
             let mut b = BytesMut::new();
             build::parse_complete(&mut b);
             Expect::new(Kind::Local, Reply::Synthetic(b.freeze()), None)
         } else {
+            if presence == Presence::Stale {
+                self.inject_close(st.id, m.start, sp);
+            }
             self.add_to_server(st.id, m.start, sp, cx);
             sp.insert(m.start, &st.parse);
             self.server_parses += 1;
@@ -226,21 +281,44 @@ impl Extended {
 
     /// Records a statement on the server, closing the least recently used one if full.
     fn add_to_server(&mut self, id: u64, at: usize, sp: &mut Splice, cx: &mut ClientCtx) {
-        if let Some(evicted) = cx.server.add(id, cx.cap) {
-            let (buf, from) = sp.insert_buf();
-            prepared::close_frame(buf, evicted);
-            sp.commit_insert(at, from);
-            self.push(Kind::Close, Reply::Swallow, None);
+        if let Some(evicted) = cx.server.add_gen(id, cx.generation(id), cx.epoch, cx.cap) {
+            self.inject_close(evicted, at, sp);
         }
     }
 
+    /// Closes a server-side statement before input offset `at` (reply swallowed).
+    fn inject_close(&mut self, id: u64, at: usize, sp: &mut Splice) {
+        self.injected = true;
+        let (buf, from) = sp.insert_buf();
+        prepared::close_frame(buf, id);
+        sp.commit_insert(at, from);
+        self.push(Kind::Close, Reply::Swallow, None);
+    }
+
     /// Makes sure the server holds `st`, injecting its Parse before offset `at`.
-    fn ensure(&mut self, st: &Statement, at: usize, sp: &mut Splice, cx: &mut ClientCtx) {
-        if !cx.server.contains(st.id) {
+    fn ensure(&mut self, st: &Arc<Statement>, at: usize, sp: &mut Splice, cx: &mut ClientCtx) {
+        let generation = cx.generation(st.id);
+        let presence = cx.server.lookup_since(st.id, generation, st.epoch);
+        if presence != Presence::Fresh {
+            if presence == Presence::Stale {
+                self.inject_close(st.id, at, sp);
+            }
+            self.injected = true;
             self.add_to_server(st.id, at, sp, cx);
             sp.insert(at, &st.parse);
             self.server_parses += 1;
             self.push(Kind::Parse, Reply::Swallow, Some(st.id));
+        }
+        // A copy the client's view of the statement may not match: check its shape.
+        let seen_at = st.shape.lock().as_ref().map(|(_, g)| *g);
+        tracing::debug!(stmt = st.id, ?presence, generation, ?seen_at, "statement needed");
+        if seen_at.is_some_and(|g| presence != Presence::Fresh || g < generation) {
+            self.injected = true;
+            let (buf, from) = sp.insert_buf();
+            prepared::describe_frame(buf, &st.name);
+            sp.commit_insert(at, from);
+            let verify = Effect::Verify(st.clone(), generation);
+            self.queue.push_back(Expect::new(Kind::Describe, Reply::Swallow, Some(st.id)).with(verify));
         }
     }
 
@@ -253,17 +331,25 @@ impl Extended {
         }
         let (_, name) = prepared::name_field(prefix, m.tag)?;
         let mut stmt = None;
+        let mut effect = Effect::None;
+        let mut command = None;
         if name.is_empty() {
-            if let Some((parse, id)) = cx.stmts.unnamed.clone() {
-                if cx.server.unnamed != id {
+            if let Some(u) = cx.stmts.unnamed.clone() {
+                if cx.server.unnamed != u.id {
                     // The unnamed statement was parsed on another server: parse it here.
-                    sp.insert(m.start, &parse);
+                    self.injected = true;
+                    sp.insert(m.start, &u.parse);
                     self.server_parses += 1;
                     self.push(Kind::Parse, Reply::Swallow, None);
-                    cx.server.unnamed = id;
+                    cx.server.unnamed = u.id;
                 }
+                command = u.command;
             }
         } else if let Some(st) = cx.stmts.get(name).cloned() {
+            command = st.command.clone();
+            if kind == Kind::Describe {
+                effect = Effect::Capture(st.clone(), cx.generation(st.id));
+            }
             self.ensure(&st, m.start, sp, cx);
             let (buf, from) = sp.insert_buf();
             let replaced = prepared::renamed_prefix(buf, prefix, m.frame_len, m.tag, &st.name)?;
@@ -273,8 +359,9 @@ impl Extended {
         }
         if kind == Kind::Bind {
             self.last_bind = stmt;
+            self.last_bind_command = command;
         }
-        self.push(kind, Reply::Forward, stmt);
+        self.queue.push_back(Expect::new(kind, Reply::Forward, stmt).with(effect));
         Ok(())
     }
 
@@ -358,6 +445,9 @@ impl Extended {
             return Ok(());
         }
         let Some(head) = self.queue.front_mut() else { return Ok(()) };
+        if head.reply == Reply::Refused {
+            sp.drop_range(m.start, m.start + m.frame_len);
+        }
         if m.tag == be::ERROR_RESPONSE {
             if !head.kind.skippable() {
                 head.failed = true;
@@ -367,13 +457,15 @@ impl Extended {
             self.after_error(item, m, server)?;
             return Ok(());
         }
+        // Every message of a reply to an injected message is removed.
+        if head.reply == Reply::Swallow {
+            sp.drop_range(m.start, m.start + m.frame_len);
+        }
         if !head.kind.done_by(m.tag) {
             return Ok(());
         }
         let item = self.queue.pop_front().expect("head exists");
-        if item.reply == Reply::Swallow {
-            sp.drop_range(m.start, m.start + m.frame_len);
-        }
+        let end = m.start + m.frame_len;
         match item.effect {
             Effect::Redefine(name, st) => {
                 server.add(st.id, usize::MAX);
@@ -383,14 +475,76 @@ impl Extended {
                 server.clear();
                 self.discarded = true;
             }
+            Effect::Empties { discard } => {
+                server.clear();
+                self.emptied = true;
+                self.discarded |= discard;
+            }
+            Effect::Capture(st, generation) => {
+                tracing::debug!(stmt = st.id, generation, "shape captured");
+                *st.shape.lock() = Some((shape_of(m), generation));
+            }
+            Effect::Verify(st, generation) => {
+                let now = shape_of(m);
+                let changed = {
+                    let mut shape = st.shape.lock();
+                    match shape.as_mut() {
+                        // Same shape: the client's view holds for this generation too.
+                        Some((seen, g)) if *seen == now => {
+                            *g = generation;
+                            false
+                        }
+                        // Changed: the statement stays refused until re-described.
+                        Some(_) => true,
+                        None => false,
+                    }
+                };
+                tracing::debug!(stmt = st.id, generation, changed, "shape verified");
+                if changed {
+                    // The schema changed: copies prepared before it elsewhere are stale.
+                    self.stale.push((st.id, server.generation(st.id).unwrap_or(0)));
+                    self.refuse_until_sync(sp, end);
+                }
+            }
             _ => {}
         }
-        let end = m.start + m.frame_len;
         while let Some(Expect { reply: Reply::Synthetic(b), .. }) = self.queue.front() {
             sp.insert(end, b);
             self.queue.pop_front();
         }
         Ok(())
+    }
+
+    /// The statement's result type changed since the client described it: the client
+    /// gets the error PostgreSQL gives for that, and nothing else up to its Sync.
+    fn refuse_until_sync(&mut self, sp: &mut Splice, at: usize) {
+        let mut b = BytesMut::new();
+        // As PostgreSQL words it; drivers (asyncpg) recognise it by the routine name.
+        build::error_response_from(
+            &mut b,
+            build::Severity::Error,
+            crate::protocol::sqlstate::FEATURE_NOT_SUPPORTED,
+            "cached plan must not change result type",
+            Some("RevalidateCachedQuery"),
+        );
+        sp.insert(at, &b);
+        let mut kept = VecDeque::with_capacity(self.queue.len());
+        let mut skipping = true;
+        for mut item in self.queue.drain(..) {
+            if skipping && item.kind.skippable() {
+                if let Effect::Define(name, st) = std::mem::take(&mut item.effect) {
+                    self.undefined.push((name, st));
+                }
+                if matches!(item.reply, Reply::Synthetic(_)) {
+                    continue;
+                }
+                item.reply = Reply::Refused;
+            } else {
+                skipping = false;
+            }
+            kept.push_back(item);
+        }
+        self.queue = kept;
     }
 
     /// An error ended an extended-protocol message: the server now skips everything up
@@ -404,7 +558,9 @@ impl Extended {
             if item.kind == Kind::Parse {
                 server.forget(id);
             } else if f.code == "0A000" && f.message.contains("cached plan must not change result type") {
-                // The server's statement is stale: close and re-parse it on next use.
+                // The server's statement is stale: close and re-parse it on next use,
+                // and so on every other server of the pool.
+                self.stale.push((id, server.generation(id).unwrap_or(0)));
                 server.forget(id);
                 server.to_close.push(id);
             }

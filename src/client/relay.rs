@@ -101,7 +101,10 @@ impl Session {
 
     async fn forward_client(&mut self, conn: &mut ClientConn, splice: &mut Splice) -> Result<(), Exit> {
         let server = self.server.as_mut().expect("relay without a server");
+        let gens = self.pool.stmt_gens.load();
         let ctx = (self.mode != PoolMode::Session).then_some(ClientCtx {
+            gens: &gens,
+            epoch: self.pool.schema_epoch.load(std::sync::atomic::Ordering::Acquire),
             stmts: &mut self.stmts,
             server: &mut server.prepared,
             cap: self.limits.server_statements,
@@ -156,6 +159,15 @@ impl Session {
         }
         for (name, st) in self.track.ext.redefined.drain(..) {
             self.stmts.insert(&name, st);
+        }
+        if std::mem::take(&mut self.track.ext.emptied) {
+            self.stmts.clear();
+        }
+        for (id, seen) in self.track.ext.stale.drain(..) {
+            self.pool.mark_stale(id, seen);
+        }
+        if std::mem::take(&mut self.track.ddl_seen) {
+            self.pool.schema_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
         if self.track.xact_done.is_some() {
             self.flush_stats();

@@ -160,6 +160,7 @@ impl Session {
     /// settings. The client's EOF while waiting ends the wait.
     async fn link(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
         self.info.set_state(ClientState::Waiting);
+        tracing::debug!(client = self.info.id, counts = ?self.pool.counts(), "waiting for a server");
         let started = std::time::Instant::now();
         let mut server = loop {
             let server = {
@@ -193,6 +194,7 @@ impl Session {
         server.info.set_state(ServerState::Active, self.info.id);
         self.info.server_id.store(server.id, Relaxed);
         self.info.set_state(ClientState::Active);
+        tracing::debug!(client = self.info.id, server = server.id, "linked");
         self.track.reset();
         self.server = Some(server);
         Ok(())
@@ -202,6 +204,7 @@ impl Session {
     pub(super) async fn release(&mut self) {
         self.flush_stats();
         let Some(mut server) = self.server.take() else { return };
+        tracing::debug!(client = self.info.id, server = server.id, "released");
         self.key.slot.set(None);
         self.info.server_id.store(0, Relaxed);
         self.info.set_state(ClientState::Idle);

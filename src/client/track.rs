@@ -24,6 +24,8 @@ pub struct Track {
     pub xact_done: Option<Duration>,
     /// SQLSTATEs of errors the server sent, flushed with the stats.
     pub errors: Vec<String>,
+    /// A command that can change what statements parse to (DDL, SET...) completed.
+    pub ddl_seen: bool,
     /// Query, Sync and FunctionCall messages not yet answered by ReadyForQuery.
     pub pending: u32,
     /// Extended-protocol messages sent since the last Sync.
@@ -62,7 +64,11 @@ pub(super) fn client_need(pooled: bool) -> impl Fn(u8) -> Need {
 
 fn server_need(tag: u8) -> Need {
     match tag {
-        be::READY_FOR_QUERY | be::PARAMETER_STATUS | be::ERROR_RESPONSE => Need::Whole(MAX_INSPECTED_LEN),
+        be::READY_FOR_QUERY
+        | be::PARAMETER_STATUS
+        | be::ERROR_RESPONSE
+        | be::ROW_DESCRIPTION
+        | be::COMMAND_COMPLETE => Need::Whole(MAX_INSPECTED_LEN),
         _ => Need::Stream,
     }
 }
@@ -154,6 +160,13 @@ impl Track {
             },
             splice,
         )?;
+        if ext.take_injected() {
+            // Injected messages must be answered even if the client's own are not
+            // (answered locally): make the server flush its replies.
+            let mut flush = bytes::BytesMut::new();
+            crate::protocol::build::flush(&mut flush);
+            splice.insert(n, &flush);
+        }
         let now = Instant::now();
         if !was_busy && self.pending > 0 {
             self.busy_since = Some(now);
@@ -189,6 +202,7 @@ impl Track {
             xact_start,
             xact_done,
             errors,
+            ddl_seen,
             ..
         } = self;
         server_scan.scan(
@@ -228,6 +242,9 @@ impl Track {
                             sp.drop_range(m.start, m.start + m.frame_len);
                         }
                     }
+                    be::COMMAND_COMPLETE => {
+                        *ddl_seen |= changes_schema(body(frame));
+                    }
                     be::PARAMETER_STATUS => {
                         let (k, v) = parameter_status(body(frame))?;
                         let k = String::from_utf8_lossy(k);
@@ -251,4 +268,11 @@ impl Track {
             splice,
         )
     }
+}
+
+/// Whether a CommandComplete tag is of a command that can change what a statement
+/// parses to (result types, name resolution).
+fn changes_schema(tag: &[u8]) -> bool {
+    const PREFIXES: [&[u8]; 7] = [b"ALTER ", b"CREATE ", b"DROP ", b"SET", b"RESET", b"DISCARD", b"IMPORT "];
+    PREFIXES.iter().any(|p| tag.starts_with(p))
 }

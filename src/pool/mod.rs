@@ -55,18 +55,28 @@ pub enum PoolError {
 #[derive(Default, Debug)]
 struct Inner {
     idle: Vec<ServerConn>,
-    waiters: VecDeque<oneshot::Sender<ServerConn>>,
+    waiters: VecDeque<oneshot::Sender<Handoff>>,
     /// Open plus connecting server connections.
     total: usize,
     connecting: usize,
     closed: bool,
 }
 
+/// What a waiting client is handed, oldest waiter first.
+#[allow(clippy::large_enum_variant)] // moved once through a channel, never stored
+#[derive(Debug)]
+enum Handoff {
+    /// A connection coming back from another client.
+    Server(ServerConn),
+    /// Room to open a connection: the slot is already counted in `total`.
+    Connect,
+}
+
 #[allow(clippy::large_enum_variant)] // built and matched at once, never stored
 enum Next {
     Take(ServerConn),
     Connect,
-    Wait(oneshot::Receiver<ServerConn>),
+    Wait(oneshot::Receiver<Handoff>),
 }
 
 /// A slot counted in `total` and `connecting` while a connection is being opened;
@@ -112,14 +122,21 @@ impl Drop for ConnectingSlot<'_> {
 /// to it in the meantime goes back to the pool.
 struct Waiter<'a> {
     pool: &'a Pool,
-    rx: oneshot::Receiver<ServerConn>,
+    rx: oneshot::Receiver<Handoff>,
+    /// The hand-off was received (and is being used).
+    done: bool,
 }
 
 impl Drop for Waiter<'_> {
     fn drop(&mut self) {
+        if self.done {
+            return;
+        }
         self.rx.close();
-        if let Ok(s) = self.rx.try_recv() {
-            self.pool.checkin(s);
+        match self.rx.try_recv() {
+            Ok(Handoff::Server(s)) => self.pool.checkin(s),
+            Ok(Handoff::Connect) => self.pool.give_back_slot(),
+            Err(_) => {}
         }
     }
 }
@@ -146,6 +163,11 @@ pub struct Pool {
     /// Server spellings of client-supplied setting values already proven valid.
     canonical: Mutex<std::collections::HashMap<(String, String), String>>,
     pub stats: PoolStats,
+    /// Generations of prepared statements (see `prepared::Generations`).
+    pub stmt_gens: ArcSwap<crate::prepared::Generations>,
+    /// Bumped when a DDL completes through this pool: new Parses do not reuse
+    /// server-side statements prepared before it.
+    pub schema_epoch: std::sync::atomic::AtomicU64,
     /// Open server connections, for the admin console.
     pub servers: Registry<ServerInfo>,
     /// Source of connection ids, shared by all pools.
@@ -169,6 +191,8 @@ impl Pool {
             defaults: Mutex::new(None),
             canonical: Mutex::new(Default::default()),
             stats: PoolStats::default(),
+            stmt_gens: ArcSwap::from_pointee(Default::default()),
+            schema_epoch: Default::default(),
             servers: Registry::default(),
             ids,
         }
@@ -229,17 +253,23 @@ impl Pool {
                     return slot.open().await.map_err(PoolError::Connect);
                 }
                 Next::Wait(rx) => {
-                    let mut waiter = Waiter { pool: self, rx };
+                    let mut waiter = Waiter { pool: self, rx, done: false };
                     let got = match deadline {
                         Some(d) => {
                             tokio::time::timeout_at(d, &mut waiter.rx).await.map_err(|_| PoolError::WaitTimeout)?
                         }
                         None => (&mut waiter.rx).await,
                     };
-                    if let Ok(s) = got {
-                        return Ok(s);
+                    waiter.done = got.is_ok();
+                    match got {
+                        Ok(Handoff::Server(s)) => return Ok(s),
+                        Ok(Handoff::Connect) => {
+                            let slot = ConnectingSlot { pool: self, armed: true };
+                            return slot.open().await.map_err(PoolError::Connect);
+                        }
+                        // The pool dropped the queue (closed, or reloaded): look again.
+                        Err(_) => {}
                     }
-                    // The sender was dropped: capacity freed up, try again.
                 }
             }
         }
@@ -319,9 +349,10 @@ impl Pool {
             return self.discard(s);
         }
         while let Some(w) = inner.waiters.pop_front() {
-            match w.send(s) {
+            match w.send(Handoff::Server(s)) {
                 Ok(()) => return,
-                Err(back) => s = back,
+                Err(Handoff::Server(back)) => s = back,
+                Err(Handoff::Connect) => unreachable!("sent a server"),
             }
         }
         inner.idle.push(s);
@@ -339,17 +370,31 @@ impl Pool {
         self.wake_waiters();
     }
 
-    /// Wakes waiters for which there is now room to open a connection (they retry).
+    /// Gives the oldest waiters the room there now is to open connections: each gets
+    /// a slot already counted, so FIFO order holds.
     fn wake_waiters(&self) {
-        let settings = self.settings.load();
+        let size = self.settings.load().size;
         let mut inner = self.inner.lock();
-        let room = settings.size.saturating_sub(inner.total);
-        for _ in 0..room {
-            match inner.waiters.pop_front() {
-                Some(w) => drop(w),
-                None => break,
+        while !inner.waiters.is_empty() && inner.total < size && self.acquire_limits() {
+            let w = inner.waiters.pop_front().expect("not empty");
+            if w.send(Handoff::Connect).is_ok() {
+                inner.total += 1;
+                inner.connecting += 1;
+            } else {
+                self.release_limits();
             }
         }
+    }
+
+    /// A waiter that was handed a connect slot left before using it.
+    fn give_back_slot(&self) {
+        {
+            let mut inner = self.inner.lock();
+            inner.total -= 1;
+            inner.connecting -= 1;
+        }
+        self.release_limits();
+        self.wake_waiters();
     }
 
     fn acquire_limits(&self) -> bool {
@@ -464,6 +509,19 @@ impl Pool {
     /// Lets waiters retry opening a connection.
     pub fn retry_waiters(&self) {
         self.wake_waiters();
+    }
+
+    /// A server reported statement `id` (held at generation `seen`) stale: copies of
+    /// that generation elsewhere must be re-prepared.
+    pub fn mark_stale(&self, id: u64, seen: u64) {
+        self.stmt_gens.rcu(|gens| {
+            let mut gens = (**gens).clone();
+            let cur = gens.entry(id).or_insert(0);
+            if *cur == seen {
+                *cur += 1;
+            }
+            gens
+        });
     }
 
     pub fn is_unused(&self) -> bool {

@@ -38,6 +38,12 @@ fn cstr(buf: &mut BytesMut, s: &[u8]) {
 
 /// The single place an ErrorResponse is composed.
 pub fn error_response(buf: &mut BytesMut, severity: Severity, code: &str, message: &str) {
+    error_response_from(buf, severity, code, message, None);
+}
+
+/// An ErrorResponse that names the PostgreSQL routine it stands for (field `R`), for
+/// errors Sluice raises in PostgreSQL's place that drivers recognise by that field.
+pub fn error_response_from(buf: &mut BytesMut, severity: Severity, code: &str, message: &str, routine: Option<&str>) {
     frame(buf, be::ERROR_RESPONSE, |b| {
         b.put_u8(b'S');
         cstr(b, severity.as_str().as_bytes());
@@ -49,6 +55,10 @@ pub fn error_response(buf: &mut BytesMut, severity: Severity, code: &str, messag
         // A NUL inside the text would end the field early; PostgreSQL never sends one.
         let msg: Vec<u8> = message.bytes().filter(|&c| c != 0).collect();
         cstr(b, &msg);
+        if let Some(r) = routine {
+            b.put_u8(b'R');
+            cstr(b, r.as_bytes());
+        }
         b.put_u8(0);
     });
 }
@@ -182,6 +192,10 @@ pub fn terminate(buf: &mut BytesMut) {
     frame(buf, fe::TERMINATE, |_| {});
 }
 
+pub fn flush(buf: &mut BytesMut) {
+    frame(buf, fe::FLUSH, |_| {});
+}
+
 pub fn sync(buf: &mut BytesMut) {
     frame(buf, fe::SYNC, |_| {});
 }
@@ -195,6 +209,14 @@ pub fn parse(buf: &mut BytesMut, name: &[u8], query: &[u8], param_types: &[u32])
         for t in param_types {
             b.put_u32(*t);
         }
+    });
+}
+
+/// Describe of a statement (`S`) or portal (`P`).
+pub fn describe(buf: &mut BytesMut, kind: u8, name: &[u8]) {
+    frame(buf, fe::DESCRIBE, |b| {
+        b.put_u8(kind);
+        cstr(b, name);
     });
 }
 
