@@ -91,7 +91,7 @@ async fn md5_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     let salt: [u8; 4] = rand::random();
     let mut out = BytesMut::new();
     build::auth_md5(&mut out, salt);
-    stream.write_all(&out).await?;
+    send(stream, &out).await?;
     let frame = read_password(stream, buf).await?;
     let response = read_cstr(body(&frame)).map(|(r, _)| r).unwrap_or_default();
     // Unknown users are checked against a hash no response can match.
@@ -111,7 +111,7 @@ async fn scram_exchange<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<[u8; 32], AuthFailure> {
     let mut out = BytesMut::new();
     build::auth_sasl(&mut out, &[scram::SCRAM_SHA_256]);
-    stream.write_all(&out).await?;
+    send(stream, &out).await?;
 
     let frame = read_password(stream, buf).await?;
     let bad = || AuthFailure::Protocol("malformed SASLInitialResponse".into());
@@ -127,14 +127,20 @@ async fn scram_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     let first = server.handle_client_first(data).map_err(|e| scram_failure(e, name))?;
     out.clear();
     build::auth_sasl_continue(&mut out, &first);
-    stream.write_all(&out).await?;
+    send(stream, &out).await?;
 
     let frame = read_password(stream, buf).await?;
     let (last, client_key) = server.handle_client_final(body(&frame)).map_err(|e| scram_failure(e, name))?;
     out.clear();
     build::auth_sasl_final(&mut out, &last);
-    stream.write_all(&out).await?;
+    send(stream, &out).await?;
     Ok(client_key)
+}
+
+/// Writes and flushes (a TLS stream may hold back unflushed bytes).
+async fn send<S: AsyncWrite + Unpin>(stream: &mut S, out: &[u8]) -> std::io::Result<()> {
+    stream.write_all(out).await?;
+    stream.flush().await
 }
 
 fn scram_failure(e: ScramError, name: &str) -> AuthFailure {

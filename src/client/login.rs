@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
 use tracing::{info, warn};
 
 use super::session::{Session, pool_failure};
@@ -86,7 +85,7 @@ async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessa
                 if !conn.buf.is_empty() {
                     return Err(Exit::protocol("received unencrypted data after encryption request"));
                 }
-                conn.stream.write_all(b"N").await.map_err(|_| Exit::Closed)?;
+                conn.stream.send(b"N").await.map_err(|_| Exit::Closed)?;
             }
             StartupPacket::Cancel { pid, secret } => {
                 if let Some(t) = app.cancel.target(pid, secret) {
@@ -101,7 +100,7 @@ async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessa
                 if m.minor > 0 || !options.is_empty() {
                     let mut out = BytesMut::new();
                     build::negotiate_protocol_version(&mut out, 3 << 16, &options);
-                    conn.stream.write_all(&out).await.map_err(|_| Exit::Closed)?;
+                    conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;
                 }
                 return Ok(m);
             }
@@ -154,7 +153,7 @@ async fn start_session_mode(
     }
     build::backend_key_data(&mut out, server.pid, server.secret);
     build::ready_for_query(&mut out, TxStatus::Idle);
-    conn.stream.write_all(&out).await.map_err(|_| Exit::Closed)?;
+    conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;
     Ok(Session::new(app, pool, PoolMode::Session, params, key, Some(server)))
 }
 
@@ -202,6 +201,6 @@ async fn start_pooled(
     let key = app.cancel.register();
     build::backend_key_data(&mut out, key.pid, key.secret);
     build::ready_for_query(&mut out, TxStatus::Idle);
-    conn.stream.write_all(&out).await.map_err(|_| Exit::Closed)?;
+    conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;
     Ok(Session::new(app, pool, mode, params, key, None))
 }

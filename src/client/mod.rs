@@ -97,5 +97,5 @@ async fn finish(app: &App, conn: &mut ClientConn, exit: Exit) {
 pub async fn send_error(stream: &mut Stream, severity: Severity, code: &str, message: &str) {
     let mut out = BytesMut::new();
     build::error_response(&mut out, severity, code, message);
-    let _ = stream.write_all(&out).await;
+    let _ = stream.send(&out).await;
 }

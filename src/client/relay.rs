@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 use super::session::{Session, sleep_opt};
 use super::{ClientConn, Exit};
@@ -197,7 +197,7 @@ impl Session {
         let n = self.track.scan_client(&conn.buf, splice).map_err(Exit::protocol)?;
         let server = self.server.as_mut().expect("relay without a server");
         let out = splice.finish(&conn.buf, n);
-        let written = if out.is_empty() { Ok(()) } else { server.stream.write_all(out).await };
+        let written = if out.is_empty() { Ok(()) } else { server.stream.send(out).await };
         splice.reset();
         conn.buf.advance(n);
         if written.is_err() {
@@ -217,7 +217,7 @@ impl Session {
             Exit::fatal(sqlstate::PROTOCOL_VIOLATION, format!("server sent invalid data: {e}"))
         })?;
         let out = splice.finish(&server.buf, n);
-        let written = if out.is_empty() { Ok(()) } else { conn.stream.write_all(out).await };
+        let written = if out.is_empty() { Ok(()) } else { conn.stream.send(out).await };
         splice.reset();
         server.buf.advance(n);
         if let Some(tx) = self.track.tx {
@@ -261,6 +261,6 @@ impl Session {
             "transaction blocks are not allowed in statement pooling mode",
         );
         build::ready_for_query(&mut out, TxStatus::Idle);
-        conn.stream.write_all(&out).await.map_err(|_| Exit::Closed)
+        conn.stream.send(&out).await.map_err(|_| Exit::Closed)
     }
 }

@@ -77,7 +77,7 @@ async fn connect_inner(target: &ServerTarget, login: &ServerLogin) -> Result<Ser
     let mut conn = ServerConn::new(stream, target.addr.clone());
     let mut out = BytesMut::new();
     build::startup_message(&mut out, &[("user", &target.user), ("database", &target.database)]);
-    conn.stream.write_all(&out).await?;
+    conn.stream.send(&out).await?;
     authenticate(&mut conn, target, login).await?;
     loop {
         let frame = read_message(&mut conn.stream, &mut conn.buf).await?;
@@ -154,7 +154,7 @@ async fn authenticate(conn: &mut ServerConn, target: &ServerTarget, login: &Serv
             }
             other => return Err(ServerError::UnsupportedAuth(other)),
         }
-        conn.stream.write_all(&out).await?;
+        conn.stream.send(&out).await?;
     }
 }
 

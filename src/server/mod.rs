@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
 
 use crate::net::{ReadError, Stream, read_message};
 use crate::params::ClientParams;
@@ -134,7 +133,7 @@ impl ServerConn {
     pub async fn exec(&mut self, sql: &str) -> Result<(), ServerError> {
         let mut out = BytesMut::new();
         build::query(&mut out, sql);
-        self.stream.write_all(&out).await?;
+        self.stream.send(&out).await?;
         let mut error = None;
         loop {
             let frame = read_message(&mut self.stream, &mut self.buf).await?;
@@ -186,10 +185,7 @@ impl ServerConn {
     pub fn close(mut self) {
         let mut out = BytesMut::new();
         build::terminate(&mut out);
-        let _ = match &mut self.stream {
-            Stream::Tcp(s) => s.try_write(&out),
-            Stream::Unix(s) => s.try_write(&out),
-        };
+        self.stream.try_send_last(&out);
     }
 
     /// Peeks at complete frames buffered from the server: used by tests and asserts.
