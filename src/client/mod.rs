@@ -37,6 +37,8 @@ pub enum Exit {
     Fatal { code: String, message: String },
     /// A cancel request was handled.
     Cancel,
+    /// The TLS handshake failed (nothing more can be sent to the client).
+    Tls(String),
 }
 
 impl Exit {
@@ -54,6 +56,7 @@ impl Exit {
             Exit::Closed => "client closed the connection".into(),
             Exit::Fatal { code, message } => format!("{message} ({code})"),
             Exit::Cancel => "cancel request".into(),
+            Exit::Tls(reason) => reason.clone(),
         }
     }
 }

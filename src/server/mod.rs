@@ -37,6 +37,8 @@ pub enum ServerError {
     UnsupportedAuth(i32),
     #[error("{}", .0.message)]
     Server(ErrorFields),
+    #[error("{0}")]
+    Tls(#[from] crate::tls::TlsConnectError),
 }
 
 impl From<ReadError> for ServerError {
@@ -55,7 +57,7 @@ impl ServerError {
         use crate::protocol::sqlstate as s;
         match self {
             ServerError::Server(f) if !f.code.is_empty() => &f.code,
-            ServerError::ConnectTimeout => s::SQLCLIENT_UNABLE_TO_ESTABLISH,
+            ServerError::ConnectTimeout | ServerError::Tls(_) => s::SQLCLIENT_UNABLE_TO_ESTABLISH,
             ServerError::Login(_) | ServerError::Scram(_) | ServerError::UnsupportedAuth(_) => s::INVALID_AUTHORIZATION,
             _ => s::CONNECTION_FAILURE,
         }
