@@ -175,3 +175,57 @@ async fn a_server_without_tls() {
     let (r, _) = connect_with(&pki, "require", "good", "localhost", b'E').await;
     assert_eq!(r.unwrap_err(), "received invalid response to SSL negotiation: 'E'");
 }
+
+/// A writer faster than its reader: when `Stream::send` returns, nothing may be left
+/// inside rustls. tokio-rustls keeps the tail of a write there when the socket is full
+/// (write_all alone would return with it), and nothing would send it until the next
+/// write: a client waiting for the end of a result would wait for ever.
+#[tokio::test]
+async fn send_leaves_nothing_inside_rustls() {
+    let pki = Pki::new();
+    pki.leaf("good", &["localhost"], "localhost", false);
+    let cfg = config(
+        pki.dir.path(),
+        "client_tls_sslmode = \"require\"\nclient_tls_cert_file = \"good.crt\"\nclient_tls_key_file = \"good.key\"\n\
+         server_tls_sslmode = \"require\"",
+    );
+    let (client_side, server_side) = load(&cfg).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let big: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
+    let expected = big.clone();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let writer = tokio::spawn(async move {
+        let (mut tcp, _) = listener.accept().await.unwrap();
+        // A small send buffer keeps the socket full at the last write.
+        socket2::SockRef::from(&tcp).set_send_buffer_size(8 << 10).unwrap();
+        let mut request = [0u8; 8];
+        tcp.read_exact(&mut request).await.unwrap();
+        tcp.write_all(b"S").await.unwrap();
+        let mut stream = Stream::Tcp(tcp);
+        let config = client_side.config().unwrap().clone();
+        accept(&mut stream, config, Negotiation::SslRequest).await.unwrap();
+        stream.send(&big).await.unwrap();
+        let Stream::TlsAccepted(tls) = &stream else { panic!("not TLS") };
+        let pending = tls.get_ref().1.wants_write();
+        let _ = done_rx.await; // stay connected, silent, until the reader is done
+        pending
+    });
+    // ...and a small receive window on the reader's side.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(8 << 10).unwrap();
+    let tcp = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+    let mut stream = negotiate(Stream::Tcp(tcp), &server_side, "localhost").await.unwrap();
+    let mut got = Vec::with_capacity(expected.len());
+    let mut chunk = vec![0u8; 16 << 10];
+    while got.len() < expected.len() {
+        let read = tokio::time::timeout(std::time::Duration::from_secs(10), stream.read(&mut chunk)).await;
+        let n = read.expect("the rest of the data never arrived").unwrap();
+        assert!(n > 0, "early EOF");
+        got.extend_from_slice(&chunk[..n]);
+        tokio::time::sleep(std::time::Duration::from_micros(200)).await; // a slow reader
+    }
+    assert!(got == expected);
+    done_tx.send(()).unwrap();
+    assert!(!writer.await.unwrap(), "send returned with TLS data still inside rustls");
+}

@@ -142,3 +142,33 @@ fn close_notify_both_ways_and_abrupt_closes() {
     let r = run_sql(psql_cmd(s.port, &socket, "u_trust", "", "app"), "select 4");
     assert_eq!(r.stdout, "4", "the Unix socket still works: {}", r.stderr);
 }
+
+#[test]
+fn large_messages_stream_both_ways_over_tls() {
+    // A result far larger than the socket buffers: the relay's writes must not leave the
+    // tail inside rustls (the reason every write is flushed).
+    let certs = TestCerts::generate();
+    let pg = PgCluster::start();
+    let s = trust_sluice(&pg, &certs, "require");
+    let mut sock = client::negotiated(s.port, &client::config(&certs.ca, &PG_ALPN)).unwrap();
+    client::login(&mut sock, "u_trust").unwrap();
+    let big = "x".repeat(8 << 20);
+    assert_eq!(client::query_value(&mut sock, &format!("select length('{big}')")), (8 << 20).to_string());
+    sock.write_all(&raw::query("select repeat('y', 30000000)")).unwrap();
+    sock.flush().unwrap();
+    let mut tags = String::new();
+    let mut row_len = 0;
+    loop {
+        let (tag, body) = client::recv(&mut sock).expect("message");
+        tags.push(char::from(tag));
+        if tag == b'D' {
+            row_len = body.len();
+        }
+        if tag == b'Z' {
+            break;
+        }
+    }
+    assert_eq!(tags, "TDCZ");
+    assert_eq!(row_len, 2 + 4 + 30_000_000);
+    assert_eq!(client::query_value(&mut sock, "select 'after'"), "after");
+}
