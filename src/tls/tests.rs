@@ -165,6 +165,30 @@ async fn verify_modes_against_good_expired_and_wrong_host_certificates() {
 }
 
 #[tokio::test]
+async fn verify_full_falls_back_to_the_common_name_without_sans() {
+    let pki = Pki::new();
+    pki.leaf("cn_only", &[], "localhost", false);
+    pki.leaf("wildcard", &[], "*.db.example", false);
+    let (r, _) = connect_with(&pki, "verify-full", "cn_only", "localhost", b'S').await;
+    assert!(r.unwrap().is_tls());
+    let (r, _) = connect_with(&pki, "verify-full", "cn_only", "127.0.0.1", b'S').await;
+    assert_eq!(
+        r.unwrap_err(),
+        "SSL error: server certificate for \"localhost\" does not match host name \"127.0.0.1\""
+    );
+    let (r, _) = connect_with(&pki, "verify-full", "wildcard", "eu1.db.example", b'S').await;
+    assert!(r.unwrap().is_tls());
+    for host in ["a.eu1.db.example", "db.example"] {
+        let (r, _) = connect_with(&pki, "verify-full", "wildcard", host, b'S').await;
+        assert!(r.unwrap_err().contains("does not match host name"), "{host}");
+    }
+    // With SANs, the common name is not looked at (as libpq).
+    pki.leaf("san", &["other.example"], "localhost", false);
+    let (r, _) = connect_with(&pki, "verify-full", "san", "localhost", b'S').await;
+    assert!(r.unwrap_err().contains("server certificate for \"other.example\""));
+}
+
+#[tokio::test]
 async fn a_server_without_tls() {
     let pki = Pki::new();
     pki.leaf("good", &["localhost"], "localhost", false);

@@ -1,6 +1,9 @@
 //! How Sluice checks PostgreSQL's certificate, one variant per `server_tls_sslmode`.
 //! Every variant checks the handshake signatures, so the peer must hold the key of the
 //! certificate it shows; what differs is what the certificate itself must prove.
+//! verify-full follows libpq where webpki is stricter: a certificate without DNS or IP
+//! subject alternative names is matched on its common name (a leading `*.` matching
+//! one label), as certificates made per PostgreSQL's documentation often are.
 
 use std::sync::Arc;
 
@@ -8,7 +11,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::client::{WebPkiServerVerifier, verify_server_cert_signed_by_trust_anchor};
 use rustls::crypto::{WebPkiSupportedAlgorithms, verify_tls12_signature, verify_tls13_signature};
 use rustls::server::ParsedCertificate;
-use rustls::{DigitallySignedStruct, Error, RootCertStore, SignatureScheme};
+use rustls::{CertificateError, DigitallySignedStruct, Error, RootCertStore, SignatureScheme};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
 #[derive(Debug)]
@@ -37,7 +40,17 @@ impl ServerCertVerifier for ServerVerifier {
                 verify_server_cert_signed_by_trust_anchor(&cert, roots, intermediates, now, algs.all)?;
                 Ok(ServerCertVerified::assertion())
             }
-            ServerVerifier::Full(v) => v.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now),
+            ServerVerifier::Full(v) => {
+                match v.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
+                    // The chain is valid (webpki checks it first); no SAN names at all.
+                    Err(Error::InvalidCertificate(CertificateError::NotValidForNameContext { presented, .. }))
+                        if presented.is_empty() =>
+                    {
+                        common_name_matches(end_entity, server_name)
+                    }
+                    other => other,
+                }
+            }
         }
     }
 
@@ -75,4 +88,24 @@ impl ServerCertVerifier for ServerVerifier {
             ServerVerifier::AnyCertificate { algs } | ServerVerifier::Chain { algs, .. } => algs.supported_schemes(),
         }
     }
+}
+
+/// libpq's fallback for certificates without subject alternative names.
+fn common_name_matches(cert: &CertificateDer<'_>, name: &ServerName<'_>) -> Result<ServerCertVerified, Error> {
+    let (host, dns) = match name {
+        ServerName::DnsName(d) => (d.as_ref().to_string(), true),
+        ServerName::IpAddress(ip) => (std::net::IpAddr::from(*ip).to_string(), false),
+        _ => return Err(CertificateError::NotValidForName.into()),
+    };
+    let Some(cn) = super::common_name(cert) else {
+        return Err(CertificateError::NotValidForName.into());
+    };
+    let wildcard = || {
+        let Some(suffix) = cn.strip_prefix("*.") else { return false };
+        host.split_once('.').is_some_and(|(label, rest)| !label.is_empty() && rest.eq_ignore_ascii_case(suffix))
+    };
+    if cn.eq_ignore_ascii_case(&host) || (dns && wildcard()) {
+        return Ok(ServerCertVerified::assertion());
+    }
+    Err(CertificateError::NotValidForNameContext { expected: name.to_owned(), presented: vec![cn] }.into())
 }
