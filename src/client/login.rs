@@ -64,7 +64,7 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<Session, Exi
             if let Some(d) = secs(cfg.general.auth_failure_delay) {
                 tokio::time::sleep(d).await;
             }
-            warn!(peer = %conn.peer, user, database, "login failed: {e}");
+            warn!(peer = %conn.peer, user, database, client_cn = cert_name.as_deref(), "login failed: {e}");
             return Err(Exit::fatal(e.sqlstate(), e.to_string()));
         }
     };
@@ -80,7 +80,7 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<Session, Exi
         mode => start_pooled(app, conn, pool, params, mode).await?,
     };
     if cfg.general.log_connections {
-        info!(peer = %conn.peer, user, database, "login");
+        info!(peer = %conn.peer, user, database, tls = tls::describe(&conn.stream), "login");
     }
     Ok(session)
 }

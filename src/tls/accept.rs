@@ -61,3 +61,16 @@ pub fn peer_common_name(stream: &Stream) -> Option<String> {
         _ => None,
     }
 }
+
+/// "TLSv1.3 TLS13_AES_256_GCM_SHA384" for a client on TLS, None otherwise (for logs).
+pub fn describe(stream: &Stream) -> Option<String> {
+    let Stream::TlsAccepted(s) = stream else { return None };
+    let conn = s.get_ref().1;
+    let version = match conn.protocol_version() {
+        Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3",
+        Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
+        _ => "TLS",
+    };
+    let suite = conn.negotiated_cipher_suite().and_then(|c| c.suite().as_str()).unwrap_or("");
+    Some(format!("{version} {suite}").trim_end().to_string())
+}

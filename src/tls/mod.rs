@@ -18,7 +18,7 @@ use rustls::{ClientConfig, ServerConfig, SupportedProtocolVersion};
 
 use crate::config::{ClientTlsMode, Config, ConfigError, ServerTlsMode};
 
-pub use accept::{AcceptError, Negotiation, TLS_HANDSHAKE_RECORD, accept, peer_common_name};
+pub use accept::{AcceptError, Negotiation, TLS_HANDSHAKE_RECORD, accept, describe, peer_common_name};
 pub use cn::common_name;
 pub use connect::{TlsConnectError, negotiate};
 

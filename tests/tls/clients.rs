@@ -25,6 +25,7 @@ fn psql_with_sslmode_require_and_verify_full() {
     // libpq's default (prefer) takes TLS too; the statements run on PostgreSQL as usual.
     let r = run_sql(psql_tls(s.port, "127.0.0.1", Role::SCRAM, "prefer", &certs), "select 6 * 7");
     assert_eq!(r.stdout, "42", "{}", r.stderr);
+    assert!(s.log().contains("tls=\"TLSv1.3 TLS13_"), "the login line names the TLS version:\n{}", s.log());
 }
 
 #[tokio::test]
@@ -85,6 +86,7 @@ fn client_certificate_authentication() {
 
     let r = run_sql(with_cert(psql(), &certs.client_md5), "select 1");
     assert!(r.stderr.contains("FATAL:  certificate authentication failed for user \"u_scram\""), "{}", r.stderr);
+    assert!(s.log().contains("client_cn=\"u_md5\""), "the log names the certificate's CN:\n{}", s.log());
     let r = run_sql(
         with_cert(psql_tls(s.port, "localhost", Role::MD5, "verify-full", &certs), &certs.client_md5),
         "select current_user",
