@@ -95,3 +95,36 @@ async fn server_tls_mode_change_reaches_pooled_connections() {
     assert!(wait_until(Duration::from_secs(10), || reloads(&s) > before), "{}", s.log());
     assert!(ssl_now().await, "the idle plaintext server was retired; the next one uses TLS");
 }
+
+#[test]
+fn unusable_tls_files_stop_start_up_and_check_naming_file_line_and_key() {
+    let certs = TestCerts::generate();
+    let path = certs.dir().join("bad.toml");
+    let port = crate::common::free_port();
+    let config = |cert: &str| {
+        format!(
+            "[general]\nlisten_port = {port}\nunix_socket_dir = \"\"\nclient_tls_sslmode = \"require\"\nclient_tls_cert_file = \"{cert}\"\n\
+             client_tls_key_file = {}\n",
+            path_str(&certs.server.key)
+        )
+    };
+    let sluice = |args: &[&str]| {
+        let out =
+            std::process::Command::new(env!("CARGO_BIN_EXE_sluice")).arg("--config").arg(&path).args(args).output();
+        let out = out.expect("run sluice");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    std::fs::write(&path, config("missing.crt")).unwrap();
+    for args in [&["--check"][..], &[]] {
+        let (code, err) = sluice(args);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains(&format!("{}:5: general.client_tls_cert_file: cannot read", path.display())), "{err}");
+    }
+    // A certificate that does not fit the key.
+    std::fs::write(&path, config(&certs.server2.cert.display().to_string())).unwrap();
+    let (code, err) = sluice(&["--check"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("general.client_tls_key_file: does not fit client_tls_cert_file"), "{err}");
+    std::fs::write(&path, config(&certs.server.cert.display().to_string())).unwrap();
+    assert_eq!(sluice(&["--check"]).0, Some(0));
+}
