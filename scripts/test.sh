@@ -31,7 +31,7 @@ pg_server_present() {
 pg_server_present || missing+=(postgresql-15)
 need_cmd psql postgresql-client-15
 need_cmd pgbench postgresql-15
-need_cmd cc gcc                 # linker used by rustc
+need_cmd cc gcc                 # linker used by rustc; also builds AWS-LC (TLS crypto, no cmake/nasm needed)
 need_pkg libc6-dev              # crt files and libc for linking
 need_cmd setpriv util-linux     # tests run PostgreSQL as the postgres user when root
 need_cmd md5sum coreutils       # md5 password hashes in tests/common/pg.rs

@@ -15,6 +15,7 @@ use crate::cancel::CancelRegistry;
 use crate::config::{Config, secs};
 use crate::net::listener::Listener;
 use crate::pool::Pools;
+use crate::tls::{self, ClientTls, ServerTls};
 
 /// Where the process is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +42,8 @@ pub enum AppError {
 pub struct App {
     pub config: ArcSwap<Config>,
     pub users: ArcSwap<UserStore>,
+    /// TLS towards clients; rebuilt on reload (TLS towards servers lives in `pools`).
+    pub client_tls: ArcSwap<ClientTls>,
     pub pools: Pools,
     pub cancel: Arc<CancelRegistry>,
     clients: AtomicUsize,
@@ -67,10 +70,14 @@ impl Drop for ClientGuard {
 impl App {
     pub fn new(cfg: Config) -> Result<Arc<App>, AppError> {
         let users = UserStore::from_config(&cfg)?;
+        let (client_tls, server_tls) = tls::load(&cfg)?;
+        let pools = Pools::default();
+        pools.set_server_tls(Arc::new(server_tls));
         Ok(Arc::new(App {
             config: ArcSwap::from_pointee(cfg),
             users: ArcSwap::from_pointee(users),
-            pools: Pools::default(),
+            client_tls: ArcSwap::from_pointee(client_tls),
+            pools,
             cancel: Arc::new(CancelRegistry::default()),
             clients: AtomicUsize::new(0),
             no_clients: Notify::new(),
@@ -125,10 +132,38 @@ impl App {
         if old.general.listen_addr != cfg.general.listen_addr || old.general.listen_port != cfg.general.listen_port {
             warn!("listen_addr/listen_port changes need a restart");
         }
+        let (client_tls, server_tls) = self.reload_tls(&cfg);
+        self.client_tls.store(client_tls);
+        self.pools.set_server_tls(server_tls);
         self.pools.reload(&cfg, &users);
         self.users.store(Arc::new(users));
         self.config.store(Arc::new(cfg));
         info!("configuration reloaded");
+    }
+}
+
+impl App {
+    /// Re-reads the TLS files of both sides. A side whose files cannot be used keeps its
+    /// running setup (logged); connections keep the setup they were opened with.
+    fn reload_tls(&self, cfg: &Config) -> (Arc<ClientTls>, Arc<ServerTls>) {
+        let keep = |e: tls::TlsError, side: &str| {
+            error!("{}; keeping the running {side} TLS setup", cfg.general_error(e.key, e.message));
+        };
+        let client = match ClientTls::load(cfg) {
+            Ok(t) => Arc::new(t),
+            Err(e) => {
+                keep(e, "client");
+                self.client_tls.load_full()
+            }
+        };
+        let server = match ServerTls::load(cfg) {
+            Ok(t) => Arc::new(t),
+            Err(e) => {
+                keep(e, "server");
+                self.pools.server_tls()
+            }
+        };
+        (client, server)
     }
 }
 

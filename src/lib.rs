@@ -1,8 +1,9 @@
 //! Sluice, a PostgreSQL connection pooler.
 //!
 //! Bytes flow `net` → `client` (handshake, `auth`, session, relay) ⇄ `server`
-//! connections lent by a `pool`; `protocol` is the I/O-free wire codec; `app` wires
-//! the handles together; `config` loads and validates the TOML file.
+//! connections lent by a `pool`; `protocol` is the I/O-free wire codec; `tls` sets up
+//! TLS on either side; `app` wires the handles together; `config` loads and validates
+//! the TOML file.
 
 pub mod app;
 pub mod auth;
@@ -16,3 +17,4 @@ pub mod prepared;
 pub mod protocol;
 pub mod server;
 pub mod stats;
+pub mod tls;

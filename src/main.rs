@@ -29,6 +29,10 @@ fn main() -> ExitCode {
         }
     };
     if cli.check {
+        if let Err(e) = sluice::tls::load(&cfg) {
+            eprintln!("sluice: {e}");
+            return ExitCode::from(2);
+        }
         println!("{}: configuration is valid", cli.config.display());
         return ExitCode::SUCCESS;
     }

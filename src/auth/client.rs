@@ -1,6 +1,6 @@
-//! Sluice checking a connecting client: trust, md5 or SCRAM-SHA-256. Unknown users
-//! go through the same exchange with a mock secret, so they fail the same way, at the
-//! same step, after the same delay as a wrong password.
+//! Sluice checking a connecting client: trust, md5, SCRAM-SHA-256 or the TLS client
+//! certificate. Unknown users go through the same exchange with a mock secret, so they
+//! fail the same way, at the same step, after the same delay as a wrong password.
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -18,6 +18,10 @@ pub enum AuthFailure {
     BadPassword(String),
     #[error("no such user: \"{0}\"")]
     NoUser(String),
+    #[error("certificate authentication failed for user \"{0}\"")]
+    CertMismatch(String),
+    #[error("connection requires a valid client certificate")]
+    NoCertificate,
     #[error("{0}")]
     Protocol(String),
     #[error("client closed the connection during authentication")]
@@ -30,7 +34,9 @@ impl AuthFailure {
     pub fn sqlstate(&self) -> &'static str {
         match self {
             AuthFailure::BadPassword(_) => sqlstate::INVALID_PASSWORD,
-            AuthFailure::NoUser(_) => sqlstate::INVALID_AUTHORIZATION,
+            AuthFailure::NoUser(_) | AuthFailure::CertMismatch(_) | AuthFailure::NoCertificate => {
+                sqlstate::INVALID_AUTHORIZATION
+            }
             _ => sqlstate::PROTOCOL_VIOLATION,
         }
     }
@@ -54,7 +60,8 @@ pub struct Proven {
 }
 
 /// Runs the authentication exchange. Does not send AuthenticationOk: the caller
-/// batches it with the rest of the login reply.
+/// batches it with the rest of the login reply. `cert_name` is the common name of the
+/// client's verified TLS certificate, if it presented one.
 pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
@@ -62,8 +69,15 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     name: &str,
     user: Option<&UserAuth>,
     mock_key: &[u8],
+    cert_name: Option<&str>,
 ) -> Result<Proven, AuthFailure> {
     match method {
+        AuthType::Cert => match (cert_name, user) {
+            (None, _) => Err(AuthFailure::NoCertificate),
+            (Some(cn), _) if cn != name => Err(AuthFailure::CertMismatch(name.to_string())),
+            (Some(_), None) => Err(AuthFailure::NoUser(name.to_string())),
+            (Some(_), Some(_)) => Ok(Proven::default()),
+        },
         AuthType::Trust => match user {
             Some(_) => Ok(Proven::default()),
             None => Err(AuthFailure::NoUser(name.to_string())),
@@ -91,7 +105,7 @@ async fn md5_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     let salt: [u8; 4] = rand::random();
     let mut out = BytesMut::new();
     build::auth_md5(&mut out, salt);
-    stream.write_all(&out).await?;
+    send(stream, &out).await?;
     let frame = read_password(stream, buf).await?;
     let response = read_cstr(body(&frame)).map(|(r, _)| r).unwrap_or_default();
     // Unknown users are checked against a hash no response can match.
@@ -111,7 +125,7 @@ async fn scram_exchange<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<[u8; 32], AuthFailure> {
     let mut out = BytesMut::new();
     build::auth_sasl(&mut out, &[scram::SCRAM_SHA_256]);
-    stream.write_all(&out).await?;
+    send(stream, &out).await?;
 
     let frame = read_password(stream, buf).await?;
     let bad = || AuthFailure::Protocol("malformed SASLInitialResponse".into());
@@ -127,14 +141,20 @@ async fn scram_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     let first = server.handle_client_first(data).map_err(|e| scram_failure(e, name))?;
     out.clear();
     build::auth_sasl_continue(&mut out, &first);
-    stream.write_all(&out).await?;
+    send(stream, &out).await?;
 
     let frame = read_password(stream, buf).await?;
     let (last, client_key) = server.handle_client_final(body(&frame)).map_err(|e| scram_failure(e, name))?;
     out.clear();
     build::auth_sasl_final(&mut out, &last);
-    stream.write_all(&out).await?;
+    send(stream, &out).await?;
     Ok(client_key)
+}
+
+/// Writes and flushes (a TLS stream may hold back unflushed bytes).
+async fn send<S: AsyncWrite + Unpin>(stream: &mut S, out: &[u8]) -> std::io::Result<()> {
+    stream.write_all(out).await?;
+    stream.flush().await
 }
 
 fn scram_failure(e: ScramError, name: &str) -> AuthFailure {

@@ -1,11 +1,12 @@
-//! From the first byte to ReadyForQuery: SSLRequest/GSSENCRequest refusal, cancel
-//! requests, protocol-version negotiation, limits, authentication, and the login
-//! reply (ParameterStatus, BackendKeyData) for each pool mode.
+//! From the first byte to ReadyForQuery: TLS (SSLRequest or a direct TLS handshake),
+//! GSSENCRequest refusal, cancel requests, protocol-version negotiation, limits,
+//! authentication, and the login reply (ParameterStatus, BackendKeyData) for each
+//! pool mode.
 
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
+use rustls::ServerConfig;
 use tracing::{info, warn};
 
 use super::session::{Session, pool_failure};
@@ -13,6 +14,7 @@ use super::{ClientConn, Exit};
 use crate::app::{App, Phase};
 use crate::auth::client::{AuthFailure, authenticate};
 use crate::config::{PoolMode, secs};
+use crate::net::listener::Peer;
 use crate::net::{ReadError, read_startup};
 use crate::params::{ClientParams, NOT_SETTINGS, is_reported};
 use crate::pool::Pool;
@@ -20,6 +22,7 @@ use crate::protocol::startup::{self, StartupMessage, StartupPacket};
 use crate::protocol::{TxStatus, build, sqlstate};
 use crate::server::ServerConn;
 use crate::stats::ClientInfo;
+use crate::tls::{self, ClientTls, Negotiation};
 
 /// Runs the login; Ok gives a session ready to serve queries.
 pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<Session, Exit> {
@@ -43,9 +46,18 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<Session, Exi
     }
     let users = app.users.load_full();
     let auth_user = users.get(user).cloned();
-    let proven =
-        authenticate(&mut conn.stream, &mut conn.buf, cfg.general.auth_type, user, auth_user.as_deref(), &app.mock_key)
-            .await;
+    let cert_name = tls::peer_common_name(&conn.stream);
+    let method = cfg.general.auth_type;
+    let proven = authenticate(
+        &mut conn.stream,
+        &mut conn.buf,
+        method,
+        user,
+        auth_user.as_deref(),
+        &app.mock_key,
+        cert_name.as_deref(),
+    )
+    .await;
     let proven = match proven {
         Ok(p) => p,
         Err(AuthFailure::Closed) => return Err(Exit::Closed),
@@ -53,7 +65,7 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<Session, Exi
             if let Some(d) = secs(cfg.general.auth_failure_delay) {
                 tokio::time::sleep(d).await;
             }
-            warn!(peer = %conn.peer, user, database, "login failed: {e}");
+            warn!(peer = %conn.peer, user, database, client_cn = cert_name.as_deref(), "login failed: {e}");
             return Err(Exit::fatal(e.sqlstate(), e.to_string()));
         }
     };
@@ -72,27 +84,41 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<Session, Exi
     };
     app.client_infos.insert(info.id, info);
     if cfg.general.log_connections {
-        info!(peer = %conn.peer, user, database, "login");
+        info!(peer = %conn.peer, user, database, tls = tls::describe(&conn.stream), "login");
     }
     Ok(session)
 }
 
-/// Reads packets until a StartupMessage, refusing TLS and GSS encryption for now and
-/// answering cancel requests.
+/// Reads packets until a StartupMessage: starts TLS when asked (or when the client
+/// opens with a TLS handshake), refuses GSS encryption, answers cancel requests, and
+/// refuses plaintext TCP logins when TLS is required.
 async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessage, Exit> {
+    let tls = app.client_tls.load_full();
+    direct_tls(conn, &tls).await?;
     loop {
         let body = read_startup(&mut conn.stream, &mut conn.buf).await.map_err(|e| match e {
             ReadError::Closed | ReadError::Io(_) => Exit::Closed,
             ReadError::Protocol(p) => Exit::protocol(p),
         })?;
         match startup::parse(&body).map_err(Exit::protocol)? {
-            StartupPacket::Ssl | StartupPacket::GssEnc => {
+            packet @ (StartupPacket::Ssl | StartupPacket::GssEnc) => {
                 if !conn.buf.is_empty() {
                     return Err(Exit::protocol("received unencrypted data after encryption request"));
                 }
-                conn.stream.write_all(b"N").await.map_err(|_| Exit::Closed)?;
+                if conn.stream.is_tls() {
+                    return Err(Exit::protocol("encryption requested on an encrypted connection"));
+                }
+                match (packet, tls.config()) {
+                    (StartupPacket::Ssl, Some(config)) if conn.stream.tcp().is_some() => {
+                        conn.stream.send(b"S").await.map_err(|_| Exit::Closed)?;
+                        start_tls(conn, config.clone(), Negotiation::SslRequest).await?;
+                    }
+                    _ => conn.stream.send(b"N").await.map_err(|_| Exit::Closed)?,
+                }
             }
             StartupPacket::Cancel { pid, secret } => {
+                // Accepted in plaintext whatever the TLS mode: libpq before 17 never
+                // encrypts cancel requests.
                 if let Some(t) = app.cancel.target(pid, secret) {
                     if let Err(e) = t.addr.cancel(t.pid, t.secret).await {
                         warn!("forwarding cancel request to {} failed: {e}", t.addr);
@@ -101,16 +127,37 @@ async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessa
                 return Err(Exit::Cancel);
             }
             StartupPacket::Startup(m) => {
+                if tls.mode.requires_tls() && !conn.stream.is_tls() && matches!(conn.peer, Peer::Tcp(_)) {
+                    return Err(Exit::fatal(sqlstate::INVALID_AUTHORIZATION, "SSL required"));
+                }
                 let options: Vec<&str> = m.protocol_options().collect();
                 if m.minor > 0 || !options.is_empty() {
                     let mut out = BytesMut::new();
                     build::negotiate_protocol_version(&mut out, 3 << 16, &options);
-                    conn.stream.write_all(&out).await.map_err(|_| Exit::Closed)?;
+                    conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;
                 }
                 return Ok(m);
             }
         }
     }
+}
+
+/// PostgreSQL 17 clients with `sslnegotiation=direct` start with a TLS ClientHello
+/// instead of SSLRequest: peeked at (not read) when client TLS is on.
+async fn direct_tls(conn: &mut ClientConn, tls: &ClientTls) -> Result<(), Exit> {
+    let (Some(config), Some(tcp)) = (tls.config(), conn.stream.tcp()) else {
+        return Ok(());
+    };
+    let mut first = [0u8; 1];
+    match tcp.peek(&mut first).await {
+        Ok(0) | Err(_) => Err(Exit::Closed),
+        Ok(_) if first[0] == tls::TLS_HANDSHAKE_RECORD => start_tls(conn, config.clone(), Negotiation::Direct).await,
+        Ok(_) => Ok(()),
+    }
+}
+
+async fn start_tls(conn: &mut ClientConn, config: Arc<ServerConfig>, how: Negotiation) -> Result<(), Exit> {
+    tls::accept(&mut conn.stream, config, how).await.map_err(|e| Exit::Tls(e.to_string()))
 }
 
 /// The session settings a client asked for in its startup packet.
@@ -159,7 +206,7 @@ async fn start_session_mode(
     }
     build::backend_key_data(&mut out, server.pid, server.secret);
     build::ready_for_query(&mut out, TxStatus::Idle);
-    conn.stream.write_all(&out).await.map_err(|_| Exit::Closed)?;
+    conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;
     Ok(Session::new(app, info, pool, PoolMode::Session, params, key, Some(server)))
 }
 
@@ -208,6 +255,6 @@ async fn start_pooled(
     let key = app.cancel.register();
     build::backend_key_data(&mut out, key.pid, key.secret);
     build::ready_for_query(&mut out, TxStatus::Idle);
-    conn.stream.write_all(&out).await.map_err(|_| Exit::Closed)?;
+    conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;
     Ok(Session::new(app, info, pool, mode, params, key, None))
 }

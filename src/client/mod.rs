@@ -39,6 +39,8 @@ pub enum Exit {
     Fatal { code: String, message: String },
     /// A cancel request was handled.
     Cancel,
+    /// The TLS handshake failed (nothing more can be sent to the client).
+    Tls(String),
 }
 
 impl Exit {
@@ -56,6 +58,7 @@ impl Exit {
             Exit::Closed => "client closed the connection".into(),
             Exit::Fatal { code, message } => format!("{message} ({code})"),
             Exit::Cancel => "cancel request".into(),
+            Exit::Tls(reason) => reason.clone(),
         }
     }
 }
@@ -99,5 +102,5 @@ async fn finish(app: &App, conn: &mut ClientConn, exit: Exit) {
 pub async fn send_error(stream: &mut Stream, severity: Severity, code: &str, message: &str) {
     let mut out = BytesMut::new();
     build::error_response(&mut out, severity, code, message);
-    let _ = stream.write_all(&out).await;
+    let _ = stream.send(&out).await;
 }

@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 use super::extended::ClientCtx;
 use super::session::{Session, sleep_opt};
@@ -116,7 +116,7 @@ impl Session {
             e => Exit::protocol(e),
         })?;
         let out = splice.finish(&conn.buf, n);
-        let written = if out.is_empty() { Ok(()) } else { server.stream.write_all(out).await };
+        let written = if out.is_empty() { Ok(()) } else { server.stream.send(out).await };
         splice.reset();
         conn.buf.advance(n);
         if written.is_err() {
@@ -129,7 +129,7 @@ impl Session {
         let mut local = BytesMut::new();
         self.track.ext.take_leading_synthetic(&mut local);
         if !local.is_empty() {
-            conn.stream.write_all(&local).await.map_err(|_| Exit::Closed)?;
+            conn.stream.send(&local).await.map_err(|_| Exit::Closed)?;
         }
         Ok(())
     }
@@ -141,7 +141,7 @@ impl Session {
             Exit::fatal(sqlstate::PROTOCOL_VIOLATION, format!("server sent invalid data: {e}"))
         })?;
         let out = splice.finish(&server.buf, n);
-        let written = if out.is_empty() { Ok(()) } else { conn.stream.write_all(out).await };
+        let written = if out.is_empty() { Ok(()) } else { conn.stream.send(out).await };
         splice.reset();
         server.buf.advance(n);
         if let Some(tx) = self.track.tx {
@@ -209,6 +209,6 @@ impl Session {
             "transaction blocks are not allowed in statement pooling mode",
         );
         build::ready_for_query(&mut out, TxStatus::Idle);
-        conn.stream.write_all(&out).await.map_err(|_| Exit::Closed)
+        conn.stream.send(&out).await.map_err(|_| Exit::Closed)
     }
 }

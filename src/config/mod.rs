@@ -50,7 +50,81 @@ pub enum AuthType {
     Md5,
     #[serde(rename = "scram-sha-256")]
     ScramSha256,
+    /// The client's TLS certificate proves the user: its common name must equal the user name.
+    #[serde(rename = "cert")]
+    Cert,
 }
+
+/// TLS towards clients (PgBouncer's `client_tls_sslmode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClientTlsMode {
+    /// SSLRequest is answered 'N'; no TLS.
+    Disable,
+    /// TLS when the client asks for it (same as `prefer` on this side).
+    Allow,
+    Prefer,
+    /// TCP clients must use TLS; plaintext logins get FATAL 28000.
+    Require,
+    /// Like `require`, and the client must present a certificate signed by `client_tls_ca_file`.
+    VerifyCa,
+    /// Same as `verify-ca` (PgBouncer semantics); `auth_type = "cert"` checks the name.
+    VerifyFull,
+}
+
+impl ClientTlsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Disable => "disable",
+            Self::Allow => "allow",
+            Self::Prefer => "prefer",
+            Self::Require => "require",
+            Self::VerifyCa => "verify-ca",
+            Self::VerifyFull => "verify-full",
+        }
+    }
+
+    /// Whether plaintext TCP logins are refused.
+    pub fn requires_tls(self) -> bool {
+        self >= Self::Require
+    }
+
+    /// Whether clients must present a certificate.
+    pub fn verifies_client(self) -> bool {
+        self >= Self::VerifyCa
+    }
+}
+
+/// TLS towards PostgreSQL (libpq's `sslmode`, without `allow`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ServerTlsMode {
+    /// Plaintext; no SSLRequest is sent.
+    Disable,
+    /// TLS when the server supports it, without checking its certificate; else plaintext.
+    Prefer,
+    /// TLS or fail, without checking the server's certificate.
+    Require,
+    /// TLS, and the certificate chain must lead to `server_tls_ca_file`.
+    VerifyCa,
+    /// Like `verify-ca`, and the certificate must name the host Sluice connected to.
+    VerifyFull,
+}
+
+impl ServerTlsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Disable => "disable",
+            Self::Prefer => "prefer",
+            Self::Require => "require",
+            Self::VerifyCa => "verify-ca",
+            Self::VerifyFull => "verify-full",
+        }
+    }
+}
+
+/// The TLS versions `client_tls_protocols` may list.
+pub const TLS_PROTOCOLS: [&str; 2] = ["tlsv1.2", "tlsv1.3"];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -95,6 +169,15 @@ pub struct General {
     pub tcp_keepalive: bool,
     pub max_prepared_statements: usize,
     pub max_client_prepared_statements: usize,
+    pub client_tls_sslmode: ClientTlsMode,
+    pub client_tls_cert_file: String,
+    pub client_tls_key_file: String,
+    pub client_tls_ca_file: String,
+    pub client_tls_protocols: Vec<String>,
+    pub server_tls_sslmode: ServerTlsMode,
+    pub server_tls_ca_file: String,
+    pub server_tls_cert_file: String,
+    pub server_tls_key_file: String,
 }
 
 impl Default for General {
@@ -132,6 +215,15 @@ impl Default for General {
             tcp_keepalive: true,
             max_prepared_statements: 200,
             max_client_prepared_statements: 2000,
+            client_tls_sslmode: ClientTlsMode::Disable,
+            client_tls_cert_file: String::new(),
+            client_tls_key_file: String::new(),
+            client_tls_ca_file: String::new(),
+            client_tls_protocols: TLS_PROTOCOLS.iter().map(|p| p.to_string()).collect(),
+            server_tls_sslmode: ServerTlsMode::Disable,
+            server_tls_ca_file: String::new(),
+            server_tls_cert_file: String::new(),
+            server_tls_key_file: String::new(),
         }
     }
 }
@@ -248,6 +340,26 @@ impl Config {
         db.pool_size.or_else(|| user.and_then(|u| u.pool_size)).unwrap_or(self.general.default_pool_size)
     }
 
+    /// A file named in the config: relative paths are relative to the config file's directory.
+    pub fn resolve(&self, file: &str) -> PathBuf {
+        match self.path.parent() {
+            Some(dir) if Path::new(file).is_relative() => dir.join(file),
+            _ => PathBuf::from(file),
+        }
+    }
+
+    /// An error about `[general] key` found after parsing (a file it names cannot be
+    /// used, say), pointing at the key's line when the file can still be read.
+    pub fn general_error(&self, key: &str, message: String) -> ConfigError {
+        let text = std::fs::read_to_string(&self.path).unwrap_or_default();
+        ConfigError::Invalid {
+            file: self.path.display().to_string(),
+            line: locate_key(&text, "general", key),
+            key: format!("general.{key}"),
+            message,
+        }
+    }
+
     pub fn workers(&self) -> usize {
         match self.general.workers {
             0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
@@ -309,7 +421,47 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
     if tracing_subscriber::EnvFilter::try_new(&g.log_level).is_err() {
         return Err(invalid("log_level", format!("\"{}\" is not a log level or filter", g.log_level)));
     }
+    validate_tls(g, invalid)?;
     Ok(listen)
+}
+
+/// Checks that each TLS mode has the files it needs; the files themselves are read by
+/// `tls::load`, at start-up and on each reload.
+fn validate_tls(g: &General, invalid: Invalid) -> Result<(), ConfigError> {
+    let mode = g.client_tls_sslmode;
+    let client_files = [
+        ("client_tls_cert_file", &g.client_tls_cert_file, mode != ClientTlsMode::Disable),
+        ("client_tls_key_file", &g.client_tls_key_file, mode != ClientTlsMode::Disable),
+        ("client_tls_ca_file", &g.client_tls_ca_file, mode.verifies_client()),
+    ];
+    if let Some((file, _, _)) = client_files.iter().find(|(_, value, needed)| *needed && value.is_empty()) {
+        return Err(invalid("client_tls_sslmode", format!("\"{}\" needs {file}", mode.as_str())));
+    }
+    if g.auth_type == AuthType::Cert && !mode.verifies_client() {
+        return Err(invalid(
+            "auth_type",
+            "\"cert\" needs client_tls_sslmode = \"verify-ca\" or \"verify-full\" (clients must present a certificate)"
+                .into(),
+        ));
+    }
+    if g.client_tls_protocols.is_empty() {
+        return Err(invalid("client_tls_protocols", "must list at least one of \"tlsv1.2\", \"tlsv1.3\"".into()));
+    }
+    if let Some(p) = g.client_tls_protocols.iter().find(|p| !TLS_PROTOCOLS.contains(&p.as_str())) {
+        return Err(invalid(
+            "client_tls_protocols",
+            format!("\"{p}\" is not supported; use \"tlsv1.2\" and/or \"tlsv1.3\""),
+        ));
+    }
+    let server = g.server_tls_sslmode;
+    if server >= ServerTlsMode::VerifyCa && g.server_tls_ca_file.is_empty() {
+        return Err(invalid("server_tls_sslmode", format!("\"{}\" needs server_tls_ca_file", server.as_str())));
+    }
+    match (g.server_tls_cert_file.is_empty(), g.server_tls_key_file.is_empty()) {
+        (false, true) => Err(invalid("server_tls_cert_file", "needs server_tls_key_file too".into())),
+        (true, false) => Err(invalid("server_tls_key_file", "needs server_tls_cert_file too".into())),
+        _ => Ok(()),
+    }
 }
 
 fn validate_database(name: &str, db: &Database, g: &General, invalid: Invalid) -> Result<(), ConfigError> {

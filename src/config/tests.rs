@@ -99,3 +99,40 @@ fn every_key_is_documented() {
     }
     assert!(missing.is_empty(), "undocumented config keys in docs/config.md: {missing:?}");
 }
+
+#[test]
+fn tls_modes_need_their_files() {
+    let e = err("[general]\nclient_tls_sslmode = \"require\"\n");
+    assert_eq!(e, "sluice.toml:2: general.client_tls_sslmode: \"require\" needs client_tls_cert_file");
+    let base = "[general]\nclient_tls_cert_file = \"c.pem\"\nclient_tls_key_file = \"k.pem\"\n";
+    assert!(parse(&format!("{base}client_tls_sslmode = \"allow\"\n")).is_ok());
+    let e = err(&format!("{base}client_tls_sslmode = \"verify-ca\"\n"));
+    assert!(e.contains("general.client_tls_sslmode: \"verify-ca\" needs client_tls_ca_file"), "{e}");
+    let e = err(&format!("{base}client_tls_sslmode = \"sometimes\"\n"));
+    assert!(e.starts_with("sluice.toml:4:"), "{e}");
+    let e = err("[general]\nserver_tls_sslmode = \"verify-full\"\n");
+    assert!(e.contains("general.server_tls_sslmode: \"verify-full\" needs server_tls_ca_file"), "{e}");
+    let e = err("[general]\nserver_tls_cert_file = \"c.pem\"\n");
+    assert!(e.contains("general.server_tls_cert_file: needs server_tls_key_file"), "{e}");
+    let e = err("[general]\nserver_tls_sslmode = \"allow\"\n");
+    assert!(e.contains("allow"), "{e}");
+}
+
+#[test]
+fn cert_auth_needs_verified_client_certificates() {
+    let e = err("[general]\nauth_type = \"cert\"\n");
+    assert!(e.starts_with("sluice.toml:2: general.auth_type:"), "{e}");
+    let ok = "[general]\nauth_type = \"cert\"\nclient_tls_sslmode = \"verify-full\"\n\
+              client_tls_cert_file = \"c\"\nclient_tls_key_file = \"k\"\nclient_tls_ca_file = \"ca\"\n";
+    assert_eq!(parse(ok).unwrap().general.auth_type, AuthType::Cert);
+}
+
+#[test]
+fn tls_protocols_are_checked_and_paths_resolved() {
+    let e = err("[general]\nclient_tls_protocols = [\"tlsv1.1\"]\n");
+    assert!(e.contains("general.client_tls_protocols: \"tlsv1.1\" is not supported"), "{e}");
+    assert!(err("[general]\nclient_tls_protocols = []\n").contains("at least one"));
+    let c = Config::parse("", Path::new("/etc/sluice/sluice.toml")).unwrap();
+    assert_eq!(c.resolve("certs/a.pem"), Path::new("/etc/sluice/certs/a.pem"));
+    assert_eq!(c.resolve("/abs/a.pem"), Path::new("/abs/a.pem"));
+}

@@ -203,13 +203,17 @@ impl Pool {
     }
 
     /// Applies reloaded settings. Connections to a changed server address or user are
-    /// retired as they come back.
+    /// retired as they come back; idle ones are also closed when `server_tls_sslmode`
+    /// changed (new certificates alone keep existing connections).
     pub fn update(&self, settings: PoolSettings) {
         let old = self.settings.swap(Arc::new(settings));
         let new = self.settings.load();
-        if old.target.addr != new.target.addr || old.target.database != new.target.database {
+        let moved = old.target.addr != new.target.addr || old.target.database != new.target.database;
+        if moved {
             *self.defaults.lock() = None;
             self.canonical.lock().clear();
+        }
+        if moved || old.target.tls.mode != new.target.tls.mode {
             let idle = std::mem::take(&mut self.inner.lock().idle);
             for s in idle {
                 self.discard(s);

@@ -4,12 +4,14 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 
 use super::{ConnLimit, Pool, PoolSettings};
 use crate::auth::{ServerLogin, UserStore};
 use crate::config::{Config, secs};
 use crate::server::{ServerAddr, ServerTarget};
+use crate::tls::ServerTls;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PoolKey {
@@ -24,6 +26,8 @@ pub struct Pools {
     db_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     user_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     server_ids: Arc<std::sync::atomic::AtomicU64>,
+    /// TLS towards servers, given to new pools and, on reload, to every pool.
+    server_tls: ArcSwap<ServerTls>,
 }
 
 impl Default for Pools {
@@ -33,6 +37,7 @@ impl Default for Pools {
             db_limits: Default::default(),
             user_limits: Default::default(),
             server_ids: Arc::new(std::sync::atomic::AtomicU64::new(1)),
+            server_tls: Default::default(),
         }
     }
 }
@@ -41,7 +46,7 @@ impl Pools {
     /// The pool a client of `db` logging in as `user` uses, created on first use.
     /// None when the database is not configured.
     pub fn get(&self, cfg: &Config, users: &UserStore, db: &str, user: &str) -> Option<Arc<Pool>> {
-        let (key, settings) = settings_for(cfg, users, db, user)?;
+        let (key, settings) = settings_for(cfg, users, &self.server_tls.load_full(), db, user)?;
         let mut map = self.map.lock();
         if let Some(p) = map.get(&key) {
             return Some(p.clone());
@@ -79,13 +84,24 @@ impl Pools {
         v
     }
 
+    /// Sets the TLS setup for server connections opened from now on (takes effect in
+    /// existing pools at the next `reload`).
+    pub fn set_server_tls(&self, tls: Arc<ServerTls>) {
+        self.server_tls.store(tls);
+    }
+
+    pub fn server_tls(&self) -> Arc<ServerTls> {
+        self.server_tls.load_full()
+    }
+
     /// Applies a reloaded configuration: new settings for surviving pools, closing of
     /// pools whose database or user is gone, new limits.
     pub fn reload(&self, cfg: &Config, users: &UserStore) {
+        let tls = self.server_tls.load_full();
         let mut map = self.map.lock();
         map.retain(|key, pool| {
             let client_user = cfg.databases.get(&key.database).and_then(|d| d.user.clone()).unwrap_or(key.user.clone());
-            match settings_for(cfg, users, &key.database, &client_user) {
+            match settings_for(cfg, users, &tls, &key.database, &client_user) {
                 Some((k, s)) if k == *key => {
                     pool.update(s);
                     true
@@ -117,6 +133,7 @@ fn user_max(cfg: &Config, user: &str) -> usize {
 pub fn settings_for(
     cfg: &Config,
     users: &UserStore,
+    tls: &Arc<ServerTls>,
     db_name: &str,
     client_user: &str,
 ) -> Option<(PoolKey, PoolSettings)> {
@@ -138,6 +155,7 @@ pub fn settings_for(
             addr: ServerAddr { host: db.host.clone(), port: db.port },
             database: db.dbname.clone().unwrap_or_else(|| db_name.to_string()),
             user: server_user.clone(),
+            tls: tls.clone(),
         },
         login,
         mode: cfg.pool_mode(db, user_cfg),

@@ -168,6 +168,11 @@ pub fn cancel_request(buf: &mut BytesMut, pid: u32, secret: u32) {
     buf.put_u32(secret);
 }
 
+pub fn ssl_request(buf: &mut BytesMut) {
+    buf.put_u32(8);
+    buf.put_u32(super::startup::SSL_REQUEST_CODE);
+}
+
 pub fn query(buf: &mut BytesMut, sql: &str) {
     frame(buf, fe::QUERY, |b| cstr(b, sql.as_bytes()));
 }

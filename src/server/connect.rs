@@ -1,7 +1,8 @@
-//! Opening a server connection: TCP or Unix socket, StartupMessage, answering the
-//! server's authentication request (trust, cleartext, md5, SCRAM-SHA-256), and
+//! Opening a server connection: TCP or Unix socket, TLS when configured (see
+//! `tls::negotiate`), StartupMessage, answering the server's authentication request (trust, cleartext, md5, SCRAM-SHA-256), and
 //! collecting ParameterStatus and BackendKeyData up to the first ReadyForQuery.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -14,6 +15,7 @@ use crate::auth::scram::{self, ScramClient};
 use crate::net::{Stream, read_message};
 use crate::protocol::fields::ErrorFields;
 use crate::protocol::{ProtocolError, TxStatus, auth_code, be, body, build, read_i32};
+use crate::tls::{self, ServerTls};
 
 /// Where a server lives; also what a CancelRequest is sent to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +59,8 @@ pub struct ServerTarget {
     pub addr: ServerAddr,
     pub database: String,
     pub user: String,
+    /// TLS towards the server (`server_tls_*`); used for TCP hosts only.
+    pub tls: Arc<ServerTls>,
 }
 
 /// Opens and authenticates a server connection within `timeout`.
@@ -75,10 +79,11 @@ pub async fn connect(
 
 async fn connect_inner(target: &ServerTarget, login: &ServerLogin, id: u64) -> Result<ServerConn, ServerError> {
     let stream = target.addr.open().await?;
+    let stream = tls::negotiate(stream, &target.tls, &target.addr.host).await?;
     let mut conn = ServerConn::new(stream, target.addr.clone(), id);
     let mut out = BytesMut::new();
     build::startup_message(&mut out, &[("user", &target.user), ("database", &target.database)]);
-    conn.stream.write_all(&out).await?;
+    conn.stream.send(&out).await?;
     authenticate(&mut conn, target, login).await?;
     loop {
         let frame = read_message(&mut conn.stream, &mut conn.buf).await?;
@@ -156,7 +161,7 @@ async fn authenticate(conn: &mut ServerConn, target: &ServerTarget, login: &Serv
             }
             other => return Err(ServerError::UnsupportedAuth(other)),
         }
-        conn.stream.write_all(&out).await?;
+        conn.stream.send(&out).await?;
     }
 }
 

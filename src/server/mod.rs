@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
 
 use crate::net::{ReadError, Stream, read_message};
 use crate::params::ClientParams;
@@ -36,6 +35,8 @@ pub enum ServerError {
     UnsupportedAuth(i32),
     #[error("{}", .0.message)]
     Server(ErrorFields),
+    #[error("{0}")]
+    Tls(#[from] crate::tls::TlsConnectError),
 }
 
 impl From<ReadError> for ServerError {
@@ -54,7 +55,7 @@ impl ServerError {
         use crate::protocol::sqlstate as s;
         match self {
             ServerError::Server(f) if !f.code.is_empty() => &f.code,
-            ServerError::ConnectTimeout => s::SQLCLIENT_UNABLE_TO_ESTABLISH,
+            ServerError::ConnectTimeout | ServerError::Tls(_) => s::SQLCLIENT_UNABLE_TO_ESTABLISH,
             ServerError::Login(_) | ServerError::Scram(_) | ServerError::UnsupportedAuth(_) => s::INVALID_AUTHORIZATION,
             _ => s::CONNECTION_FAILURE,
         }
@@ -139,7 +140,7 @@ impl ServerConn {
     pub async fn exec(&mut self, sql: &str) -> Result<(), ServerError> {
         let mut out = BytesMut::new();
         build::query(&mut out, sql);
-        self.stream.write_all(&out).await?;
+        self.stream.send(&out).await?;
         let mut error = None;
         loop {
             let frame = read_message(&mut self.stream, &mut self.buf).await?;
@@ -191,10 +192,7 @@ impl ServerConn {
     pub fn close(mut self) {
         let mut out = BytesMut::new();
         build::terminate(&mut out);
-        let _ = match &mut self.stream {
-            Stream::Tcp(s) => s.try_write(&out),
-            Stream::Unix(s) => s.try_write(&out),
-        };
+        self.stream.try_send_last(&out);
     }
 
     /// Peeks at complete frames buffered from the server: used by tests and asserts.

@@ -1,6 +1,7 @@
 //! Test harness shared by integration tests: real PostgreSQL clusters, a running Sluice, client helpers.
 #![allow(dead_code)]
 
+mod certs;
 mod pg;
 mod sluice;
 
@@ -13,7 +14,9 @@ use std::time::{Duration, Instant};
 
 // Each test binary uses a subset of these re-exports.
 #[allow(unused_imports)]
-pub use pg::{DB, PgCluster, Role, md5_secret, pg_bindir};
+pub use certs::{CertFiles, Leaf, TestCerts};
+#[allow(unused_imports)]
+pub use pg::{DB, PgCluster, PgOptions, PgSsl, Role, md5_secret, pg_bindir};
 #[allow(unused_imports)]
 pub use sluice::{Sluice, SluiceBuilder, toml_str};
 

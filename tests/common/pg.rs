@@ -57,6 +57,24 @@ GRANT ALL ON SCHEMA public TO u_scram, u_md5, u_plain, u_trust;
 /// The settings file every cluster writes into its data directory; postgresql.conf includes it.
 const SETTINGS_FILE: &str = "sluice_test.conf";
 
+/// TLS for a cluster: `ssl = on` with this certificate and key, and optionally a CA
+/// for client certificates (`ssl_ca_file`). The files are copied into the data
+/// directory, owned by the server's user with mode 0600, as PostgreSQL demands.
+#[derive(Clone, Debug)]
+pub struct PgSsl {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: Option<PathBuf>,
+}
+
+/// Options for `PgCluster::start_with`; `Default` is what `PgCluster::start` uses.
+#[derive(Clone, Debug, Default)]
+pub struct PgOptions {
+    pub ssl: Option<PgSsl>,
+    /// pg_hba.conf lines placed before the usual ones (e.g. `hostssl ... clientcert=verify-full`).
+    pub hba_first: Vec<String>,
+}
+
 /// A running (or stopped) PostgreSQL cluster in its own temporary directory. The postmaster is
 /// this process's child, so stopping it reaps it (no zombies where PID 1 does not reap).
 pub struct PgCluster {
@@ -65,12 +83,18 @@ pub struct PgCluster {
     pub data_dir: PathBuf,
     log_path: PathBuf,
     postmaster: Option<Child>,
+    options: PgOptions,
     dir: TempDir,
 }
 
 impl PgCluster {
     /// Copies the template, picks a free port and starts PostgreSQL; panics with the log on failure.
     pub fn start() -> PgCluster {
+        Self::start_with(PgOptions::default())
+    }
+
+    /// Like `start`, with TLS and extra pg_hba.conf lines.
+    pub fn start_with(options: PgOptions) -> PgCluster {
         let template = template();
         let dir = owned_temp_dir("sluice-pg-");
         let socket_dir = dir.path().join("sock");
@@ -79,7 +103,8 @@ impl PgCluster {
         give_to_postgres(dir.path());
         run_checked(Command::new("cp").arg("-a").arg(template).arg(&data_dir), "copy template");
         let log_path = dir.path().join("postgres.log");
-        let mut pg = PgCluster { port: 0, socket_dir, data_dir, log_path, postmaster: None, dir };
+        let mut pg = PgCluster { port: 0, socket_dir, data_dir, log_path, postmaster: None, options, dir };
+        pg.install_tls_and_hba();
         for attempt in 1..=5 {
             pg.port = free_port();
             pg.write_settings();
@@ -137,9 +162,31 @@ impl PgCluster {
         self.psql(&format!("SELECT rolpassword FROM pg_authid WHERE rolname = '{role}'"))
     }
 
+    /// Copies the `PgOptions::ssl` files into the data directory and writes `hba_first`.
+    fn install_tls_and_hba(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        if let Some(ssl) = &self.options.ssl {
+            let files =
+                [("server.crt", Some(&ssl.cert)), ("server.key", Some(&ssl.key)), ("root.crt", ssl.ca.as_ref())];
+            for (name, src) in files {
+                let Some(src) = src else { continue };
+                let dest = self.data_dir.join(name);
+                std::fs::copy(src, &dest)
+                    .unwrap_or_else(|e| panic!("copy {} to the data directory: {e}", src.display()));
+                std::fs::set_permissions(&dest, std::fs::Permissions::from_mode(0o600)).expect("chmod TLS file");
+                give_to_postgres(&dest);
+            }
+        }
+        if !self.options.hba_first.is_empty() {
+            let hba = self.data_dir.join("pg_hba.conf");
+            std::fs::write(&hba, format!("{}\n{}", self.options.hba_first.join("\n"), hba_text())).expect("write hba");
+            give_to_postgres(&hba);
+        }
+    }
+
     fn write_settings(&self) {
         let listen = if has_ipv6_loopback() { "127.0.0.1,::1" } else { "127.0.0.1" };
-        let text = format!(
+        let mut text = format!(
             "port = {port}\nlisten_addresses = '{listen}'\nunix_socket_directories = '{sock}'\n\
              fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n\
              max_connections = 200\nshared_buffers = 32MB\npassword_encryption = 'scram-sha-256'\n\
@@ -147,6 +194,12 @@ impl PgCluster {
             port = self.port,
             sock = self.socket_dir.display(),
         );
+        if let Some(ssl) = &self.options.ssl {
+            text.push_str("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+            if ssl.ca.is_some() {
+                text.push_str("ssl_ca_file = 'root.crt'\n");
+            }
+        }
         let path = self.data_dir.join(SETTINGS_FILE);
         std::fs::write(&path, text).expect("write PostgreSQL settings");
         give_to_postgres(&path);

@@ -1,0 +1,143 @@
+//! The subject common name (CN) of an X.509 certificate, for `auth_type = "cert"`.
+//! A minimal DER walk (RFC 5280 §4.1, X.690 §8.1): Certificate → TBSCertificate →
+//! subject Name → the first attribute of type 2.5.4.3. The certificate has already
+//! been verified by rustls; this only reads it, and returns None for anything odd.
+
+const SEQUENCE: u8 = 0x30;
+const SET: u8 = 0x31;
+const OID: u8 = 0x06;
+/// `[0] EXPLICIT Version` at the start of a TBSCertificate (absent for v1).
+const VERSION_TAG: u8 = 0xa0;
+/// id-at-commonName, 2.5.4.3.
+const OID_COMMON_NAME: &[u8] = &[0x55, 0x04, 0x03];
+
+/// One DER element: (tag, contents, what follows). None when truncated, when the
+/// length is indefinite or longer than 4 bytes, or for multi-byte tags.
+fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    if tag & 0x1f == 0x1f {
+        return None;
+    }
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 {
+            return None;
+        }
+        let bytes = rest.get(..n)?;
+        (bytes.iter().fold(0usize, |acc, &b| (acc << 8) | usize::from(b)), rest.get(n..)?)
+    };
+    Some((tag, rest.get(..len)?, rest.get(len..)?))
+}
+
+/// The contents of an element that must have tag `tag`, and what follows it.
+fn expect(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+    let (t, contents, rest) = element(input)?;
+    (t == tag).then_some((contents, rest))
+}
+
+/// The subject's first common name, if the certificate has one that is text.
+pub fn common_name(cert_der: &[u8]) -> Option<String> {
+    let (cert, _) = expect(cert_der, SEQUENCE)?;
+    let (tbs, _) = expect(cert, SEQUENCE)?;
+    let mut rest = tbs;
+    if let Some((VERSION_TAG, _, after)) = element(rest) {
+        rest = after;
+    }
+    // serialNumber, signature, issuer, validity
+    for _ in 0..4 {
+        rest = element(rest)?.2;
+    }
+    let (subject, _) = expect(rest, SEQUENCE)?;
+    first_common_name(subject)
+}
+
+/// Name ::= SEQUENCE OF SET OF SEQUENCE { type OID, value ANY }
+fn first_common_name(mut name: &[u8]) -> Option<String> {
+    while !name.is_empty() {
+        let (rdn, rest) = expect(name, SET)?;
+        name = rest;
+        let mut attributes = rdn;
+        while !attributes.is_empty() {
+            let (attribute, rest) = expect(attributes, SEQUENCE)?;
+            attributes = rest;
+            let (oid, value) = expect(attribute, OID)?;
+            if oid == OID_COMMON_NAME {
+                let (tag, text, _) = element(value)?;
+                return directory_string(tag, text);
+            }
+        }
+    }
+    None
+}
+
+/// DirectoryString forms; names with NUL bytes are refused (as PostgreSQL does).
+fn directory_string(tag: u8, bytes: &[u8]) -> Option<String> {
+    let text = match tag {
+        // UTF8String, PrintableString, TeletexString (read as UTF-8), IA5String
+        0x0c | 0x13 | 0x14 | 0x16 => std::str::from_utf8(bytes).ok()?.to_string(),
+        // BMPString: UTF-16BE
+        0x1e if bytes.len() % 2 == 0 => {
+            let units: Vec<u16> = bytes.chunks_exact(2).map(|c| u16::from_be_bytes([c[0], c[1]])).collect();
+            String::from_utf16(&units).ok()?
+        }
+        _ => return None,
+    };
+    (!text.contains('\0')).then_some(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cert_with(dn: &[(rcgen::DnType, &str)]) -> Vec<u8> {
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        for (t, v) in dn {
+            params.distinguished_name.push(t.clone(), *v);
+        }
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().to_vec()
+    }
+
+    #[test]
+    fn reads_the_common_name() {
+        let der = cert_with(&[(rcgen::DnType::OrganizationName, "Acme"), (rcgen::DnType::CommonName, "u_scram")]);
+        assert_eq!(common_name(&der).as_deref(), Some("u_scram"));
+        let der = cert_with(&[(rcgen::DnType::CommonName, "ünï")]);
+        assert_eq!(common_name(&der).as_deref(), Some("ünï"));
+    }
+
+    #[test]
+    fn no_common_name_is_none() {
+        assert_eq!(common_name(&cert_with(&[(rcgen::DnType::OrganizationName, "Acme")])), None);
+        assert_eq!(common_name(&[]), None);
+        assert_eq!(common_name(&[0x30, 0x80, 0, 0]), None);
+    }
+
+    #[test]
+    fn every_truncation_is_handled() {
+        let der = cert_with(&[(rcgen::DnType::CommonName, "u_scram")]);
+        for n in 0..der.len() {
+            let _ = common_name(&der[..n]);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics_on_noise(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = common_name(&bytes);
+        }
+
+        #[test]
+        fn never_panics_on_corrupted_certificates(pos in 0usize..400, byte in any::<u8>()) {
+            let mut der = cert_with(&[(rcgen::DnType::CommonName, "u_scram")]);
+            let i = pos % der.len();
+            der[i] = byte;
+            let _ = common_name(&der);
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! TLS on both sides, with rustls and its aws-lc-rs provider: the acceptor clients
+//! reach (`ClientTls`, see `accept`), the connector towards PostgreSQL (`ServerTls`,
+//! see `connect`), and building both from the config's PEM files. Both are rebuilt on
+//! each reload; a side whose files cannot be used keeps its previous setup.
+
+mod accept;
+mod cn;
+mod connect;
+mod files;
+mod verify;
+
+use std::sync::Arc;
+
+use rustls::client::{Resumption, WebPkiServerVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::server::{NoServerSessionStorage, WebPkiClientVerifier};
+use rustls::{ClientConfig, ServerConfig, SupportedProtocolVersion};
+
+use crate::config::{ClientTlsMode, Config, ConfigError, ServerTlsMode};
+
+pub use accept::{AcceptError, Negotiation, TLS_HANDSHAKE_RECORD, accept, describe, peer_common_name};
+pub use cn::common_name;
+pub use connect::{TlsConnectError, negotiate};
+
+/// The ALPN protocol name of PostgreSQL; a direct TLS connection must offer it.
+pub const ALPN_POSTGRESQL: &[u8] = b"postgresql";
+
+/// A TLS file or setting that cannot be used: the `[general]` key and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsError {
+    pub key: &'static str,
+    pub message: String,
+}
+
+fn error(key: &'static str) -> impl Fn(String) -> TlsError {
+    move |message| TlsError { key, message }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+}
+
+/// TLS towards clients: the mode and, unless disabled, the rustls server config.
+#[derive(Debug)]
+pub struct ClientTls {
+    pub mode: ClientTlsMode,
+    config: Option<Arc<ServerConfig>>,
+}
+
+impl Default for ClientTls {
+    fn default() -> Self {
+        ClientTls { mode: ClientTlsMode::Disable, config: None }
+    }
+}
+
+impl ClientTls {
+    /// Reads the certificate, key and (for verify modes) CA files named in the config.
+    pub fn load(cfg: &Config) -> Result<ClientTls, TlsError> {
+        let mode = cfg.general.client_tls_sslmode;
+        if mode == ClientTlsMode::Disable {
+            return Ok(ClientTls::default());
+        }
+        Ok(ClientTls { mode, config: Some(Arc::new(server_config(cfg)?)) })
+    }
+
+    /// The rustls config for accepting TLS, None when client TLS is disabled.
+    pub fn config(&self) -> Option<&Arc<ServerConfig>> {
+        self.config.as_ref()
+    }
+}
+
+fn server_config(cfg: &Config) -> Result<ServerConfig, TlsError> {
+    let g = &cfg.general;
+    let provider = provider();
+    let certs = files::certs(&cfg.resolve(&g.client_tls_cert_file)).map_err(error("client_tls_cert_file"))?;
+    let key = files::key(&cfg.resolve(&g.client_tls_key_file)).map_err(error("client_tls_key_file"))?;
+    let versions = protocol_versions(&g.client_tls_protocols);
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&versions)
+        .map_err(|e| error("client_tls_protocols")(e.to_string()))?;
+    let builder = if g.client_tls_sslmode.verifies_client() {
+        let roots = files::roots(&cfg.resolve(&g.client_tls_ca_file)).map_err(error("client_tls_ca_file"))?;
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| error("client_tls_ca_file")(e.to_string()))?;
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    let mut config = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| error("client_tls_key_file")(format!("does not fit client_tls_cert_file: {e}")))?;
+    config.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
+    // Like PostgreSQL: no session resumption, so no tickets after the handshake (some
+    // drivers trip over them, and each costs work during a login storm).
+    config.send_tls13_tickets = 0;
+    config.session_storage = Arc::new(NoServerSessionStorage {});
+    Ok(config)
+}
+
+fn protocol_versions(names: &[String]) -> Vec<&'static SupportedProtocolVersion> {
+    let mut out = Vec::new();
+    if names.iter().any(|n| n == "tlsv1.3") {
+        out.push(&rustls::version::TLS13);
+    }
+    if names.iter().any(|n| n == "tlsv1.2") {
+        out.push(&rustls::version::TLS12);
+    }
+    out
+}
+
+/// TLS towards PostgreSQL: the mode and, unless disabled, the rustls client config.
+#[derive(Debug)]
+pub struct ServerTls {
+    pub mode: ServerTlsMode,
+    config: Option<Arc<ClientConfig>>,
+}
+
+impl Default for ServerTls {
+    fn default() -> Self {
+        ServerTls { mode: ServerTlsMode::Disable, config: None }
+    }
+}
+
+impl ServerTls {
+    /// Reads the CA (verify modes) and the optional client certificate and key.
+    pub fn load(cfg: &Config) -> Result<ServerTls, TlsError> {
+        let mode = cfg.general.server_tls_sslmode;
+        if mode == ServerTlsMode::Disable {
+            return Ok(ServerTls::default());
+        }
+        Ok(ServerTls { mode, config: Some(Arc::new(client_config(cfg)?)) })
+    }
+
+    pub fn config(&self) -> Option<&Arc<ClientConfig>> {
+        self.config.as_ref()
+    }
+}
+
+fn client_config(cfg: &Config) -> Result<ClientConfig, TlsError> {
+    let g = &cfg.general;
+    let provider = provider();
+    let algs = provider.signature_verification_algorithms;
+    let verifier = match g.server_tls_sslmode {
+        ServerTlsMode::Disable | ServerTlsMode::Prefer | ServerTlsMode::Require => {
+            verify::ServerVerifier::AnyCertificate { algs }
+        }
+        mode => {
+            let roots = files::roots(&cfg.resolve(&g.server_tls_ca_file)).map_err(error("server_tls_ca_file"))?;
+            let roots = Arc::new(roots);
+            if mode == ServerTlsMode::VerifyCa {
+                verify::ServerVerifier::Chain { roots, algs }
+            } else {
+                let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+                    .build()
+                    .map_err(|e| error("server_tls_ca_file")(e.to_string()))?;
+                verify::ServerVerifier::Full(webpki)
+            }
+        }
+    };
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| error("server_tls_sslmode")(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier));
+    let mut config = if g.server_tls_cert_file.is_empty() {
+        builder.with_no_client_auth()
+    } else {
+        let certs = files::certs(&cfg.resolve(&g.server_tls_cert_file)).map_err(error("server_tls_cert_file"))?;
+        let key = files::key(&cfg.resolve(&g.server_tls_key_file)).map_err(error("server_tls_key_file"))?;
+        builder
+            .with_client_auth_cert(certs, key)
+            .map_err(|e| error("server_tls_key_file")(format!("does not fit server_tls_cert_file: {e}")))?
+    };
+    config.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
+    // PostgreSQL does not resume sessions; some releases mishandled resumption attempts.
+    config.resumption = Resumption::disabled();
+    Ok(config)
+}
+
+/// Both sides, loaded at start-up: any unusable file is a config error.
+pub fn load(cfg: &Config) -> Result<(ClientTls, ServerTls), ConfigError> {
+    let as_config_error = |e: TlsError| cfg.general_error(e.key, e.message);
+    Ok((ClientTls::load(cfg).map_err(as_config_error)?, ServerTls::load(cfg).map_err(as_config_error)?))
+}
+
+#[cfg(test)]
+mod tests;

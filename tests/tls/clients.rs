@@ -1,0 +1,121 @@
+//! Clients to Sluice over TLS with psql (libpq): what libpq users see.
+
+use tokio_postgres::error::SqlState;
+
+use crate::common::{PgCluster, Role, Sluice, TestCerts, psql_cmd, try_connect};
+use crate::{client_tls, psql_tls, run_sql, with_cert};
+
+const NO_PASSWORD: Role = Role { name: "u_scram", password: "" };
+
+#[test]
+fn psql_with_sslmode_require_and_verify_full() {
+    let certs = TestCerts::generate();
+    let pg = PgCluster::start();
+    let s = client_tls(Sluice::builder(&pg), "require", &certs.server, &certs).start();
+    let r = run_sql(psql_tls(s.port, "127.0.0.1", Role::SCRAM, "require", &certs), "\\conninfo");
+    assert!(r.ok, "{}", r.stderr);
+    assert!(r.stdout.contains("SSL connection (protocol: TLSv1.3"), "{}", r.stdout);
+    for host in ["localhost", "127.0.0.1"] {
+        for role in [Role::SCRAM, Role::MD5] {
+            let r = run_sql(psql_tls(s.port, host, role, "verify-full", &certs), "select current_user");
+            assert!(r.ok, "verify-full to {host} as {}: {}", role.name, r.stderr);
+            assert_eq!(r.stdout, role.name);
+        }
+    }
+    // libpq's default (prefer) takes TLS too; the statements run on PostgreSQL as usual.
+    let r = run_sql(psql_tls(s.port, "127.0.0.1", Role::SCRAM, "prefer", &certs), "select 6 * 7");
+    assert_eq!(r.stdout, "42", "{}", r.stderr);
+    assert!(s.log().contains("tls=\"TLSv1.3 TLS13_"), "the login line names the TLS version:\n{}", s.log());
+}
+
+#[tokio::test]
+async fn plaintext_is_refused_when_tls_is_required() {
+    let certs = TestCerts::generate();
+    let pg = PgCluster::start();
+    let s = client_tls(Sluice::builder(&pg), "require", &certs.server, &certs).start();
+    let r = run_sql(psql_tls(s.port, "127.0.0.1", Role::SCRAM, "disable", &certs), "select 1");
+    assert!(!r.ok);
+    assert!(r.stderr.contains("FATAL:  SSL required"), "{}", r.stderr);
+    let e = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await.expect_err("refused");
+    assert_eq!(e.code(), Some(&SqlState::INVALID_AUTHORIZATION_SPECIFICATION), "{e}");
+    // The Unix socket is local: no TLS there, and none required.
+    let socket = s.socket_dir.display().to_string();
+    let r = run_sql(psql_cmd(s.port, &socket, Role::SCRAM.name, Role::SCRAM.password, "app"), "select 1");
+    assert_eq!(r.stdout, "1", "{}", r.stderr);
+    // With client_tls_sslmode = allow, plaintext and TLS both work.
+    let a = client_tls(Sluice::builder(&pg), "allow", &certs.server, &certs).start();
+    assert_eq!(run_sql(psql_tls(a.port, "127.0.0.1", Role::SCRAM, "disable", &certs), "select 1").stdout, "1");
+    assert_eq!(run_sql(psql_tls(a.port, "localhost", Role::SCRAM, "verify-full", &certs), "select 2").stdout, "2");
+}
+
+#[test]
+fn verify_full_rejects_expired_and_wrong_host_certificates() {
+    let certs = TestCerts::generate();
+    let pg = PgCluster::start();
+    let expired = client_tls(Sluice::builder(&pg), "require", &certs.expired, &certs).start();
+    let r = run_sql(psql_tls(expired.port, "localhost", Role::SCRAM, "verify-full", &certs), "select 1");
+    assert!(!r.ok);
+    assert!(r.stderr.contains("certificate verify failed"), "{}", r.stderr);
+    let r = run_sql(psql_tls(expired.port, "localhost", Role::SCRAM, "verify-ca", &certs), "select 1");
+    assert!(r.stderr.contains("certificate verify failed"), "{}", r.stderr);
+    // libpq's require verifies like verify-ca when it has a root certificate; without one
+    // it does not verify at all.
+    let mut require = psql_tls(expired.port, "localhost", Role::SCRAM, "require", &certs);
+    require.env("PGSSLROOTCERT", certs.dir().join("no-such-root.crt"));
+    let r = run_sql(require, "select 1");
+    assert_eq!(r.stdout, "1", "require without a root certificate does not verify: {}", r.stderr);
+
+    let wrong = client_tls(Sluice::builder(&pg), "require", &certs.wrong_host, &certs).start();
+    let r = run_sql(psql_tls(wrong.port, "localhost", Role::SCRAM, "verify-full", &certs), "select 1");
+    assert!(!r.ok);
+    let expected = "server certificate for \"wrong.example\" does not match host name \"localhost\"";
+    assert!(r.stderr.contains(expected), "{}", r.stderr);
+    let r = run_sql(psql_tls(wrong.port, "localhost", Role::SCRAM, "verify-ca", &certs), "select 1");
+    assert_eq!(r.stdout, "1", "verify-ca does not check the name: {}", r.stderr);
+}
+
+#[test]
+fn client_certificate_authentication() {
+    let certs = TestCerts::generate();
+    let pg = PgCluster::start();
+    let b = Sluice::builder(&pg).general("auth_type", "\"cert\"");
+    let s = client_tls(b, "verify-full", &certs.server, &certs).start();
+    let psql = || psql_tls(s.port, "localhost", NO_PASSWORD, "verify-full", &certs);
+    let r = run_sql(with_cert(psql(), &certs.client), "select current_user");
+    assert_eq!(r.stdout, "u_scram", "CN=u_scram logs in as u_scram: {}", r.stderr);
+
+    let r = run_sql(with_cert(psql(), &certs.client_md5), "select 1");
+    assert!(r.stderr.contains("FATAL:  certificate authentication failed for user \"u_scram\""), "{}", r.stderr);
+    assert!(s.log().contains("client_cn=\"u_md5\""), "the log names the certificate's CN:\n{}", s.log());
+    let r = run_sql(
+        with_cert(psql_tls(s.port, "localhost", Role::MD5, "verify-full", &certs), &certs.client_md5),
+        "select current_user",
+    );
+    assert_eq!(r.stdout, "u_md5", "{}", r.stderr);
+
+    let r = run_sql(psql(), "select 1");
+    assert!(!r.ok, "no client certificate: the handshake must fail");
+    assert!(r.stderr.contains("certificate"), "{}", r.stderr);
+    let r = run_sql(with_cert(psql(), &certs.untrusted_client), "select 1");
+    assert!(!r.ok, "a certificate from an unknown CA must fail");
+    assert!(s.log().contains("TLS handshake failed"), "{}", s.log());
+
+    let socket = s.socket_dir.display().to_string();
+    let r = run_sql(psql_cmd(s.port, &socket, "u_scram", "", "app"), "select 1");
+    assert!(r.stderr.contains("connection requires a valid client certificate"), "{}", r.stderr);
+}
+
+#[test]
+fn verify_ca_demands_a_certificate_and_still_checks_passwords() {
+    let certs = TestCerts::generate();
+    let pg = PgCluster::start();
+    let s = client_tls(Sluice::builder(&pg), "verify-ca", &certs.server, &certs).start();
+    let psql = |role| psql_tls(s.port, "127.0.0.1", role, "require", &certs);
+    let r = run_sql(with_cert(psql(Role::SCRAM), &certs.client_md5), "select current_user");
+    assert_eq!(r.stdout, "u_scram", "any trusted certificate, then SCRAM: {}", r.stderr);
+    let wrong = Role { name: "u_scram", password: "wrong" };
+    let r = run_sql(with_cert(psql(wrong), &certs.client), "select 1");
+    assert!(r.stderr.contains("password authentication failed"), "{}", r.stderr);
+    let r = run_sql(psql(Role::SCRAM), "select 1");
+    assert!(!r.ok, "no certificate: refused");
+}

@@ -1,0 +1,130 @@
+//! SIGHUP and TLS: certificates are read again without dropping connections; a file
+//! that cannot be used keeps the running certificate while the rest of the reload
+//! goes ahead; a new server_tls_sslmode reaches pooled server connections.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+
+use crate::client::{self, PG_ALPN};
+use crate::common::{CertFiles, PgCluster, PgOptions, PgSsl, Role, Sluice, TestCerts, connect, wait_until};
+use crate::{client_tls, path_str};
+
+fn der(pem: &Path) -> Vec<u8> {
+    CertificateDer::from_pem_file(pem).expect("PEM certificate").to_vec()
+}
+
+fn install(from: &CertFiles, to: &CertFiles) {
+    std::fs::copy(&from.cert, &to.cert).unwrap();
+    std::fs::copy(&from.key, &to.key).unwrap();
+}
+
+fn reloads(s: &Sluice) -> usize {
+    s.log().matches("configuration reloaded").count()
+}
+
+#[test]
+fn sighup_rereads_certificates_and_keeps_the_old_one_on_a_bad_file() {
+    let certs = TestCerts::generate();
+    let pg = PgCluster::start();
+    let live = CertFiles { cert: certs.dir().join("live.crt"), key: certs.dir().join("live.key") };
+    install(&certs.server, &live);
+    let s = client_tls(Sluice::builder(&pg).general("auth_type", "\"trust\""), "require", &live, &certs).start();
+    let config = client::config(&certs.ca, &PG_ALPN);
+    let served = || {
+        let sock = client::negotiated(s.port, &config).expect("handshake");
+        sock.conn.peer_certificates().expect("a certificate")[0].to_vec()
+    };
+    assert_eq!(served(), der(&certs.server.cert));
+    let mut old = client::negotiated(s.port, &config).unwrap();
+    client::login(&mut old, "u_trust").unwrap();
+
+    install(&certs.server2, &live);
+    s.reload();
+    let new = der(&certs.server2.cert);
+    assert!(wait_until(Duration::from_secs(10), || served() == new), "new connections get the new certificate");
+    assert_eq!(client::query_value(&mut old, "select 'still here'"), "still here");
+
+    // A bad certificate file, together with a new database in the same reload.
+    std::fs::write(&live.cert, "not a certificate\n").unwrap();
+    let other = format!("\n[databases.other]\nhost = \"127.0.0.1\"\nport = {}\ndbname = \"app\"\n", pg.port);
+    s.write_config(&(s.config() + &other));
+    let before = reloads(&s);
+    s.reload();
+    assert!(wait_until(Duration::from_secs(10), || reloads(&s) > before), "{}", s.log());
+    let log = s.log();
+    assert!(
+        log.contains("general.client_tls_cert_file") && log.contains("keeping the running client TLS setup"),
+        "{log}"
+    );
+    assert_eq!(served(), new, "the running certificate stays");
+    let mut sock = client::negotiated(s.port, &config).unwrap();
+    client::login_db(&mut sock, "u_trust", "other").expect("the new database from the same reload");
+    assert_eq!(client::query_value(&mut sock, "select current_database()"), "app");
+    assert_eq!(client::query_value(&mut old, "select 'and still'"), "and still");
+
+    // A good file again is picked up by the next reload.
+    install(&certs.server, &live);
+    s.reload();
+    let first = der(&certs.server.cert);
+    assert!(wait_until(Duration::from_secs(10), || served() == first));
+}
+
+#[tokio::test]
+async fn server_tls_mode_change_reaches_pooled_connections() {
+    let certs = TestCerts::generate();
+    let ssl = PgSsl { cert: certs.server.cert.clone(), key: certs.server.key.clone(), ca: None };
+    let pg = PgCluster::start_with(PgOptions { ssl: Some(ssl), ..PgOptions::default() });
+    let s = Sluice::builder(&pg).database("app", &[("pool_size", "2")]).start();
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let ssl_now = || async {
+        let row = c.query_one("select ssl from pg_stat_ssl where pid = pg_backend_pid()", &[]).await.unwrap();
+        row.get::<_, bool>(0)
+    };
+    assert!(!ssl_now().await);
+    let cfg = s.config().replacen(
+        "[general]\n",
+        &format!("[general]\nserver_tls_sslmode = \"verify-full\"\nserver_tls_ca_file = {}\n", path_str(&certs.ca)),
+        1,
+    );
+    s.write_config(&cfg);
+    let before = reloads(&s);
+    s.reload();
+    assert!(wait_until(Duration::from_secs(10), || reloads(&s) > before), "{}", s.log());
+    assert!(ssl_now().await, "the idle plaintext server was retired; the next one uses TLS");
+}
+
+#[test]
+fn unusable_tls_files_stop_start_up_and_check_naming_file_line_and_key() {
+    let certs = TestCerts::generate();
+    let path = certs.dir().join("bad.toml");
+    let port = crate::common::free_port();
+    let config = |cert: &str| {
+        format!(
+            "[general]\nlisten_port = {port}\nunix_socket_dir = \"\"\nclient_tls_sslmode = \"require\"\nclient_tls_cert_file = \"{cert}\"\n\
+             client_tls_key_file = {}\n",
+            path_str(&certs.server.key)
+        )
+    };
+    let sluice = |args: &[&str]| {
+        let out =
+            std::process::Command::new(env!("CARGO_BIN_EXE_sluice")).arg("--config").arg(&path).args(args).output();
+        let out = out.expect("run sluice");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    std::fs::write(&path, config("missing.crt")).unwrap();
+    for args in [&["--check"][..], &[]] {
+        let (code, err) = sluice(args);
+        assert_eq!(code, Some(2), "{err}");
+        assert!(err.contains(&format!("{}:5: general.client_tls_cert_file: cannot read", path.display())), "{err}");
+    }
+    // A certificate that does not fit the key.
+    std::fs::write(&path, config(&certs.server2.cert.display().to_string())).unwrap();
+    let (code, err) = sluice(&["--check"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("general.client_tls_key_file: does not fit client_tls_cert_file"), "{err}");
+    std::fs::write(&path, config(&certs.server.cert.display().to_string())).unwrap();
+    assert_eq!(sluice(&["--check"]).0, Some(0));
+}

@@ -1,0 +1,139 @@
+//! Sluice to PostgreSQL over TLS (`server_tls_*`), against clusters started with
+//! ssl = on, and pgbench reconnecting over TLS through Sluice.
+
+use tokio_postgres::error::SqlState;
+
+use crate::common::{CertFiles, PgCluster, PgOptions, PgSsl, Role, Sluice, TestCerts, connect, try_connect};
+use crate::{client_tls, path_str, server_tls};
+
+fn ssl_cluster(cert: &CertFiles) -> PgCluster {
+    let ssl = PgSsl { cert: cert.cert.clone(), key: cert.key.clone(), ca: None };
+    PgCluster::start_with(PgOptions { ssl: Some(ssl), ..PgOptions::default() })
+}
+
+/// Whether the server connection Sluice lent for this query is encrypted.
+async fn server_side_ssl(port: u16) -> Result<String, tokio_postgres::Error> {
+    let (c, _task) = try_connect(port, Role::SCRAM.name, Role::SCRAM.password, "app").await?;
+    let rows = c.simple_query("select ssl::text from pg_stat_ssl where pid = pg_backend_pid()").await?;
+    Ok(rows
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .unwrap_or_default())
+}
+
+#[tokio::test]
+async fn require_verify_ca_and_verify_full_against_ssl_postgres() {
+    let certs = TestCerts::generate();
+    let pg = ssl_cluster(&certs.server);
+    for (mode, host) in [("require", "127.0.0.1"), ("verify-ca", "127.0.0.1"), ("verify-full", "localhost")] {
+        let s =
+            server_tls(Sluice::builder(&pg), mode, &certs).database("app", &[("host", &format!("\"{host}\""))]).start();
+        assert_eq!(server_side_ssl(s.port).await.unwrap(), "true", "{mode} to {host}");
+    }
+    let s = server_tls(Sluice::builder(&pg), "verify-full", &certs).start();
+    assert_eq!(server_side_ssl(s.port).await.unwrap(), "true", "verify-full to the IP address 127.0.0.1");
+    let s = Sluice::builder(&pg).start();
+    assert_eq!(server_side_ssl(s.port).await.unwrap(), "false", "server TLS is off by default");
+}
+
+#[tokio::test]
+async fn bad_server_certificates_are_refused_in_libpq_words() {
+    let certs = TestCerts::generate();
+    let cases = [
+        (&certs.expired, "verify-full", "certificate verify failed: certificate has expired"),
+        (&certs.expired, "verify-ca", "certificate verify failed: certificate has expired"),
+        (
+            &certs.wrong_host,
+            "verify-full",
+            "server certificate for \"wrong.example\" does not match host name \"localhost\"",
+        ),
+    ];
+    for (cert, mode, expected) in cases {
+        let pg = ssl_cluster(cert);
+        let s = server_tls(Sluice::builder(&pg), mode, &certs).database("app", &[("host", "\"localhost\"")]).start();
+        let e = server_side_ssl(s.port).await.expect_err("must fail");
+        let db = e.as_db_error().unwrap_or_else(|| panic!("a server error, got {e:?}"));
+        assert_eq!(db.code(), &SqlState::SQLCLIENT_UNABLE_TO_ESTABLISH_SQLCONNECTION, "{db:?}");
+        assert!(db.message().contains(expected), "{mode}: {}", db.message());
+        assert!(db.message().starts_with("server connection failed: SSL error: "), "{}", db.message());
+    }
+    // verify-ca ignores the name; require ignores the certificate.
+    let pg = ssl_cluster(&certs.wrong_host);
+    let s = server_tls(Sluice::builder(&pg), "verify-ca", &certs).database("app", &[("host", "\"localhost\"")]).start();
+    assert_eq!(server_side_ssl(s.port).await.unwrap(), "true");
+    let pg = ssl_cluster(&certs.expired);
+    let s = server_tls(Sluice::builder(&pg), "require", &certs).start();
+    assert_eq!(server_side_ssl(s.port).await.unwrap(), "true");
+}
+
+#[tokio::test]
+async fn prefer_and_require_against_postgres_without_ssl() {
+    let certs = TestCerts::generate();
+    let pg = PgCluster::start();
+    let s = server_tls(Sluice::builder(&pg), "prefer", &certs).start();
+    assert_eq!(server_side_ssl(s.port).await.unwrap(), "false", "prefer falls back to plaintext");
+    let s = server_tls(Sluice::builder(&pg), "require", &certs).start();
+    let e = server_side_ssl(s.port).await.expect_err("require must fail");
+    let db = e.as_db_error().expect("a server error");
+    assert!(db.message().contains("server does not support SSL, but SSL was required"), "{}", db.message());
+    // and prefer uses TLS where it exists
+    let pg = ssl_cluster(&certs.server);
+    let s = server_tls(Sluice::builder(&pg), "prefer", &certs).start();
+    assert_eq!(server_side_ssl(s.port).await.unwrap(), "true");
+}
+
+#[tokio::test]
+async fn client_certificate_towards_postgres() {
+    let certs = TestCerts::generate();
+    let ssl = PgSsl { cert: certs.server.cert.clone(), key: certs.server.key.clone(), ca: Some(certs.ca.clone()) };
+    let hba_first = ["127.0.0.1/32", "::1/128"]
+        .iter()
+        .map(|net| format!("hostssl all u_trust {net} trust clientcert=verify-full"))
+        .collect();
+    let pg = PgCluster::start_with(PgOptions { ssl: Some(ssl), hba_first });
+    let trust = |b: crate::common::SluiceBuilder| b.general("auth_type", "\"trust\"");
+    let with = server_tls(trust(Sluice::builder(&pg)), "verify-full", &certs)
+        .general("server_tls_cert_file", &path_str(&certs.client_trust.cert))
+        .general("server_tls_key_file", &path_str(&certs.client_trust.key))
+        .start();
+    let c = connect(with.port, "u_trust", "", "app").await;
+    let row = c.query_one("select ssl, client_dn from pg_stat_ssl where pid = pg_backend_pid()", &[]).await.unwrap();
+    assert!(row.get::<_, bool>(0));
+    assert_eq!(row.get::<_, String>(1), "/CN=u_trust");
+
+    let without = server_tls(trust(Sluice::builder(&pg)), "verify-full", &certs).start();
+    let e = try_connect(without.port, "u_trust", "", "app").await.expect_err("PostgreSQL wants a certificate");
+    let db = e.as_db_error().expect("a server error");
+    assert!(db.message().contains("certificate"), "{}", db.message());
+}
+
+#[test]
+fn pgbench_reconnecting_over_tls_at_40_clients() {
+    let certs = TestCerts::generate();
+    let pg = PgCluster::start();
+    let s = client_tls(Sluice::builder(&pg), "require", &certs.server, &certs)
+        .general("max_client_conn", "100")
+        .database("app", &[("pool_size", "10")])
+        .start();
+    let script = certs.dir().join("select.sql");
+    std::fs::write(&script, "select 1;\n").unwrap();
+    let out = std::process::Command::new("pgbench")
+        .args(["-h", "127.0.0.1", "-p", &s.port.to_string(), "-U", Role::SCRAM.name])
+        .args(["-n", "-C", "-c", "40", "-j", "2", "-T", "5", "-f"])
+        .arg(&script)
+        .arg("app")
+        .env("PGPASSWORD", Role::SCRAM.password)
+        .env("PGSSLMODE", "require")
+        .output()
+        .expect("pgbench runs");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "pgbench failed:\n{text}");
+    assert!(text.contains("number of failed transactions: 0 "), "{text}");
+    let line = text.lines().find(|l| l.contains("actually processed")).expect("summary");
+    let processed: u64 = line.rsplit(':').next().unwrap().trim().split('/').next().unwrap().parse().unwrap();
+    assert!(processed >= 40, "too few TLS reconnects:\n{text}");
+    assert!(!s.log().contains("TLS handshake failed"), "{}", s.log());
+}
