@@ -157,7 +157,7 @@ impl Session {
         for (name, st) in self.track.ext.redefined.drain(..) {
             self.stmts.insert(&name, st);
         }
-        if self.track.xact_done.is_some() {
+        if self.track.xact_done.is_some() || self.track.query_times.len() >= 1024 {
             self.flush_stats();
         }
         let server = self.server.as_mut().expect("relay without a server");

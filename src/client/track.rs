@@ -24,6 +24,9 @@ pub struct Track {
     pub xact_done: Option<Duration>,
     /// SQLSTATEs of errors the server sent, flushed with the stats.
     pub errors: Vec<String>,
+    /// Durations of the round trips (request to the last ReadyForQuery) since the
+    /// last flush, for the query-time histogram.
+    pub query_times: Vec<Duration>,
     /// Query, Sync and FunctionCall messages not yet answered by ReadyForQuery.
     pub pending: u32,
     /// Extended-protocol messages sent since the last Sync.
@@ -189,9 +192,10 @@ impl Track {
             xact_start,
             xact_done,
             errors,
+            query_times,
             ..
         } = self;
-        server_scan.scan(
+        let n = server_scan.scan(
             buf,
             server_need,
             |m, sp| {
@@ -218,7 +222,9 @@ impl Track {
                         stats.queries += 1;
                         if *pending == 0 {
                             let now = Instant::now();
-                            stats.query_time_us += busy_since.map_or(0, |b| (now - b).as_micros() as u64);
+                            let busy = busy_since.map_or(Duration::ZERO, |b| now - b);
+                            stats.query_time_us += busy.as_micros() as u64;
+                            query_times.push(busy);
                             if status == TxStatus::Idle {
                                 *xact_done = xact_start.take().map(|s| now - s);
                             }
@@ -249,6 +255,8 @@ impl Track {
                 Ok(())
             },
             splice,
-        )
+        )?;
+        stats.sent += n as u64;
+        Ok(n)
     }
 }
