@@ -36,6 +36,10 @@ need_cmd setpriv util-linux     # tests run PostgreSQL as the postgres user when
 need_cmd md5sum coreutils       # md5 password hashes in tests/common/pg.rs
 need_cmd pgrep procps           # tests that look for leftover processes
 [[ -e /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)  # cargo downloads
+# Admin console and live view tests (tests/metrics.rs): a real PgBouncer exporter and a
+# real browser. About 2 minutes of apt on a cold machine; skipped when present.
+[[ -x /usr/bin/prometheus-pgbouncer-exporter ]] || missing+=(prometheus-pgbouncer-exporter)
+[[ -x /usr/bin/chromium ]] || missing+=(chromium)
 # Driver suites add their packages here (see section 4), e.g.:
 #   need_cmd python3 python3; need_cmd node nodejs; need_cmd java default-jdk-headless; need_cmd go golang-go
 
@@ -77,6 +81,8 @@ cargo clippy --all-targets -- -D warnings
 # 3. Unit and integration tests (the integration tests use the debug binary built here).
 # ---------------------------------------------------------------------------------------------
 step "cargo test --all-targets"
+# tests/metrics.rs fails instead of skipping when the exporter or Chromium is missing.
+export SLUICE_REQUIRE_TOOLS=1
 cargo test --all-targets
 
 # ---------------------------------------------------------------------------------------------
