@@ -35,8 +35,32 @@ pub enum Command {
     WaitClose(Option<String>),
     Suspend,
     Reload,
-    Set { key: String, value: String },
+    Set {
+        key: String,
+        value: String,
+    },
+    /// SET of a session parameter drivers send on connect (`application_name`...):
+    /// accepted and ignored, as the console has no session state.
+    SessionSet,
     Shutdown(Shutdown),
+}
+
+/// Session parameters drivers set on connect; not config keys.
+const SESSION_PARAMS: [&str; 10] = [
+    "application_name",
+    "client_encoding",
+    "datestyle",
+    "timezone",
+    "intervalstyle",
+    "extra_float_digits",
+    "search_path",
+    "statement_timeout",
+    "lock_timeout",
+    "standard_conforming_strings",
+];
+
+fn is_session_param(key: &str) -> bool {
+    SESSION_PARAMS.iter().any(|p| p.eq_ignore_ascii_case(key))
 }
 
 /// An error the console reports to its client (ErrorResponse, the session goes on).
@@ -161,6 +185,9 @@ pub fn parse(sql: &str) -> Result<Command, AdminError> {
             }
         }
         "SET" => match w.as_slice() {
+            [_, key, eq, _] if (eq == "=" || eq.eq_ignore_ascii_case("to")) && is_session_param(key) => {
+                Command::SessionSet
+            }
             [_, key, eq, value] if eq == "=" || eq.eq_ignore_ascii_case("to") => {
                 Command::Set { key: key.clone(), value: value.clone() }
             }
@@ -174,7 +201,7 @@ pub fn parse(sql: &str) -> Result<Command, AdminError> {
 impl Command {
     /// Whether stats users may run it (read-only).
     pub fn read_only(&self) -> bool {
-        matches!(self, Command::Show(_) | Command::Empty)
+        matches!(self, Command::Show(_) | Command::Empty | Command::SessionSet)
     }
 
     /// The CommandComplete tag.
@@ -192,7 +219,7 @@ impl Command {
             Command::WaitClose(_) => "WAIT_CLOSE",
             Command::Suspend => "SUSPEND",
             Command::Reload => "RELOAD",
-            Command::Set { .. } => "SET",
+            Command::Set { .. } | Command::SessionSet => "SET",
             Command::Shutdown(_) => "SHUTDOWN",
         }
     }
@@ -230,7 +257,7 @@ fn known(app: &App, db: &Option<String>) -> Result<(), AdminError> {
 /// when done; the caller races them against the client leaving.
 pub async fn run(app: &Arc<App>, cmd: &Command, by: &str) -> Result<(), AdminError> {
     match cmd {
-        Command::Empty | Command::Show(_) => Ok(()),
+        Command::Empty | Command::Show(_) | Command::SessionSet => Ok(()),
         Command::Pause(db) => {
             known(app, db)?;
             info!(by, database = db.as_deref().unwrap_or("*"), "admin: PAUSE");
@@ -340,6 +367,8 @@ mod tests {
         assert_eq!(parse("SET x TO 'it''s'").unwrap(), Command::Set { key: "x".into(), value: "it's".into() });
         assert_eq!(parse("shutdown wait_for_clients").unwrap(), Command::Shutdown(Shutdown::WaitForClients));
         assert_eq!(parse("").unwrap(), Command::Empty);
+        assert_eq!(parse("SET application_name = 'psql'").unwrap(), Command::SessionSet);
+        assert!(parse("SET extra_float_digits TO 3").unwrap().read_only());
         assert!(parse("select 1").is_err());
         assert!(parse("show").is_err());
         assert!(parse("show nope").is_err());

@@ -42,7 +42,10 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
                 let app = app.clone();
                 async move { Ok::<_, Infallible>(respond(&app, &req)) }
             });
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), service);
             if let Err(e) = conn.await {
                 debug!(%peer, "metrics endpoint connection: {e}");
             }

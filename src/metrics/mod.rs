@@ -173,9 +173,11 @@ impl Totals {
     }
 }
 
-/// Totals since start per database (SHOW STATS rows), sorted by name.
+/// Totals since start per configured database (SHOW STATS rows), sorted by name;
+/// databases without a pool yet have zeros.
 pub fn db_totals(app: &App) -> BTreeMap<String, Totals> {
-    let mut out: BTreeMap<String, Totals> = BTreeMap::new();
+    let mut out: BTreeMap<String, Totals> =
+        app.config.load().databases.keys().map(|d| (d.clone(), Totals::default())).collect();
     for pool in app.pools.all() {
         out.entry(pool.key.database.clone()).or_default().add(&pool.stats);
     }
