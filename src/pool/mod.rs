@@ -272,6 +272,7 @@ impl Pool {
             self.release_limits();
             self.servers.remove(s.id);
             drop(s);
+            self.changed.notify_waiters();
         }
         if inner.waiters.is_empty() && inner.total < settings.size && self.acquire_limits() {
             inner.total += 1;
