@@ -227,6 +227,23 @@ async fn pause_holds_new_transactions_until_resume() {
     let pid_after = tokio::time::timeout(Duration::from_secs(10), held).await.expect("held after RESUME").unwrap();
     assert_ne!(pid_before, pid_after, "PAUSE closes server connections");
     assert_eq!(cell(&a, "SHOW DATABASES", "name", "app", "paused").await.as_deref(), Some("0"));
+    // PAUSE waits for transactions in progress to end
+    let c = app_client(s.port).await;
+    c.simple_query("begin").await.unwrap();
+    let pausing = tokio::spawn(async move {
+        let p = admin(s.port).await;
+        p.simple_query("PAUSE").await.map(|_| ())
+    });
+    let flagged = eventually(Duration::from_secs(10), || async {
+        cell(&a, "SHOW STATE", "key", "paused", "value").await.as_deref() == Some("yes")
+    })
+    .await;
+    assert!(flagged && !pausing.is_finished(), "PAUSE returned while a transaction was open");
+    assert_eq!(one(&c, "select 8").await, "8", "the open transaction goes on while pausing");
+    c.simple_query("commit").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), pausing).await.expect("PAUSE returns after commit").unwrap().unwrap();
+    a.simple_query("RESUME").await.unwrap();
+    assert_eq!(one(&c, "select 9").await, "9");
     // SIGUSR1 pauses everything, SIGUSR2 resumes
     for (signal, paused) in [(libc::SIGUSR1, "yes"), (libc::SIGUSR2, "no")] {
         // SAFETY: kill(2) on our own child process.
