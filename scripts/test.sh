@@ -48,6 +48,10 @@ need_cmd npm npm
 need_cmd javac default-jdk-headless
 need_cmd mvn maven
 need_cmd go golang-go
+# Admin console and live view tests (tests/metrics.rs): a real PgBouncer exporter and a
+# real browser. About 2 minutes of apt on a cold machine; skipped when present.
+[[ -x /usr/bin/prometheus-pgbouncer-exporter ]] || missing+=(prometheus-pgbouncer-exporter)
+[[ -x /usr/bin/chromium ]] || missing+=(chromium)
 
 install_packages() {
   local as_root=()
@@ -100,6 +104,8 @@ bash tests/drivers/install.sh
 #    driver suites (tests/drivers.rs) included.
 # ---------------------------------------------------------------------------------------------
 step "cargo test --all-targets"
+# tests/metrics.rs fails instead of skipping when the exporter or Chromium is missing.
+export SLUICE_REQUIRE_TOOLS=1
 cargo test --all-targets
 
 trap - ERR

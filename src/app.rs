@@ -21,6 +21,8 @@ use crate::tls::{self, ClientTls, ServerTls};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     Running,
+    /// Admin SHUTDOWN WAIT_FOR_CLIENTS: no new clients; exit once the clients have left.
+    Quiescing,
     /// SIGTERM: no new clients; each client is closed once its transaction ends.
     Draining,
     /// SIGINT or the shutdown timeout: everything is closed now.
@@ -54,6 +56,8 @@ pub struct App {
     /// Logged-in clients, for the admin console.
     pub client_infos: crate::stats::Registry<crate::stats::ClientInfo>,
     next_client_id: std::sync::atomic::AtomicU64,
+    /// Per-second samples and stats_period averages (admin console, metrics, live view).
+    pub monitor: crate::metrics::Monitor,
 }
 
 /// Counts a connected client for as long as it lives.
@@ -85,6 +89,7 @@ impl App {
             mock_key: rand::random(),
             client_infos: Default::default(),
             next_client_id: std::sync::atomic::AtomicU64::new(1),
+            monitor: Default::default(),
         }))
     }
 
@@ -116,17 +121,16 @@ impl App {
         });
     }
 
-    /// Re-reads the config file; on error the running config stays.
-    pub fn reload(&self) {
+    /// Re-reads the config file; on error the running config stays (and the error is
+    /// logged and returned).
+    pub fn reload(&self) -> Result<(), String> {
         let path = self.config.load().path.clone();
-        let cfg = match Config::load(&path) {
-            Ok(c) => c,
-            Err(e) => return error!("reload failed, keeping the running configuration: {e}"),
+        let failed = |e: &dyn std::fmt::Display| {
+            error!("reload failed, keeping the running configuration: {e}");
+            format!("reload failed, keeping the running configuration: {e}")
         };
-        let mut users = match UserStore::from_config(&cfg) {
-            Ok(u) => u,
-            Err(e) => return error!("reload failed, keeping the running configuration: {e}"),
-        };
+        let cfg = Config::load(&path).map_err(|e| failed(&e))?;
+        let mut users = UserStore::from_config(&cfg).map_err(|e| failed(&e))?;
         users.inherit(&self.users.load());
         let old = self.config.load();
         if old.general.listen_addr != cfg.general.listen_addr || old.general.listen_port != cfg.general.listen_port {
@@ -139,6 +143,14 @@ impl App {
         self.users.store(Arc::new(users));
         self.config.store(Arc::new(cfg));
         info!("configuration reloaded");
+        Ok(())
+    }
+
+    /// Applies a configuration changed in memory (admin SET): pool settings and limits
+    /// follow at once; the users stay.
+    pub fn apply_config(&self, cfg: Config) {
+        self.pools.reload(&cfg, &self.users.load());
+        self.config.store(Arc::new(cfg));
     }
 }
 
@@ -192,19 +204,25 @@ pub async fn run(app: Arc<App>, listeners: Vec<Listener>) {
         tokio::spawn(accept_loop(app.clone(), l));
     }
     tokio::spawn(janitor(app.clone()));
-    signals(app.clone()).await;
-    let timeout = secs(app.config.load().general.shutdown_timeout);
-    if *app.phase.borrow() == Phase::Draining {
-        let drained = wait_for_no_clients(&app);
-        let finished = match timeout {
-            Some(t) => tokio::time::timeout(t, drained).await.is_ok(),
-            None => {
-                drained.await;
-                true
+    tokio::spawn(crate::metrics::stats_task(app.clone()));
+    start_metrics(&app).await;
+    tokio::spawn(signals(app.clone()));
+    let mut phase = app.phase();
+    let _ = phase.wait_for(|p| *p != Phase::Running).await;
+    loop {
+        let now = *phase.borrow_and_update();
+        // SHUTDOWN WAIT_FOR_CLIENTS waits for ever; SIGTERM for shutdown_timeout.
+        let limit = if now == Phase::Draining { secs(app.config.load().general.shutdown_timeout) } else { None };
+        if now == Phase::Stopping {
+            break;
+        }
+        tokio::select! {
+            _ = wait_for_no_clients(&app) => break,
+            _ = phase.changed() => {}
+            _ = sleep_opt(limit) => {
+                warn!("shutdown_timeout reached with {} clients left", app.client_count());
+                break;
             }
-        };
-        if !finished {
-            warn!("shutdown_timeout reached with {} clients left", app.client_count());
         }
     }
     app.set_phase(Phase::Stopping);
@@ -224,26 +242,63 @@ async fn wait_for_no_clients(app: &App) {
     }
 }
 
+async fn sleep_opt(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Starts the HTTP endpoint when `metrics_listen` is set; a failure to bind is logged
+/// and Sluice runs without it.
+async fn start_metrics(app: &Arc<App>) {
+    let addr = app.config.load().general.metrics_listen.clone();
+    if addr.is_empty() {
+        return;
+    }
+    match tokio::net::TcpListener::bind(&addr).await {
+        Ok(l) => {
+            info!("metrics and live view on http://{addr}/");
+            tokio::spawn(crate::metrics::http::serve(app.clone(), l));
+        }
+        Err(e) => error!("cannot listen on metrics_listen {addr}: {e}; running without the metrics endpoint"),
+    }
+}
+
+/// SIGHUP reloads, SIGTERM drains, SIGINT stops, SIGUSR1/SIGUSR2 pause/resume every
+/// pool (admin PAUSE/RESUME).
 async fn signals(app: Arc<App>) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut hup), Ok(mut term), Ok(mut int)) =
-        (signal(SignalKind::hangup()), signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
+    let (Ok(mut hup), Ok(mut term), Ok(mut int), Ok(mut usr1), Ok(mut usr2)) = (
+        signal(SignalKind::hangup()),
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::user_defined1()),
+        signal(SignalKind::user_defined2()),
+    ) else {
         error!("cannot install signal handlers");
         return;
     };
     loop {
         tokio::select! {
-            _ = hup.recv() => app.reload(),
+            _ = hup.recv() => {
+                let _ = app.reload();
+            }
             _ = term.recv() => {
                 info!("SIGTERM: no new connections; closing clients as their transactions end");
                 app.set_phase(Phase::Draining);
-                return;
             }
             _ = int.recv() => {
                 info!("SIGINT: shutting down now");
                 app.set_phase(Phase::Stopping);
-                return;
+            }
+            _ = usr1.recv() => {
+                info!("SIGUSR1: pausing every pool");
+                app.pools.pause(None);
+            }
+            _ = usr2.recv() => {
+                info!("SIGUSR2: resuming every pool");
+                app.pools.resume(None);
             }
         }
     }

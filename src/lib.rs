@@ -3,13 +3,16 @@
 //! Bytes flow `net` → `client` (handshake, `auth`, session, relay) ⇄ `server`
 //! connections lent by a `pool`; `protocol` is the I/O-free wire codec; `tls` sets up
 //! TLS on either side; `app` wires the handles together; `config` loads and validates
-//! the TOML file.
+//! the TOML file; `admin` is the PgBouncer-compatible console and `metrics` the
+//! Prometheus endpoint, live view and stats task.
 
+pub mod admin;
 pub mod app;
 pub mod auth;
 pub mod cancel;
 pub mod client;
 pub mod config;
+pub mod metrics;
 pub mod net;
 pub mod params;
 pub mod pool;

@@ -11,9 +11,10 @@ use tracing::{info, warn};
 
 use super::session::{Session, pool_failure};
 use super::{ClientConn, Exit};
+use crate::admin::{self, AdminSession};
 use crate::app::{App, Phase};
 use crate::auth::client::{AuthFailure, authenticate};
-use crate::config::{PoolMode, secs};
+use crate::config::{Config, PoolMode, secs};
 use crate::net::listener::Peer;
 use crate::net::{ReadError, read_startup};
 use crate::params::{ClientParams, NOT_SETTINGS, is_reported};
@@ -24,8 +25,15 @@ use crate::server::ServerConn;
 use crate::stats::ClientInfo;
 use crate::tls::{self, ClientTls, Negotiation};
 
+/// A logged-in client: a pooled session, or the admin console.
+#[allow(clippy::large_enum_variant)] // built once per client and consumed at once
+pub enum LoggedIn {
+    Pool(Session),
+    Admin(AdminSession),
+}
+
 /// Runs the login; Ok gives a session ready to serve queries.
-pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<Session, Exit> {
+pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Exit> {
     let msg = handshake(app, conn).await?;
     if *app.phase().borrow() != Phase::Running {
         return Err(Exit::fatal(sqlstate::CANNOT_CONNECT_NOW, "the pooler is shutting down"));
@@ -41,9 +49,39 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<Session, Exi
     if msg.get("replication").is_some_and(|r| r != "false" && r != "0" && r != "off") {
         return Err(Exit::fatal(sqlstate::FEATURE_NOT_SUPPORTED, "replication connections are not supported"));
     }
+    if admin::is_admin_database(&cfg, database) {
+        return admin_login(app, conn, &cfg, user, database, &msg).await.map(LoggedIn::Admin);
+    }
     if !cfg.databases.contains_key(database) {
         return Err(Exit::fatal(sqlstate::INVALID_CATALOG_NAME, format!("database \"{database}\" does not exist")));
     }
+    if app.pools.is_disabled(database) {
+        return Err(Exit::fatal(
+            sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE,
+            format!("database \"{database}\" is not currently accepting connections (disabled from the admin console)"),
+        ));
+    }
+    let users = app.users.load_full();
+    prove(app, conn, &cfg, user, database).await?;
+    let pool = app.pools.get(&cfg, &users, database, user).ok_or_else(|| {
+        Exit::fatal(sqlstate::INVALID_AUTHORIZATION, format!("no server login configured for user \"{user}\""))
+    })?;
+    let params = client_params(&msg)?;
+    let info = Arc::new(ClientInfo::new(app.client_id(), user, database, &conn.peer, false));
+    *info.application_name.lock() = params.get("application_name").unwrap_or_default().to_string();
+    let session = match pool.settings().mode {
+        PoolMode::Session => start_session_mode(app, conn, pool, params, info.clone()).await?,
+        mode => start_pooled(app, conn, pool, params, mode, info.clone()).await?,
+    };
+    app.client_infos.insert(info.id, info);
+    if cfg.general.log_connections {
+        info!(peer = %conn.peer, user, database, tls = tls::describe(&conn.stream), "login");
+    }
+    Ok(LoggedIn::Pool(session))
+}
+
+/// Authenticates the client as `user` per `auth_type`.
+async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, database: &str) -> Result<(), Exit> {
     let users = app.users.load_full();
     let auth_user = users.get(user).cloned();
     let cert_name = tls::peer_common_name(&conn.stream);
@@ -72,21 +110,52 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<Session, Exi
     if let (Some(key), Some(u)) = (proven.client_key, &auth_user) {
         u.server.learn_client_key(key);
     }
-    let pool = app.pools.get(&cfg, &users, database, user).ok_or_else(|| {
-        Exit::fatal(sqlstate::INVALID_AUTHORIZATION, format!("no server login configured for user \"{user}\""))
-    })?;
-    let params = client_params(&msg)?;
-    let info = Arc::new(ClientInfo::new(app.client_id(), user, database, &conn.peer, false));
-    *info.application_name.lock() = params.get("application_name").unwrap_or_default().to_string();
-    let session = match pool.settings().mode {
-        PoolMode::Session => start_session_mode(app, conn, pool, params, info.clone()).await?,
-        mode => start_pooled(app, conn, pool, params, mode, info.clone()).await?,
+    Ok(())
+}
+
+/// Login to the admin console: the usual authentication, then `admin_users` or
+/// `stats_users` must list the user.
+async fn admin_login(
+    app: &Arc<App>,
+    conn: &mut ClientConn,
+    cfg: &Config,
+    user: &str,
+    database: &str,
+    msg: &StartupMessage,
+) -> Result<AdminSession, Exit> {
+    prove(app, conn, cfg, user, database).await?;
+    let Some(role) = admin::role_of(cfg, user) else {
+        warn!(peer = %conn.peer, user, "admin console login refused: not in admin_users or stats_users");
+        return Err(Exit::fatal(
+            sqlstate::INSUFFICIENT_PRIVILEGE,
+            format!("user \"{user}\" is not allowed on the admin console (admin_users, stats_users)"),
+        ));
     };
-    app.client_infos.insert(info.id, info);
-    if cfg.general.log_connections {
-        info!(peer = %conn.peer, user, database, tls = tls::describe(&conn.stream), "login");
+    let app_name = msg.get("application_name").unwrap_or_default();
+    let mut out = BytesMut::new();
+    build::auth_ok(&mut out);
+    let version = format!("{}/sluice", env!("CARGO_PKG_VERSION"));
+    for (k, v) in [
+        ("server_version", version.as_str()),
+        ("server_encoding", "UTF8"),
+        ("client_encoding", "UTF8"),
+        ("DateStyle", "ISO, MDY"),
+        ("TimeZone", "UTC"),
+        ("integer_datetimes", "on"),
+        ("standard_conforming_strings", "on"),
+        ("application_name", app_name),
+    ] {
+        build::parameter_status(&mut out, k.as_bytes(), v.as_bytes());
     }
-    Ok(session)
+    build::backend_key_data(&mut out, rand::random(), rand::random());
+    build::ready_for_query(&mut out, TxStatus::Idle);
+    conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;
+    let info = ClientInfo::new(app.client_id(), user, database, &conn.peer, conn.stream.is_tls());
+    *info.application_name.lock() = app_name.to_string();
+    if cfg.general.log_connections {
+        info!(peer = %conn.peer, user, database, "admin console login");
+    }
+    Ok(AdminSession::new(app, Arc::new(info), role))
 }
 
 /// Reads packets until a StartupMessage: starts TLS when asked (or when the client

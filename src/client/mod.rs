@@ -78,7 +78,8 @@ pub async fn serve(app: Arc<App>, stream: Stream, peer: Peer, _guard: ClientGuar
         None => login.await,
     };
     let exit = match result {
-        Ok(session) => session.run(&mut conn).await,
+        Ok(login::LoggedIn::Pool(session)) => session.run(&mut conn).await,
+        Ok(login::LoggedIn::Admin(console)) => console.run(&mut conn).await,
         Err(exit) => exit,
     };
     finish(&app, &mut conn, exit).await;

@@ -169,7 +169,7 @@ impl Session {
         if std::mem::take(&mut self.track.ddl_seen) {
             self.pool.schema_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         }
-        if self.track.xact_done.is_some() {
+        if self.track.xact_done.is_some() || self.track.query_times.len() >= 1024 {
             self.flush_stats();
         }
         let server = self.server.as_mut().expect("relay without a server");

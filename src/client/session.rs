@@ -145,7 +145,7 @@ impl Session {
                     Ok(0) | Err(_) => return Wanted::Leave(Exit::Closed),
                     Ok(_) => {}
                 },
-                _ = self.phase.wait_for(|p| *p != Phase::Running) => {
+                _ = self.phase.wait_for(|p| matches!(p, Phase::Draining | Phase::Stopping)) => {
                     return Wanted::Leave(Exit::fatal(sqlstate::ADMIN_SHUTDOWN, "terminating connection: the pooler is shutting down"));
                 }
                 _ = sleep_opt(idle) => {
@@ -264,6 +264,9 @@ impl Session {
         }
         for code in self.track.errors.drain(..) {
             stats.error(&code);
+        }
+        for d in self.track.query_times.drain(..) {
+            stats.query_hist.observe(d);
         }
         self.info.prepared_statements.store(self.stmts.len() as u64, Relaxed);
         if let Some(s) = &self.server {

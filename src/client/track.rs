@@ -26,6 +26,9 @@ pub struct Track {
     pub errors: Vec<String>,
     /// A command that can change what statements parse to (DDL, SET...) completed.
     pub ddl_seen: bool,
+    /// Durations of the round trips (request to the last ReadyForQuery) since the
+    /// last flush, for the query-time histogram.
+    pub query_times: Vec<Duration>,
     /// Query, Sync and FunctionCall messages not yet answered by ReadyForQuery.
     pub pending: u32,
     /// Extended-protocol messages sent since the last Sync.
@@ -203,9 +206,10 @@ impl Track {
             xact_done,
             errors,
             ddl_seen,
+            query_times,
             ..
         } = self;
-        server_scan.scan(
+        let n = server_scan.scan(
             buf,
             server_need,
             |m, sp| {
@@ -232,7 +236,9 @@ impl Track {
                         stats.queries += 1;
                         if *pending == 0 {
                             let now = Instant::now();
-                            stats.query_time_us += busy_since.map_or(0, |b| (now - b).as_micros() as u64);
+                            let busy = busy_since.map_or(Duration::ZERO, |b| now - b);
+                            stats.query_time_us += busy.as_micros() as u64;
+                            query_times.push(busy);
                             if status == TxStatus::Idle {
                                 *xact_done = xact_start.take().map(|s| now - s);
                             }
@@ -266,7 +272,9 @@ impl Track {
                 Ok(())
             },
             splice,
-        )
+        )?;
+        stats.sent += n as u64;
+        Ok(n)
     }
 }
 

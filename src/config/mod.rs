@@ -178,6 +178,21 @@ pub struct General {
     pub server_tls_ca_file: String,
     pub server_tls_cert_file: String,
     pub server_tls_key_file: String,
+    /// Name of the admin console's virtual database (`sluice` is an alias).
+    pub admin_database: String,
+    /// Users allowed every admin console command.
+    pub admin_users: Vec<String>,
+    /// Users allowed the admin console's read-only SHOW commands.
+    pub stats_users: Vec<String>,
+    /// Append the columns pre-1.8 PgBouncer tools read (SHOW STATS `total_requests`,
+    /// SHOW DATABASES `reserve_pool`).
+    pub admin_legacy_columns: bool,
+    /// Seconds between statistics snapshots (SHOW STATS averages, `log_stats`).
+    pub stats_period: f64,
+    /// Log a line of statistics per database every `stats_period`.
+    pub log_stats: bool,
+    /// `host:port` of the HTTP endpoint for metrics and the live view ("" = off).
+    pub metrics_listen: String,
 }
 
 impl Default for General {
@@ -224,6 +239,13 @@ impl Default for General {
             server_tls_ca_file: String::new(),
             server_tls_cert_file: String::new(),
             server_tls_key_file: String::new(),
+            admin_database: "pgbouncer".into(),
+            admin_users: Vec::new(),
+            stats_users: Vec::new(),
+            admin_legacy_columns: false,
+            stats_period: 60.0,
+            log_stats: true,
+            metrics_listen: String::new(),
         }
     }
 }
@@ -322,6 +344,7 @@ impl Config {
         for (name, user) in &raw.users {
             validate_user(user, &raw.general, &|k, m| invalid(&format!("users.{name}"), k, m))?;
         }
+        validate_admin(&raw.general, &raw.databases, &raw.users, &|k, m| invalid("general", k, m))?;
         Ok(Config {
             path: path.to_path_buf(),
             general: raw.general,
@@ -329,6 +352,27 @@ impl Config {
             users: raw.users,
             listen,
         })
+    }
+
+    /// This configuration with another `[general]` section, validated as at load (for
+    /// the admin console's SET). The error is the message without file and line.
+    pub fn with_general(&self, general: General) -> Result<Config, String> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            file: String::new(),
+            line: 0,
+            key: key.to_string(),
+            message,
+        };
+        let message = |e: ConfigError| match e {
+            ConfigError::Invalid { key, message, .. } => format!("{key}: {message}"),
+            e => e.to_string(),
+        };
+        let listen = validate_general(&general, &invalid).map_err(message)?;
+        validate_admin(&general, &self.databases, &self.users, &invalid).map_err(message)?;
+        for (name, db) in &self.databases {
+            validate_database(name, db, &general, &invalid).map_err(message)?;
+        }
+        Ok(Config { general, listen, ..self.clone() })
     }
 
     /// The pool mode for a (database, user) pair: user, then database, then general.
@@ -462,6 +506,37 @@ fn validate_tls(g: &General, invalid: Invalid) -> Result<(), ConfigError> {
         (true, false) => Err(invalid("server_tls_key_file", "needs server_tls_cert_file too".into())),
         _ => Ok(()),
     }
+}
+
+/// The admin console keys: users must exist in `[users]` (for their passwords), the
+/// virtual database must not shadow a real one.
+fn validate_admin(
+    g: &General,
+    databases: &BTreeMap<String, Database>,
+    users: &BTreeMap<String, User>,
+    invalid: Invalid,
+) -> Result<(), ConfigError> {
+    if g.admin_database.is_empty() || g.admin_database.len() > 63 {
+        return Err(invalid("admin_database", "must have 1 to 63 bytes".into()));
+    }
+    if databases.contains_key(&g.admin_database) {
+        return Err(invalid("admin_database", format!("\"{}\" is also a [databases] entry", g.admin_database)));
+    }
+    for (key, list) in [("admin_users", &g.admin_users), ("stats_users", &g.stats_users)] {
+        if let Some(u) = list.iter().find(|u| !users.contains_key(*u)) {
+            return Err(invalid(key, format!("user \"{u}\" is not in [users]")));
+        }
+    }
+    if !g.stats_period.is_finite() || !(1.0..=86_400.0).contains(&g.stats_period) {
+        return Err(invalid("stats_period", "must be between 1 and 86400 seconds".into()));
+    }
+    if !g.metrics_listen.is_empty() && g.metrics_listen.parse::<std::net::SocketAddr>().is_err() {
+        return Err(invalid(
+            "metrics_listen",
+            format!("\"{}\" is not an address like \"127.0.0.1:9930\"", g.metrics_listen),
+        ));
+    }
+    Ok(())
 }
 
 fn validate_database(name: &str, db: &Database, g: &General, invalid: Invalid) -> Result<(), ConfigError> {

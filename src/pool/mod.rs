@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot, watch};
 
 use crate::auth::ServerLogin;
 use crate::config::PoolMode;
@@ -172,6 +172,13 @@ pub struct Pool {
     pub servers: Registry<ServerInfo>,
     /// Source of connection ids, shared by all pools.
     ids: Arc<std::sync::atomic::AtomicU64>,
+    /// Admin PAUSE: checkouts wait, returned connections are closed.
+    paused: watch::Sender<bool>,
+    /// Admin RECONNECT/KILL: connections opened at or before this time (µs since the
+    /// epoch) are closed when they come back.
+    reconnect_before_us: std::sync::atomic::AtomicU64,
+    /// Notified whenever a connection comes back or is closed (PAUSE, WAIT_CLOSE).
+    changed: Notify,
 }
 
 impl Pool {
@@ -195,6 +202,9 @@ impl Pool {
             schema_epoch: Default::default(),
             servers: Registry::default(),
             ids,
+            paused: watch::channel(false).0,
+            reconnect_before_us: Default::default(),
+            changed: Notify::new(),
         }
     }
 
@@ -250,6 +260,9 @@ impl Pool {
     pub async fn checkout(&self) -> Result<ServerConn, PoolError> {
         let deadline = self.settings.load().wait_timeout.map(|t| tokio::time::Instant::now() + t);
         loop {
+            if *self.paused.borrow() {
+                self.wait_resumed(deadline).await?;
+            }
             match self.next()? {
                 Next::Take(s) => return Ok(s),
                 Next::Connect => {
@@ -293,6 +306,7 @@ impl Pool {
             self.release_limits();
             self.servers.remove(s.id);
             drop(s);
+            self.changed.notify_waiters();
         }
         if inner.waiters.is_empty() && inner.total < settings.size && self.acquire_limits() {
             inner.total += 1;
@@ -306,7 +320,27 @@ impl Pool {
 
     fn usable(&self, s: &ServerConn, settings: &PoolSettings) -> bool {
         let expired = settings.lifetime.is_some_and(|l| s.created.elapsed() >= l);
-        !expired && !s.broken && !s.stream.is_dead_or_noisy()
+        !expired && !s.broken && !self.marked(s) && !s.stream.is_dead_or_noisy()
+    }
+
+    /// Marked for closing by RECONNECT or KILL.
+    fn marked(&self, s: &ServerConn) -> bool {
+        s.info.connect_time_us <= self.reconnect_before_us.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Waits until the pool is resumed (or the wait times out).
+    async fn wait_resumed(&self, deadline: Option<tokio::time::Instant>) -> Result<(), PoolError> {
+        let mut rx = self.paused.subscribe();
+        let resumed = rx.wait_for(|p| !*p);
+        match deadline {
+            Some(d) => {
+                let _ = tokio::time::timeout_at(d, resumed).await.map_err(|_| PoolError::WaitTimeout)?;
+            }
+            None => {
+                let _ = resumed.await;
+            }
+        }
+        Ok(())
     }
 
     /// Opens a connection for a slot already counted in `total` and `connecting`.
@@ -342,7 +376,7 @@ impl Pool {
     pub fn checkin(&self, mut s: ServerConn) {
         let settings = self.settings.load();
         let expired = settings.lifetime.is_some_and(|l| s.created.elapsed() >= l);
-        if !s.is_clean() || expired || s.addr != settings.target.addr {
+        if !s.is_clean() || expired || s.addr != settings.target.addr || self.marked(&s) || self.is_paused() {
             return self.discard(s);
         }
         s.last_used = Instant::now();
@@ -360,6 +394,8 @@ impl Pool {
             }
         }
         inner.idle.push(s);
+        drop(inner);
+        self.changed.notify_waiters();
     }
 
     /// Closes a connection and lets a waiter open a replacement.
@@ -372,6 +408,7 @@ impl Pool {
             self.release_limits();
         }
         self.wake_waiters();
+        self.changed.notify_waiters();
     }
 
     /// Gives the oldest waiters the room there now is to open connections: each gets
@@ -440,12 +477,64 @@ impl Pool {
                 }
             }
             inner.idle = keep;
-            if inner.closed { 0 } else { settings.min_size.saturating_sub(total) }
+            if inner.closed || self.is_paused() { 0 } else { settings.min_size.saturating_sub(total) }
         };
         for s in retire {
             self.discard(s);
         }
         missing
+    }
+
+    pub fn is_paused(&self) -> bool {
+        *self.paused.borrow()
+    }
+
+    /// PAUSE: new checkouts wait; idle connections are closed now and the others as
+    /// they come back.
+    pub fn pause(&self) {
+        self.paused.send_replace(true);
+        self.drop_idle();
+    }
+
+    /// RESUME: waiting checkouts go on.
+    pub fn resume(&self) {
+        self.paused.send_replace(false);
+    }
+
+    /// RECONNECT: every connection open now is closed when it is next idle.
+    pub fn reconnect(&self) {
+        self.reconnect_before_us.fetch_max(crate::stats::now_us(), std::sync::atomic::Ordering::Relaxed);
+        let marked: Vec<ServerConn> = {
+            let mut inner = self.inner.lock();
+            let (marked, keep) = std::mem::take(&mut inner.idle).into_iter().partition(|s| self.marked(s));
+            inner.idle = keep;
+            marked
+        };
+        for s in marked {
+            self.discard(s);
+        }
+    }
+
+    /// Server connections still open that RECONNECT or KILL marked for closing.
+    pub fn marked_count(&self) -> usize {
+        let mark = self.reconnect_before_us.load(std::sync::atomic::Ordering::Relaxed);
+        self.servers.list().iter().filter(|s| s.connect_time_us <= mark).count()
+    }
+
+    /// Whether a server connection was marked for closing (SHOW SERVERS close_needed).
+    pub fn close_needed(&self, info: &ServerInfo) -> bool {
+        info.connect_time_us <= self.reconnect_before_us.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Waits until `done` holds, re-checking whenever a connection comes back or closes.
+    pub async fn wait_until(&self, done: impl Fn(&Pool) -> bool) {
+        loop {
+            let changed = self.changed.notified();
+            if done(self) {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// Opens one connection for `min_pool_size` and parks it idle.

@@ -28,6 +28,16 @@ pub struct Pools {
     server_ids: Arc<std::sync::atomic::AtomicU64>,
     /// TLS towards servers, given to new pools and, on reload, to every pool.
     server_tls: ArcSwap<ServerTls>,
+    /// Admin console PAUSE/DISABLE state, kept per database name so pools created
+    /// later (first login, reload) start in it.
+    flags: Mutex<DbFlags>,
+}
+
+#[derive(Debug, Default)]
+struct DbFlags {
+    paused_all: bool,
+    paused: std::collections::HashSet<String>,
+    disabled: std::collections::HashSet<String>,
 }
 
 impl Default for Pools {
@@ -38,6 +48,7 @@ impl Default for Pools {
             user_limits: Default::default(),
             server_ids: Arc::new(std::sync::atomic::AtomicU64::new(1)),
             server_tls: Default::default(),
+            flags: Default::default(),
         }
     }
 }
@@ -54,6 +65,9 @@ impl Pools {
         let db_limit = self.limit(&self.db_limits, db, db_max(cfg, db));
         let user_limit = self.limit(&self.user_limits, &key.user, user_max(cfg, &key.user));
         let pool = Arc::new(Pool::new(key.clone(), settings, db_limit, user_limit, self.server_ids.clone()));
+        if self.is_paused(db) {
+            pool.pause();
+        }
         map.insert(key, pool.clone());
         Some(pool)
     }
@@ -76,6 +90,80 @@ impl Pools {
                 starved.retry_waiters();
             }
         }
+    }
+
+    /// The pools of one database, or all of them.
+    pub fn of(&self, db: Option<&str>) -> Vec<Arc<Pool>> {
+        let mut v = self.all();
+        v.retain(|p| db.is_none_or(|d| p.key.database == d));
+        v
+    }
+
+    /// PAUSE one database or all: see [`Pool::pause`].
+    pub fn pause(&self, db: Option<&str>) {
+        {
+            let mut f = self.flags.lock();
+            match db {
+                Some(d) => f.paused.insert(d.to_string()),
+                None => std::mem::replace(&mut f.paused_all, true),
+            };
+        }
+        self.of(db).iter().for_each(|p| p.pause());
+    }
+
+    /// RESUME one database or all. A database paused on its own stays paused while
+    /// everything is resumed only when named, as in PgBouncer.
+    pub fn resume(&self, db: Option<&str>) {
+        {
+            let mut f = self.flags.lock();
+            match db {
+                Some(d) => {
+                    f.paused.remove(d);
+                }
+                None => {
+                    f.paused_all = false;
+                    f.paused.clear();
+                }
+            }
+        }
+        for p in self.of(db) {
+            if !self.is_paused(&p.key.database) {
+                p.resume();
+            }
+        }
+    }
+
+    pub fn is_paused(&self, db: &str) -> bool {
+        let f = self.flags.lock();
+        f.paused_all || f.paused.contains(db)
+    }
+
+    pub fn all_paused(&self) -> bool {
+        self.flags.lock().paused_all
+    }
+
+    /// DISABLE / ENABLE: whether new logins to a database are refused.
+    pub fn set_disabled(&self, db: &str, disabled: bool) {
+        let mut f = self.flags.lock();
+        if disabled {
+            f.disabled.insert(db.to_string());
+        } else {
+            f.disabled.remove(db);
+        }
+    }
+
+    pub fn is_disabled(&self, db: &str) -> bool {
+        self.flags.lock().disabled.contains(db)
+    }
+
+    /// Open server connections counted against `max_db_connections` for `db`.
+    pub fn db_connections(&self, db: &str) -> usize {
+        self.db_limits.lock().get(db).map_or(0, |l| l.current())
+    }
+
+    /// Open server connections counted against `max_user_connections` for `user`.
+    pub fn user_connections(&self, user: &str) -> usize {
+        self.user_limits.lock().get(user).map_or(0, |l| l.current())
     }
 
     pub fn all(&self) -> Vec<Arc<Pool>> {

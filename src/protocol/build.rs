@@ -38,17 +38,26 @@ fn cstr(buf: &mut BytesMut, s: &[u8]) {
 
 /// The single place an ErrorResponse is composed.
 pub fn error_response(buf: &mut BytesMut, severity: Severity, code: &str, message: &str) {
-    error_response_from(buf, severity, code, message, None);
+    report(buf, be::ERROR_RESPONSE, severity.as_str(), code, message, None);
 }
 
 /// An ErrorResponse that names the PostgreSQL routine it stands for (field `R`), for
 /// errors Sluice raises in PostgreSQL's place that drivers recognise by that field.
 pub fn error_response_from(buf: &mut BytesMut, severity: Severity, code: &str, message: &str, routine: Option<&str>) {
-    frame(buf, be::ERROR_RESPONSE, |b| {
+    report(buf, be::ERROR_RESPONSE, severity.as_str(), code, message, routine);
+}
+
+/// A NoticeResponse (severity NOTICE, SQLSTATE 00000), as the admin console's SHOW HELP.
+pub fn notice_response(buf: &mut BytesMut, message: &str) {
+    report(buf, be::NOTICE_RESPONSE, "NOTICE", "00000", message, None);
+}
+
+fn report(buf: &mut BytesMut, tag: u8, severity: &str, code: &str, message: &str, routine: Option<&str>) {
+    frame(buf, tag, |b| {
         b.put_u8(b'S');
-        cstr(b, severity.as_str().as_bytes());
+        cstr(b, severity.as_bytes());
         b.put_u8(b'V');
-        cstr(b, severity.as_str().as_bytes());
+        cstr(b, severity.as_bytes());
         b.put_u8(b'C');
         cstr(b, code.as_bytes());
         b.put_u8(b'M');
@@ -143,6 +152,60 @@ pub fn close_complete(buf: &mut BytesMut) {
 
 pub fn parse_complete(buf: &mut BytesMut) {
     frame(buf, be::PARSE_COMPLETE, |_| {});
+}
+
+pub fn bind_complete(buf: &mut BytesMut) {
+    frame(buf, be::BIND_COMPLETE, |_| {});
+}
+
+pub fn no_data(buf: &mut BytesMut) {
+    frame(buf, be::NO_DATA, |_| {});
+}
+
+pub fn empty_query_response(buf: &mut BytesMut) {
+    frame(buf, be::EMPTY_QUERY_RESPONSE, |_| {});
+}
+
+/// ParameterDescription with the given parameter type OIDs.
+pub fn parameter_description(buf: &mut BytesMut, types: &[u32]) {
+    frame(buf, be::PARAMETER_DESCRIPTION, |b| {
+        b.put_u16(types.len() as u16);
+        for t in types {
+            b.put_u32(*t);
+        }
+    });
+}
+
+/// RowDescription of computed columns: (name, type OID, type size, format code).
+pub fn row_description(buf: &mut BytesMut, columns: &[(&str, u32, i16, i16)]) {
+    frame(buf, be::ROW_DESCRIPTION, |b| {
+        b.put_u16(columns.len() as u16);
+        for (name, oid, size, format) in columns {
+            cstr(b, name.as_bytes());
+            b.put_u32(0); // no table
+            b.put_u16(0); // no column number
+            b.put_u32(*oid);
+            b.put_i16(*size);
+            b.put_i32(-1); // no type modifier
+            b.put_i16(*format);
+        }
+    });
+}
+
+/// DataRow; None is NULL.
+pub fn data_row(buf: &mut BytesMut, values: &[Option<&[u8]>]) {
+    frame(buf, be::DATA_ROW, |b| {
+        b.put_u16(values.len() as u16);
+        for v in values {
+            match v {
+                Some(v) => {
+                    b.put_i32(v.len() as i32);
+                    b.put_slice(v);
+                }
+                None => b.put_i32(-1),
+            }
+        }
+    });
 }
 
 // ---- frontend messages Sluice sends to servers ----

@@ -1,0 +1,351 @@
+//! The admin console from outside: psql (simple protocol) sees PgBouncer 1.25's exact
+//! columns, tokio-postgres (extended protocol) reads typed rows, and the commands act
+//! on real pools: PAUSE/RESUME, KILL_CLIENT, DISABLE/ENABLE, RECONNECT, SET; who may
+//! log in and who may only SHOW.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{PgCluster, Role, Sluice, SluiceBuilder, connect, eventually, psql_cmd, try_connect};
+use tokio_postgres::SimpleQueryMessage;
+
+/// Admin (u_scram) and stats (u_md5) users on top of the default test config.
+fn with_console(b: SluiceBuilder) -> SluiceBuilder {
+    b.general("admin_users", r#"["u_scram"]"#).general("stats_users", r#"["u_md5"]"#)
+}
+
+/// Runs `sql` on the console with psql; returns the header and the rows, split at `|`.
+fn psql_show(port: u16, sql: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let out = psql_cmd(port, "127.0.0.1", Role::SCRAM.name, Role::SCRAM.password, "pgbouncer")
+        .args(["-P", "tuples_only=off", "-P", "footer=off", "-F", "|", "-c", sql])
+        .output()
+        .expect("run psql");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "psql {sql}: {}{stdout}", String::from_utf8_lossy(&out.stderr));
+    let mut lines = stdout.lines().map(|l| l.split('|').map(str::to_string).collect::<Vec<_>>());
+    let header = lines.next().unwrap_or_default();
+    (header, lines.collect())
+}
+
+fn cols(list: &str) -> Vec<String> {
+    list.split_whitespace().map(str::to_string).collect()
+}
+
+const CONNECTION_COLUMNS: &str = "type user database replication state addr port local_addr local_port connect_time \
+    request_time wait wait_us close_needed ptr link remote_pid tls application_name prepared_statements id";
+
+/// Every SHOW and its exact columns (PgBouncer 1.25's, Sluice's own for the last three).
+fn expected_columns() -> Vec<(&'static str, Vec<String>)> {
+    let stats_part = "database server_assignment_count xact_count query_count bytes_received bytes_sent xact_time \
+        query_time wait_time client_parse_count server_parse_count bind_count";
+    let mut latency = cols("database user window_s");
+    for what in ["xact", "query", "wait"] {
+        latency.push(format!("{what}_count"));
+        latency.extend(["p50", "p90", "p99", "p99_9"].iter().map(|q| format!("{what}_{q}_us")));
+    }
+    vec![
+        (
+            "POOLS",
+            cols(
+                "database user cl_active cl_waiting cl_active_cancel_req cl_waiting_cancel_req sv_active \
+            sv_active_cancel sv_being_canceled sv_idle sv_used sv_tested sv_login maxwait maxwait_us pool_mode \
+            load_balance_hosts",
+            ),
+        ),
+        (
+            "STATS",
+            cols(
+                "database total_server_assignment_count total_xact_count total_query_count total_received \
+            total_sent total_xact_time total_query_time total_wait_time total_client_parse_count \
+            total_server_parse_count total_bind_count avg_server_assignment_count avg_xact_count avg_query_count \
+            avg_recv avg_sent avg_xact_time avg_query_time avg_wait_time avg_client_parse_count \
+            avg_server_parse_count avg_bind_count",
+            ),
+        ),
+        ("STATS_TOTALS", cols(stats_part)),
+        ("STATS_AVERAGES", cols(stats_part)),
+        ("TOTALS", cols("name value")),
+        ("CLIENTS", cols(CONNECTION_COLUMNS)),
+        ("SERVERS", cols(CONNECTION_COLUMNS)),
+        (
+            "DATABASES",
+            cols(
+                "name host port database force_user pool_size min_pool_size reserve_pool_size \
+            server_lifetime pool_mode load_balance_hosts max_connections current_connections max_client_connections \
+            current_client_connections paused disabled",
+            ),
+        ),
+        (
+            "USERS",
+            cols(
+                "name pool_size reserve_pool_size pool_mode max_user_connections current_connections \
+            max_user_client_connections current_client_connections",
+            ),
+        ),
+        ("CONFIG", cols("key value default changeable")),
+        ("LISTS", cols("list items")),
+        ("STATE", cols("key value")),
+        ("VERSION", cols("version")),
+        ("MEM", cols("name size used free memtotal")),
+        (
+            "PREPARED_STATEMENTS",
+            cols(
+                "database user client_statements server_statements cache_hits cache_misses \
+            client_parse_count server_parse_count bind_count",
+            ),
+        ),
+        ("LATENCY", latency),
+    ]
+}
+
+async fn rows(c: &tokio_postgres::Client, sql: &str) -> Vec<tokio_postgres::SimpleQueryRow> {
+    let msgs = c.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    msgs.into_iter().filter_map(|m| if let SimpleQueryMessage::Row(r) = m { Some(r) } else { None }).collect()
+}
+
+/// The value of `column` in the first row whose `key_col` is `key`.
+async fn cell(c: &tokio_postgres::Client, sql: &str, key_col: &str, key: &str, column: &str) -> Option<String> {
+    rows(c, sql).await.into_iter().find(|r| r.get(key_col) == Some(key)).and_then(|r| r.get(column).map(String::from))
+}
+
+async fn admin(port: u16) -> tokio_postgres::Client {
+    connect(port, Role::SCRAM.name, Role::SCRAM.password, "pgbouncer").await
+}
+
+async fn app_client(port: u16) -> tokio_postgres::Client {
+    connect(port, Role::SCRAM.name, Role::SCRAM.password, "app").await
+}
+
+/// The server's message of a failed query.
+fn msg(e: &tokio_postgres::Error) -> String {
+    e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_string())
+}
+
+async fn one(c: &tokio_postgres::Client, sql: &str) -> String {
+    rows(c, sql).await[0].get(0).unwrap_or_default().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_show_has_pgbouncer_columns_over_psql() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg)).start();
+    let c = app_client(s.port).await;
+    one(&c, "select 1").await;
+    for (what, expected) in expected_columns() {
+        let (header, rows) =
+            tokio::task::spawn_blocking(move || psql_show(s.port, &format!("SHOW {what}"))).await.unwrap();
+        assert_eq!(header, expected, "SHOW {what}");
+        for r in &rows {
+            assert_eq!(r.len(), expected.len(), "SHOW {what}: row {r:?}");
+        }
+    }
+    let (_, pools) = psql_show(s.port, "show pools;");
+    assert!(pools.iter().any(|r| r[0] == "app" && r[1] == "u_scram" && r[15] == "transaction"), "{pools:?}");
+    let (_, dbs) = psql_show(s.port, "SHOW DATABASES");
+    assert!(dbs.iter().any(|r| r[0] == "pgbouncer") && dbs.iter().any(|r| r[0] == "app"), "{dbs:?}");
+    // SHOW HELP is a notice; two statements in one Query; the alias reaches the console
+    let out = psql_cmd(s.port, "127.0.0.1", Role::SCRAM.name, Role::SCRAM.password, "sluice")
+        .args(["-c", "SHOW HELP", "-c", "SHOW VERSION; SHOW STATE"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("SHOW HELP|CONFIG") && text.contains("Sluice ") && text.contains("paused|no"), "{text}");
+    drop(s);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extended_protocol_and_stats_after_traffic() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg)).general("stats_period", "1").start();
+    let c = app_client(s.port).await;
+    for _ in 0..20 {
+        c.query_one("select 1::int8", &[]).await.unwrap();
+    }
+    let a = admin(s.port).await;
+    // tokio-postgres: Parse/Describe/Sync, then Bind (binary results)/Execute/Sync
+    let pools = a.query("SHOW POOLS", &[]).await.unwrap();
+    let p = pools.iter().find(|r| r.get::<_, &str>("database") == "app").expect("app pool");
+    assert_eq!(p.get::<_, &str>("user"), "u_scram");
+    assert_eq!(p.get::<_, i64>("cl_active"), 1);
+    assert_eq!(p.get::<_, i64>("sv_idle") + p.get::<_, i64>("sv_active"), 1);
+    let stmt = a.prepare("SHOW STATS").await.unwrap();
+    assert_eq!(stmt.columns()[1].name(), "total_server_assignment_count");
+    let stats = a.query(&stmt, &[]).await.unwrap();
+    let app = stats.iter().find(|r| r.get::<_, &str>("database") == "app").expect("app stats");
+    assert!(app.get::<_, i64>("total_xact_count") >= 20);
+    assert!(app.get::<_, i64>("total_query_count") >= 20);
+    assert!(app.get::<_, i64>("total_received") > 0 && app.get::<_, i64>("total_sent") > 0);
+    assert!(app.get::<_, i64>("total_bind_count") >= 20);
+    // errors skip to Sync and the session goes on
+    let e = a.query("SHOW NOTHING", &[]).await.unwrap_err();
+    assert_eq!(e.code(), Some(&tokio_postgres::error::SqlState::SYNTAX_ERROR), "{e}");
+    assert!(a.execute("RESUME", &[]).await.is_ok());
+    // averages over stats_period = 1 s while traffic flows
+    let busy = tokio::spawn(async move {
+        for _ in 0..1_000_000 {
+            if c.query_one("select 1::int8", &[]).await.is_err() {
+                break;
+            }
+        }
+    });
+    let averaged = eventually(Duration::from_secs(10), || async {
+        cell(&a, "SHOW STATS_AVERAGES", "database", "app", "xact_count").await.is_some_and(|v| v != "0")
+    })
+    .await;
+    assert!(averaged, "no average after traffic");
+    let xacts = cell(&a, "SHOW LATENCY", "database", "app", "xact_count").await.unwrap();
+    assert!(xacts.parse::<u64>().unwrap() > 0, "{xacts}");
+    let p99 = cell(&a, "SHOW LATENCY", "database", "app", "xact_p99_us").await.unwrap();
+    assert!(p99.parse::<u64>().unwrap() > 0, "{p99}");
+    let total: u64 = cell(&a, "SHOW TOTALS", "name", "total_xact_count", "value").await.unwrap().parse().unwrap();
+    assert!(total >= 20);
+    busy.abort();
+    assert!(s.log().contains("stats: "), "no log_stats line:\n{}", s.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_holds_new_transactions_until_resume() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg)).start();
+    let c = app_client(s.port).await;
+    let pid_before = one(&c, "select pg_backend_pid()").await;
+    let a = admin(s.port).await;
+    a.simple_query("PAUSE app").await.unwrap();
+    // PAUSE returned: every server connection of the database is closed
+    assert_eq!(cell(&a, "SHOW SERVERS", "database", "app", "id").await, None);
+    assert_eq!(cell(&a, "SHOW DATABASES", "name", "app", "paused").await.as_deref(), Some("1"));
+    let held = tokio::spawn(async move { one(&c, "select pg_backend_pid()").await });
+    let waiting = eventually(Duration::from_secs(10), || async {
+        cell(&a, "SHOW POOLS", "database", "app", "cl_waiting").await.as_deref() == Some("1")
+    })
+    .await;
+    assert!(waiting, "the client did not wait while paused");
+    assert!(!held.is_finished());
+    a.simple_query("RESUME app").await.unwrap();
+    let pid_after = tokio::time::timeout(Duration::from_secs(10), held).await.expect("held after RESUME").unwrap();
+    assert_ne!(pid_before, pid_after, "PAUSE closes server connections");
+    assert_eq!(cell(&a, "SHOW DATABASES", "name", "app", "paused").await.as_deref(), Some("0"));
+    // PAUSE waits for transactions in progress to end
+    let c = app_client(s.port).await;
+    c.simple_query("begin").await.unwrap();
+    let pausing = tokio::spawn(async move {
+        let p = admin(s.port).await;
+        p.simple_query("PAUSE").await.map(|_| ())
+    });
+    let flagged = eventually(Duration::from_secs(10), || async {
+        cell(&a, "SHOW STATE", "key", "paused", "value").await.as_deref() == Some("yes")
+    })
+    .await;
+    assert!(flagged && !pausing.is_finished(), "PAUSE returned while a transaction was open");
+    assert_eq!(one(&c, "select 8").await, "8", "the open transaction goes on while pausing");
+    c.simple_query("commit").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), pausing).await.expect("PAUSE returns after commit").unwrap().unwrap();
+    a.simple_query("RESUME").await.unwrap();
+    assert_eq!(one(&c, "select 9").await, "9");
+    // SIGUSR1 pauses everything, SIGUSR2 resumes
+    for (signal, paused) in [(libc::SIGUSR1, "yes"), (libc::SIGUSR2, "no")] {
+        // SAFETY: kill(2) on our own child process.
+        assert_eq!(unsafe { libc::kill(s.pid() as libc::pid_t, signal) }, 0);
+        let seen = eventually(Duration::from_secs(10), || async {
+            cell(&a, "SHOW STATE", "key", "paused", "value").await.as_deref() == Some(paused)
+        })
+        .await;
+        assert!(seen, "signal {signal}: SHOW STATE paused is not {paused}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_client_disable_and_reconnect() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg)).database("app", &[("pool_size", "1")]).start();
+    // the victim's connection task keeps its result: the FATAL the client received
+    let mut config = tokio_postgres::Config::new();
+    config.host("127.0.0.1").port(s.port).user(Role::SCRAM.name).password(Role::SCRAM.password).dbname("app");
+    let (victim, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    let task = tokio::spawn(connection);
+    one(&victim, "select 1").await;
+    let a = admin(s.port).await;
+    let id = cell(&a, "SHOW CLIENTS", "database", "app", "id").await.expect("client listed");
+    a.simple_query(&format!("KILL_CLIENT {id}")).await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(10), task).await.expect("killed client's connection ends");
+    let fatal = ended.unwrap().expect_err("the client got an error");
+    assert_eq!(fatal.code().map(|c| c.code()), Some("57P01"), "{fatal:?}");
+    assert!(victim.simple_query("select 1").await.is_err());
+    let e = a.simple_query("KILL_CLIENT 999999").await.unwrap_err();
+    assert!(msg(&e).contains("no such client"), "{e}");
+
+    // RECONNECT: the next transaction gets a new server connection
+    let c = app_client(s.port).await;
+    let pid1 = one(&c, "select pg_backend_pid()").await;
+    assert_eq!(one(&c, "select pg_backend_pid()").await, pid1);
+    a.simple_query("RECONNECT app").await.unwrap();
+    a.simple_query("WAIT_CLOSE app").await.unwrap();
+    assert_ne!(one(&c, "select pg_backend_pid()").await, pid1);
+
+    // DISABLE refuses new logins, connected clients go on; ENABLE lets them in again
+    a.simple_query("DISABLE app").await.unwrap();
+    let Err(e) = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await else {
+        panic!("login was not refused")
+    };
+    assert_eq!(e.code().map(|c| c.code()), Some("55000"), "{e}");
+    assert_eq!(one(&c, "select 7").await, "7");
+    assert_eq!(cell(&a, "SHOW DATABASES", "name", "app", "disabled").await.as_deref(), Some("1"));
+    a.simple_query("ENABLE app").await.unwrap();
+    app_client(s.port).await;
+    // SET changes a runtime key, validated
+    a.simple_query("SET default_pool_size = 7").await.unwrap();
+    assert_eq!(cell(&a, "SHOW CONFIG", "key", "default_pool_size", "value").await.as_deref(), Some("7"));
+    let e = a.simple_query("SET default_pool_size = 0").await.unwrap_err();
+    assert!(msg(&e).contains("at least 1"), "{e}");
+    let e = a.simple_query("SET listen_port = 1").await.unwrap_err();
+    assert!(msg(&e).contains("restart"), "{e}");
+    let e = a.simple_query("SUSPEND").await.unwrap_err();
+    assert_eq!(e.code().map(|c| c.code()), Some("0A000"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn who_may_use_the_console() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg)).start();
+    // not listed: refused after authentication
+    let Err(e) = try_connect(s.port, Role::PLAIN.name, Role::PLAIN.password, "pgbouncer").await else {
+        panic!("login was not refused")
+    };
+    assert_eq!(e.code().map(|c| c.code()), Some("42501"), "{e}");
+    // listed, wrong password
+    let Err(e) = try_connect(s.port, Role::SCRAM.name, "wrong", "pgbouncer").await else {
+        panic!("login was not refused")
+    };
+    assert_eq!(e.code().map(|c| c.code()), Some("28P01"), "{e}");
+    // stats user: SHOW yes, commands no
+    let st = connect(s.port, Role::MD5.name, Role::MD5.password, "pgbouncer").await;
+    assert!(!rows(&st, "SHOW USERS").await.is_empty());
+    for cmd in ["PAUSE", "RESUME", "RELOAD", "KILL app", "SET log_stats = 0", "SHUTDOWN"] {
+        let e = st.simple_query(cmd).await.unwrap_err();
+        assert_eq!(e.code().map(|c| c.code()), Some("42501"), "{cmd}: {e}");
+        let e = st.execute(cmd, &[]).await.unwrap_err();
+        assert_eq!(e.code().map(|c| c.code()), Some("42501"), "{cmd}: {e}");
+    }
+    // the console itself is listed among the clients; a client without a console role
+    // still reaches its databases
+    let a = admin(s.port).await;
+    assert!(cell(&a, "SHOW CLIENTS", "database", "pgbouncer", "user").await.is_some());
+    let plain = connect(s.port, Role::PLAIN.name, Role::PLAIN.password, "app").await;
+    assert_eq!(one(&plain, "select 3").await, "3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_from_the_console() {
+    let pg = PgCluster::start();
+    let mut s = with_console(Sluice::builder(&pg)).start();
+    let c = app_client(s.port).await;
+    c.simple_query("begin").await.unwrap();
+    let a = admin(s.port).await;
+    // WAIT_FOR_SERVERS: like SIGTERM, the client's transaction may finish
+    let _ = a.simple_query("SHUTDOWN WAIT_FOR_SERVERS").await;
+    assert_eq!(one(&c, "select 5").await, "5");
+    let _ = c.simple_query("commit").await;
+    assert!(s.wait_exit(Duration::from_secs(20)).is_some_and(|st| st.success()), "{}", s.log());
+}
