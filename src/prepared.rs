@@ -287,6 +287,11 @@ pub struct Unnamed {
 
 /// Recognises a simple Query consisting of exactly one DEALLOCATE or DISCARD ALL.
 pub fn sql_command(query: &[u8]) -> Option<SqlCommand> {
+    // Cheap pre-check: every query passes here, and almost none is one of these.
+    let first = query.iter().find(|b| !b.is_ascii_whitespace())?;
+    if !matches!(first, b'd' | b'D') {
+        return None;
+    }
     let text = std::str::from_utf8(query).ok()?.trim().trim_end_matches(';').trim();
     let words: Vec<&str> = text.split_whitespace().collect();
     let upper: Vec<String> = words.iter().map(|w| w.to_ascii_uppercase()).collect();

@@ -44,6 +44,15 @@ impl Session {
     }
 
     async fn relay_loop(&mut self, conn: &mut ClientConn, splice: &mut Splice) -> Result<(), Exit> {
+        // Interruptions (admin kill, shutdown) are registered once for the whole
+        // exchange, not on every turn of the loop.
+        let info = self.info.clone();
+        let kill = info.kill.notified();
+        tokio::pin!(kill);
+        let mut phase = self.phase.clone();
+        let phase_changed = phase.changed();
+        tokio::pin!(phase_changed);
+        let mut phase_seen = false;
         self.forward_client(conn, splice).await?;
         loop {
             if self.mode != PoolMode::Session && self.releasable() {
@@ -78,8 +87,8 @@ impl Session {
                 _ = sleep_opt(idle_deadline.map(|d| d.saturating_duration_since(Instant::now()))) => {
                     return Err(Exit::fatal(sqlstate::IDLE_IN_TRANSACTION_TIMEOUT, "idle_transaction_timeout: transaction left idle too long"));
                 }
-                _ = self.phase.changed() => {}
-                _ = self.info.kill.notified() => return Err(super::session::killed()),
+                _ = &mut phase_changed, if !phase_seen => phase_seen = true,
+                _ = &mut kill => return Err(super::session::killed()),
             }
         }
     }
