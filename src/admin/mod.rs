@@ -89,7 +89,7 @@ impl AdminSession {
     }
 
     /// Serves the console until the client leaves.
-    pub async fn run(mut self, conn: &mut ClientConn) -> Exit {
+    pub async fn run(mut self: Box<Self>, conn: &mut ClientConn) -> Exit {
         let exit = self.serve(conn).await;
         self.app.client_infos.remove(self.info.id);
         exit

@@ -25,11 +25,11 @@ use crate::server::ServerConn;
 use crate::stats::ClientInfo;
 use crate::tls::{self, ClientTls, Negotiation};
 
-/// A logged-in client: a pooled session, or the admin console.
-#[allow(clippy::large_enum_variant)] // built once per client and consumed at once
+/// A logged-in client: a pooled session, or the admin console. Boxed, so the client
+/// task does not keep a second copy of the session inline while it runs.
 pub enum LoggedIn {
-    Pool(Session),
-    Admin(AdminSession),
+    Pool(Box<Session>),
+    Admin(Box<AdminSession>),
 }
 
 /// Runs the login; Ok gives a session ready to serve queries.
@@ -50,7 +50,7 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
         return Err(Exit::fatal(sqlstate::FEATURE_NOT_SUPPORTED, "replication connections are not supported"));
     }
     if admin::is_admin_database(&cfg, database) {
-        return admin_login(app, conn, &cfg, user, database, &msg).await.map(LoggedIn::Admin);
+        return admin_login(app, conn, &cfg, user, database, &msg).await.map(|a| LoggedIn::Admin(Box::new(a)));
     }
     if !cfg.databases.contains_key(database) {
         return Err(Exit::fatal(sqlstate::INVALID_CATALOG_NAME, format!("database \"{database}\" does not exist")));
@@ -67,7 +67,7 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
         Exit::fatal(sqlstate::INVALID_AUTHORIZATION, format!("no server login configured for user \"{user}\""))
     })?;
     let params = client_params(&msg)?;
-    let info = Arc::new(ClientInfo::new(app.client_id(), user, database, &conn.peer, false));
+    let info = Arc::new(ClientInfo::new(app.client_id(), user, database, &conn.peer, conn.stream.is_tls()));
     *info.application_name.lock() = params.get("application_name").unwrap_or_default().to_string();
     let session = match pool.settings().mode {
         PoolMode::Session => start_session_mode(app, conn, pool, params, info.clone()).await?,
@@ -77,7 +77,7 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
     if cfg.general.log_connections {
         info!(peer = %conn.peer, user, database, tls = tls::describe(&conn.stream), "login");
     }
-    Ok(LoggedIn::Pool(session))
+    Ok(LoggedIn::Pool(Box::new(session)))
 }
 
 /// Authenticates the client as `user` per `auth_type`.

@@ -70,7 +70,9 @@ pub async fn serve(app: Arc<App>, stream: Stream, peer: Peer, _guard: ClientGuar
     }
     let mut conn = ClientConn { stream, buf: BytesMut::with_capacity(1024), peer };
     let login_timeout = secs(app.config.load().general.client_login_timeout);
-    let login = login::login(&app, &mut conn);
+    // Boxed: the login (TLS handshake, SCRAM) is the largest state of a client task and
+    // is over after the first round trips; the task then keeps only the session's.
+    let login = Box::pin(login::login(&app, &mut conn));
     let result = match login_timeout {
         Some(t) => tokio::time::timeout(t, login)
             .await
@@ -78,8 +80,10 @@ pub async fn serve(app: Arc<App>, stream: Stream, peer: Peer, _guard: ClientGuar
         None => login.await,
     };
     let exit = match result {
-        Ok(login::LoggedIn::Pool(session)) => session.run(&mut conn).await,
-        Ok(login::LoggedIn::Admin(console)) => console.run(&mut conn).await,
+        // Boxed once per client: keeps the task's own state small (one copy of the
+        // session, on the heap) while it sits idle.
+        Ok(login::LoggedIn::Pool(session)) => Box::pin(session.run(&mut conn)).await,
+        Ok(login::LoggedIn::Admin(console)) => Box::pin(console.run(&mut conn)).await,
         Err(exit) => exit,
     };
     finish(&app, &mut conn, exit).await;

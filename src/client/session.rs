@@ -107,7 +107,7 @@ impl Session {
     }
 
     /// Serves the client until it leaves; always gives the server back.
-    pub async fn run(mut self, conn: &mut ClientConn) -> Exit {
+    pub async fn run(mut self: Box<Self>, conn: &mut ClientConn) -> Exit {
         let exit = loop {
             if self.server.is_none() {
                 match self.wait_for_work(conn).await {
@@ -136,8 +136,10 @@ impl Session {
                 Ok(Some(_)) => return Wanted::Server,
                 Ok(None) => {}
             }
-            if conn.buf.capacity() - conn.buf.len() < 512 {
-                conn.buf.reserve(4096);
+            // An idle client's next message is usually small: keep its buffer small
+            // (the relay grows it when a transaction streams more).
+            if conn.buf.capacity() - conn.buf.len() < 128 {
+                conn.buf.reserve(1024);
             }
             let idle = self.timeouts.client_idle;
             tokio::select! {
@@ -178,13 +180,15 @@ impl Session {
                 }
             };
             let mut server = server.map_err(pool_failure)?;
-            if self.pool.needs_check(&server) && server.exec("").await.is_err() {
+            if self.pool.needs_check(&server) && Box::pin(server.exec("")).await.is_err() {
                 self.pool.discard(server);
                 continue;
             }
             break server;
         };
-        if let Err(e) = server.apply_params(&self.params).await {
+        // Boxed: rarely needed (settings differ), and large enough to double the
+        // size of every client task if kept inline.
+        if let Err(e) = Box::pin(server.apply_params(&self.params)).await {
             let exit = Exit::fatal(e.sqlstate(), format!("cannot apply session settings: {e}"));
             self.pool.checkin(server);
             return Err(exit);
@@ -211,7 +215,7 @@ impl Session {
         let settings = self.pool.settings();
         if settings.reset_query_always
             && !settings.reset_query.is_empty()
-            && server.exec(&settings.reset_query).await.is_ok()
+            && Box::pin(server.exec(&settings.reset_query)).await.is_ok()
         {
             server.applied = Some(ClientParams::default());
             server.prepared.clear();

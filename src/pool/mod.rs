@@ -353,7 +353,9 @@ impl Pool {
         let settings = self.settings.load_full();
         let id = self.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let started = Instant::now();
-        let r = connect(&settings.target, &settings.login, settings.connect_timeout, id).await;
+        // Boxed: opening a connection (TLS, SCRAM) is rare, and its state would otherwise
+        // enlarge every client task that may wait for a server.
+        let r = Box::pin(connect(&settings.target, &settings.login, settings.connect_timeout, id)).await;
         match &r {
             Ok(s) => {
                 self.stats.server_connects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
