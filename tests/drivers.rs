@@ -427,3 +427,42 @@ fn jdbc_transaction_tls() {
 fn pgx_transaction_tls() {
     run(Driver::Pgx, DriverPoolMode::Transaction, Transport::VerifyFull);
 }
+
+/// verify-full really verifies: with PGSSLROOTCERT naming a CA that did not sign Sluice's
+/// certificate, every program fails to connect, in the TLS handshake (Sluice logs a failed
+/// handshake for it and no login). One Sluice for all five; each program gives up at its first
+/// connection.
+#[test]
+fn tls_wrong_ca_is_refused_by_every_driver() {
+    let mode = DriverPoolMode::Transaction;
+    let stack = Stack::start(mode, Transport::VerifyFull);
+    let wrong_ca = stack.certs.as_ref().map(|c| c.untrusted_ca.clone()).expect("certificates");
+    let failed_handshakes = || {
+        let log = stack.sluice.log();
+        let reasons: Vec<String> = log.lines().filter_map(disconnect_reason).map(str::to_string).collect();
+        assert!(reasons.iter().all(|r| r.starts_with("TLS handshake failed")), "{log}");
+        reasons.len()
+    };
+    for driver in [Driver::Psycopg, Driver::Asyncpg, Driver::NodePg, Driver::Jdbc, Driver::Pgx] {
+        let mut cmd = driver.command().unwrap_or_else(|e| panic!("{}: {e}", driver.name()));
+        stack.env(&mut cmd, mode, Role::SCRAM, Some(&wrong_ca));
+        let before = failed_handshakes();
+        let run = run_bounded(cmd, RUN_LIMIT);
+        let what = format!("{} with verify-full and a CA that did not sign Sluice's certificate", driver.name());
+        match run.status {
+            None => panic!("{what}: killed after {RUN_LIMIT:?}; output:\n{}", run.output),
+            Some(status) => assert!(!status.success(), "{what} succeeded; output:\n{}", run.output),
+        }
+        // Each driver words it its own way, but names the certificate (or its certification path).
+        assert!(run.output.to_lowercase().contains("certific"), "{what}: failed for another reason:\n{}", run.output);
+        assert!(
+            wait_until(Duration::from_secs(10), || failed_handshakes() > before),
+            "{what}: Sluice logged no failed TLS handshake; its log:\n{}",
+            stack.sluice.log()
+        );
+        let first = run.output.lines().find(|l| l.to_lowercase().contains("certific")).unwrap_or_default();
+        eprintln!("{what}: refused [{:.1} s]: {}", run.elapsed.as_secs_f64(), first.trim());
+    }
+    let log = stack.sluice.log();
+    assert!(!log.lines().any(is_login), "a login got through:\n{log}");
+}
