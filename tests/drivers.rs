@@ -245,7 +245,7 @@ impl Stack {
                     .general("client_tls_sslmode", &toml_str("require"))
                     .general("client_tls_cert_file", &path(&certs.server.cert))
                     .general("client_tls_key_file", &path(&certs.server.key));
-                // `localhost` may resolve to ::1 first (not here: /etc/hosts decides); be there too.
+                // `localhost` may resolve to ::1 first (/etc/hosts decides): listen there too.
                 if has_ipv6_loopback() {
                     builder = builder.general("listen_addr", r#"["127.0.0.1", "::1"]"#);
                 }
