@@ -89,8 +89,9 @@ cargo clippy --all-targets -- -D warnings
 
 # ---------------------------------------------------------------------------------------------
 # 3. Client drivers for the driver suites. The suites themselves are cargo tests
-#    (tests/drivers.rs: one test per driver and pool mode, each starting PostgreSQL and Sluice
-#    and running a program from tests/drivers), so they run in section 4; this installs their
+#    (tests/drivers.rs: one test per driver and pool mode, and per driver over TLS with
+#    verify-full, each starting PostgreSQL and Sluice and running a program from
+#    tests/drivers), so they run in section 4; this installs their
 #    pinned drivers outside the source tree first: target/drivers/{venv,node,java,go}, ~/.m2 and
 #    Go's module cache. Parts whose pinned files did not change are skipped (well under a
 #    second). A new driver suite adds its program under tests/drivers, a part to

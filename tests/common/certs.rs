@@ -42,6 +42,9 @@ pub struct TestCerts {
     pub client_trust: CertFiles,
     /// CN=u_scram, signed by a CA nobody trusts.
     pub untrusted_client: CertFiles,
+    /// That CA's certificate (PEM): a wrong `sslrootcert`, which no certificate here chains to
+    /// but `untrusted_client`.
+    pub untrusted_ca: PathBuf,
     issuer: Issuer<'static, KeyPair>,
     dir: TempDir,
 }
@@ -55,7 +58,9 @@ impl TestCerts {
         let (issuer, ca_pem) = new_ca("Sluice test CA");
         let ca = dir.path().join("ca.crt");
         std::fs::write(&ca, ca_pem).expect("write CA");
-        let (stranger, _) = new_ca("Sluice test CA nobody trusts");
+        let (stranger, stranger_pem) = new_ca("Sluice test CA nobody trusts");
+        let untrusted_ca = dir.path().join("untrusted_ca.crt");
+        std::fs::write(&untrusted_ca, stranger_pem).expect("write untrusted CA");
         const LOCAL: &[&str] = &["localhost", "127.0.0.1", "::1"];
         let leaf = |name: &str, sans: &[&str], cn: &str, expired: bool| {
             write_leaf(dir.path(), name, &Leaf { sans, cn, expired }, &issuer)
@@ -79,6 +84,7 @@ impl TestCerts {
             client_md5,
             client_trust,
             untrusted_client,
+            untrusted_ca,
             issuer,
             dir,
         }

@@ -5,7 +5,7 @@
 //! - `direct`: a rustls client for PostgreSQL 17's direct TLS (ALPN), SSLRequest with
 //!   and without ALPN, GSSENCRequest, TLS versions, close_notify and abrupt closes;
 //! - `servers`: Sluice to a PostgreSQL running with ssl = on, per server_tls_sslmode,
-//!   with a client certificate, and pgbench -C over TLS;
+//!   with a client certificate, and pgbench -C over TLS (verify-full);
 //! - `reload`: certificates re-read on SIGHUP, a bad file keeping the old one.
 
 #[path = "../common/mod.rs"]

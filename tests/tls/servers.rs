@@ -120,13 +120,15 @@ fn pgbench_reconnecting_over_tls_at_40_clients() {
         .start();
     let script = certs.dir().join("select.sql");
     std::fs::write(&script, "select 1;\n").unwrap();
+    // verify-full against the test CA, to localhost: the chain and the host name are checked.
     let out = std::process::Command::new("pgbench")
-        .args(["-h", "127.0.0.1", "-p", &s.port.to_string(), "-U", Role::SCRAM.name])
+        .args(["-h", "localhost", "-p", &s.port.to_string(), "-U", Role::SCRAM.name])
         .args(["-n", "-C", "-c", "40", "-j", "2", "-T", "5", "-f"])
         .arg(&script)
         .arg("app")
         .env("PGPASSWORD", Role::SCRAM.password)
-        .env("PGSSLMODE", "require")
+        .env("PGSSLMODE", "verify-full")
+        .env("PGSSLROOTCERT", &certs.ca)
         .output()
         .expect("pgbench runs");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
