@@ -7,18 +7,8 @@ mod raw;
 
 use std::time::Duration;
 
-use common::{PgCluster, Role, Sluice, connect, eventually, try_connect, wait_until};
+use common::{PgCluster, Role, Sluice, connect, eventually, try_connect, value, wait_until};
 use raw::{Raw, first_value, query};
-use tokio_postgres::SimpleQueryMessage;
-
-async fn value(c: &tokio_postgres::Client, sql: &str) -> String {
-    for m in c.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}")) {
-        if let SimpleQueryMessage::Row(r) = m {
-            return r.get(0).unwrap_or("").to_string();
-        }
-    }
-    panic!("no row from {sql}")
-}
 
 fn code(e: &tokio_postgres::Error) -> String {
     e.code().map(|c| c.code().to_string()).unwrap_or_else(|| format!("no sqlstate: {e}"))

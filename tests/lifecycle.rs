@@ -5,17 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{PgCluster, Role, Sluice, connect, try_connect, wait_until};
-use tokio_postgres::SimpleQueryMessage;
-
-async fn value(c: &tokio_postgres::Client, sql: &str) -> String {
-    for m in c.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}")) {
-        if let SimpleQueryMessage::Row(r) = m {
-            return r.get(0).unwrap_or("").to_string();
-        }
-    }
-    panic!("no row from {sql}")
-}
+use common::{PgCluster, Role, Sluice, connect, try_connect, value, wait_until};
 
 #[test]
 fn broken_config_names_file_line_and_key() {

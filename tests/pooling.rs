@@ -6,18 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{PgCluster, Role, Sluice, connect, try_connect};
+use common::{PgCluster, Role, Sluice, connect, try_connect, value};
 use futures_util::StreamExt;
-use tokio_postgres::{AsyncMessage, NoTls, SimpleQueryMessage};
-
-async fn value(c: &tokio_postgres::Client, sql: &str) -> String {
-    for m in c.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}")) {
-        if let SimpleQueryMessage::Row(r) = m {
-            return r.get(0).unwrap_or("").to_string();
-        }
-    }
-    panic!("no row from {sql}")
-}
+use tokio_postgres::{AsyncMessage, NoTls};
 
 fn pooled(pg: &PgCluster, mode: &str, size: usize) -> Sluice {
     Sluice::builder(pg)

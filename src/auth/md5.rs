@@ -1,5 +1,6 @@
 //! PostgreSQL's legacy MD5 password scheme: stored hashes, salted responses, verification.
 
+use super::ct_eq;
 use ::md5::{Digest, Md5};
 
 /// "md5" + hex(md5(password || user)), the format PostgreSQL stores.
@@ -42,12 +43,6 @@ fn md5_hex(parts: &[&[u8]]) -> String {
         out.push(char::from(HEX[usize::from(byte & 0x0f)]));
     }
     out
-}
-
-/// Equality whose time depends only on the lengths.
-fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    a.len() == b.len() && std::hint::black_box(diff) == 0
 }
 
 #[cfg(test)]

@@ -13,6 +13,12 @@ use parking_lot::Mutex;
 
 use scram::{ClientKeys, ScramError, ScramSecret};
 
+/// Compares secrets in constant time (for equal lengths).
+pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    a.len() == b.len() && std::hint::black_box(diff) == 0
+}
+
 /// Iterations used when Sluice derives a SCRAM secret from a plain password.
 pub const SCRAM_ITERATIONS: u32 = 4096;
 

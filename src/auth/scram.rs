@@ -1,5 +1,6 @@
 //! SCRAM-SHA-256 (RFC 5802, 7677) as PostgreSQL speaks it: verifying clients, logging in to servers.
 
+use super::ct_eq;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as B64;
 use hmac::{Hmac, Mac};
@@ -394,12 +395,6 @@ fn sha256(data: &[u8]) -> [u8; 32] {
 fn xor(mut a: [u8; 32], b: [u8; 32]) -> [u8; 32] {
     a.iter_mut().zip(b).for_each(|(x, y)| *x ^= y);
     a
-}
-
-/// Equality whose time depends only on the lengths.
-fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    a.len() == b.len() && std::hint::black_box(diff) == 0
 }
 
 #[cfg(test)]

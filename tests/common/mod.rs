@@ -212,3 +212,13 @@ pub async fn connect_unix(
     });
     client
 }
+
+/// The first column of the first row a simple query returns, as text.
+pub async fn value(c: &tokio_postgres::Client, sql: &str) -> String {
+    for m in c.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}")) {
+        if let tokio_postgres::SimpleQueryMessage::Row(r) = m {
+            return r.get(0).unwrap_or("").to_string();
+        }
+    }
+    panic!("no row from {sql}")
+}
