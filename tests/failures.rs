@@ -3,12 +3,11 @@
 //! timeouts. No server connection may leak or stay stuck in a transaction.
 
 mod common;
-mod raw;
 
 use std::time::Duration;
 
+use common::raw::{Raw, first_value, query};
 use common::{PgCluster, Role, Sluice, connect, eventually, try_connect, value, wait_until};
-use raw::{Raw, first_value, query};
 
 fn code(e: &tokio_postgres::Error) -> String {
     e.code().map(|c| c.code().to_string()).unwrap_or_else(|| format!("no sqlstate: {e}"))
@@ -54,8 +53,8 @@ fn server_terminated_while_client_idle_in_transaction() {
     pg.psql(&format!("select pg_terminate_backend({pid})"));
     let (tag, body) = a.recv().expect("an error before the close");
     assert_eq!(tag, b'E');
-    assert_eq!(raw::sqlstate(&body), "08006");
-    assert!(raw::field(&body, b'M').contains("terminating connection due to administrator command"));
+    assert_eq!(common::raw::sqlstate(&body), "08006");
+    assert!(common::raw::field(&body, b'M').contains("terminating connection due to administrator command"));
     assert!(a.closed());
     let mut b = Raw::login(s.port, "u_trust", "app");
     b.send(&query("select pg_backend_pid()"));

@@ -3,10 +3,9 @@
 //! re-parsing on another server, eviction, invalidated plans.
 
 mod common;
-mod raw;
 
+use common::raw::*;
 use common::{PgCluster, Sluice};
-use raw::*;
 
 fn setup(pool_size: usize, extra: &[(&str, &str)]) -> (PgCluster, Sluice) {
     let pg = PgCluster::start();

@@ -3,12 +3,11 @@
 //! function calls, Terminate), and malformed input. Raw sockets, trust auth.
 
 mod common;
-mod raw;
 
 use std::time::Duration;
 
+use common::raw::*;
 use common::{PgCluster, Sluice};
-use raw::*;
 
 fn setup(pool_size: usize, mode: &str) -> (PgCluster, Sluice) {
     let pg = PgCluster::start();

@@ -3,6 +3,7 @@
 
 mod certs;
 mod pg;
+pub mod raw;
 mod sluice;
 
 use std::net::TcpListener;

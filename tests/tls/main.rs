@@ -10,8 +10,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
-#[path = "../raw.rs"]
-mod raw;
+use common::raw;
 
 mod client;
 mod clients;
