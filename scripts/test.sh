@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: installs missing system packages, then `cargo fmt --check`,
 # `cargo clippy --all-targets -D warnings`, installs the pinned client drivers
-# (tests/drivers/install.sh) and runs `cargo test --all-targets`.
+# (tests/drivers/install.sh) and runs `cargo test` on the lib, bins and tests. The
+# micro-benchmarks (benches/) are compiled by clippy --all-targets, never run here.
 # The integration tests start real PostgreSQL clusters (tests/common/pg.rs) and the debug
 # `sluice` binary. Usage: bash scripts/test.sh
 set -Eeuo pipefail # -E: the ERR trap also fires inside functions
@@ -104,10 +105,12 @@ bash tests/drivers/install.sh
 # 4. Unit and integration tests (the integration tests use the debug binary built here), the
 #    driver suites (tests/drivers.rs) included.
 # ---------------------------------------------------------------------------------------------
-step "cargo test --all-targets"
+step "cargo test --lib --bins --tests"
 # tests/metrics.rs fails instead of skipping when the exporter or Chromium is missing.
 export SLUICE_REQUIRE_TOOLS=1
-cargo test --all-targets
+# Not --all-targets: that would also run each criterion bench once; clippy --all-targets
+# above already compiles them (`cargo bench`, bench/README.md, runs them).
+cargo test --lib --bins --tests
 
 trap - ERR
 echo "ALL TESTS PASSED: fmt, clippy, cargo test (driver suites included)"

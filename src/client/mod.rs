@@ -2,6 +2,8 @@
 //! machine (`session`) that lends and returns server connections, and the relay
 //! (`relay`) that forwards frames while a server is linked.
 
+#[doc(hidden)]
+pub mod bench_support;
 mod extended;
 mod login;
 mod relay;

@@ -261,17 +261,7 @@ impl Session {
 impl Session {
     /// Adds this exchange's counts to the pool's statistics.
     pub(super) fn flush_stats(&mut self) {
-        let stats = &self.pool.stats;
-        stats.add(&self.track.take_stats(self.mode != PoolMode::Session));
-        if let Some(d) = self.track.xact_done.take() {
-            stats.transaction(d);
-        }
-        for code in self.track.errors.drain(..) {
-            stats.error(&code);
-        }
-        for d in self.track.query_times.drain(..) {
-            stats.query_hist.observe(d);
-        }
+        self.track.flush_to(&self.pool.stats, self.mode != PoolMode::Session);
         self.info.prepared_statements.store(self.stmts.len() as u64, Relaxed);
         if let Some(s) = &self.server {
             s.info.prepared_statements.store(s.prepared.len() as u64, Relaxed);

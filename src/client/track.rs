@@ -12,7 +12,7 @@ use crate::prepared::{MAX_PARSE_LEN, NAME_PREFIX};
 use crate::protocol::fields::{ErrorFields, parameter_status};
 use crate::protocol::scan::{Need, Scanner, Splice};
 use crate::protocol::{MAX_INSPECTED_LEN, ProtocolError, TxStatus, be, body, fe};
-use crate::stats::ExchangeStats;
+use crate::stats::{ExchangeStats, PoolStats};
 
 /// Protocol state of the linked exchange.
 #[derive(Debug, Default)]
@@ -65,7 +65,8 @@ pub(super) fn client_need(pooled: bool) -> impl Fn(u8) -> Need {
     }
 }
 
-fn server_need(tag: u8) -> Need {
+/// How much of each server message the relay reads.
+pub(super) fn server_need(tag: u8) -> Need {
     match tag {
         be::READY_FOR_QUERY
         | be::PARAMETER_STATUS
@@ -87,6 +88,21 @@ impl Track {
             s.server_parses = s.client_parses;
         }
         s
+    }
+
+    /// Adds this exchange's counts, transaction time, errors and query times to the
+    /// pool's statistics (transaction end or exit).
+    pub(super) fn flush_to(&mut self, stats: &PoolStats, pooled: bool) {
+        stats.add(&self.take_stats(pooled));
+        if let Some(d) = self.xact_done.take() {
+            stats.transaction(d);
+        }
+        for code in self.errors.drain(..) {
+            stats.error(&code);
+        }
+        for d in self.query_times.drain(..) {
+            stats.query_hist.observe(d);
+        }
     }
 
     /// Starts tracking a new link, keeping allocated buffers.
