@@ -287,9 +287,12 @@ pub struct Unnamed {
 
 /// Recognises a simple Query consisting of exactly one DEALLOCATE or DISCARD ALL.
 pub fn sql_command(query: &[u8]) -> Option<SqlCommand> {
-    // Cheap pre-check: every query passes here, and almost none is one of these.
-    let first = query.iter().find(|b| !b.is_ascii_whitespace())?;
-    if !matches!(first, b'd' | b'D') {
+    // Cheap pre-check without allocating: every query passes here, and almost none
+    // is one of these.
+    let start = query.iter().position(|b| !b.is_ascii_whitespace())?;
+    let word = &query[start..];
+    let word = &word[..word.iter().position(|b| !b.is_ascii_alphabetic()).unwrap_or(word.len())];
+    if !word.eq_ignore_ascii_case(b"deallocate") && !word.eq_ignore_ascii_case(b"discard") {
         return None;
     }
     let text = std::str::from_utf8(query).ok()?.trim().trim_end_matches(';').trim();

@@ -334,7 +334,7 @@ impl Extended {
         let mut effect = Effect::None;
         let mut command = None;
         if name.is_empty() {
-            if let Some(u) = cx.stmts.unnamed.clone() {
+            if let Some(u) = cx.stmts.unnamed.as_ref() {
                 if cx.server.unnamed != u.id {
                     // The unnamed statement was parsed on another server: parse it here.
                     self.injected = true;
@@ -343,7 +343,7 @@ impl Extended {
                     self.push(Kind::Parse, Reply::Swallow, None);
                     cx.server.unnamed = u.id;
                 }
-                command = u.command;
+                command = u.command.clone();
             }
         } else if let Some(st) = cx.stmts.get(name).cloned() {
             command = st.command.clone();

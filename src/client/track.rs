@@ -111,7 +111,11 @@ impl Track {
         ext.clear();
         let mut updates = std::mem::take(&mut self.param_updates);
         updates.clear();
-        *self = Track { ext, param_updates: updates, ..Track::default() };
+        let mut query_times = std::mem::take(&mut self.query_times);
+        query_times.clear();
+        let mut errors = std::mem::take(&mut self.errors);
+        errors.clear();
+        *self = Track { ext, param_updates: updates, query_times, errors, ..Track::default() };
     }
 
     /// No request outstanding and no message half-forwarded in either direction.
