@@ -67,9 +67,11 @@ async fn postgres_restart_under_load_is_survived() {
     let s = sluice(&pg, &[], 4);
     let port = s.port;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let mut workers = Vec::new();
     for _ in 0..6 {
         let stop = stop.clone();
+        let served = served.clone();
         workers.push(tokio::spawn(async move {
             let (mut ok, mut failed) = (0u32, 0u32);
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -77,7 +79,10 @@ async fn postgres_restart_under_load_is_survived() {
                     Ok((c, _h)) => {
                         for _ in 0..20 {
                             match c.simple_query("select 1").await {
-                                Ok(_) => ok += 1,
+                                Ok(_) => {
+                                    ok += 1;
+                                    served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                }
                                 Err(_) => {
                                     failed += 1;
                                     break;
@@ -94,7 +99,10 @@ async fn postgres_restart_under_load_is_survived() {
             (ok, failed)
         }));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Restart once the load is flowing.
+    let flowing =
+        eventually(Duration::from_secs(10), || async { served.load(std::sync::atomic::Ordering::Relaxed) >= 50 }).await;
+    assert!(flowing, "no load before the restart");
     tokio::task::block_in_place(|| pg.restart());
     // After the restart, service comes back without restarting Sluice.
     let back = eventually(Duration::from_secs(20), || async {
@@ -133,7 +141,13 @@ fn client_vanishing_mid_transaction_leaves_nothing_behind() {
     assert_eq!(first_value(&b.until_ready()), "0", "the transaction must have been rolled back");
     // Vanishing during a running query: the server is cancelled and closed, the slot freed.
     b.send(&query("select pg_sleep(60)"));
-    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        wait_until(Duration::from_secs(10), || sluice_backends(
+            &pg,
+            "query like '%pg_sleep(60)%' and state = 'active'"
+        ) == 1),
+        "the query never started"
+    );
     drop(b);
     assert!(
         wait_until(Duration::from_secs(10), || sluice_backends(

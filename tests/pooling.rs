@@ -10,6 +10,18 @@ use common::{PgCluster, Role, Sluice, connect, try_connect, value};
 use futures_util::StreamExt;
 use tokio_postgres::{AsyncMessage, NoTls};
 
+/// Waits (up to 10 s) until a query containing `text` is running on the server.
+fn active(pg: &PgCluster, text: &str) -> bool {
+    tokio::task::block_in_place(|| {
+        common::wait_until(Duration::from_secs(10), || {
+            let q = format!(
+                "select count(*) from pg_stat_activity where state = 'active' and query like '%{text}%' and pid <> pg_backend_pid()"
+            );
+            pg.psql(&q) != "0"
+        })
+    })
+}
+
 fn pooled(pg: &PgCluster, mode: &str, size: usize) -> Sluice {
     Sluice::builder(pg)
         .general("pool_mode", &format!("\"{mode}\""))
@@ -167,7 +179,7 @@ async fn session_mode_is_transparent() {
     // The cancel key is the server's own: cancelling through Sluice reaches it.
     let token = a.cancel_token();
     let sleeper = tokio::spawn(async move { a.simple_query("select pg_sleep(30)").await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(active(&pg, "pg_sleep(30)"), "the query to cancel never started");
     token.cancel_query(NoTls).await.unwrap();
     let r = tokio::time::timeout(Duration::from_secs(10), sleeper).await.unwrap().unwrap();
     assert_eq!(r.err().and_then(|e| e.code().map(|c| c.code().to_string())).as_deref(), Some("57014"));
@@ -200,7 +212,7 @@ async fn cancel_in_transaction_mode_hits_only_that_client() {
     let token = a.cancel_token();
     let slow_a = tokio::spawn(async move { a.simple_query("select pg_sleep(30)").await.map(|_| ()) });
     let slow_b = tokio::spawn(async move { b.simple_query("select pg_sleep(1)").await.map(|_| ()) });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(active(&pg, "pg_sleep(30)") && active(&pg, "pg_sleep(1)"), "the queries never started");
     token.cancel_query(NoTls).await.unwrap();
     let ra = tokio::time::timeout(Duration::from_secs(10), slow_a).await.unwrap().unwrap();
     assert_eq!(ra.err().and_then(|e| e.code().map(|c| c.code().to_string())).as_deref(), Some("57014"));
