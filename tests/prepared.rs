@@ -252,3 +252,19 @@ fn session_mode_passes_statements_through() {
     c.send(&query("select name from pg_prepared_statements"));
     assert_eq!(first_value(&c.until_ready()), "mine");
 }
+
+#[test]
+fn refused_discard_all_keeps_statements() {
+    let (_pg, s) = setup(1, &[]);
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "kept", "select 11"), "1Z");
+    // DISCARD ALL cannot run inside a transaction block: nothing is discarded.
+    c.send(&query("begin"));
+    c.until_ready();
+    c.send(&query("DISCARD ALL"));
+    let m = c.until_ready();
+    assert_eq!(sqlstate(&m[0].1), "25001");
+    c.send(&query("rollback"));
+    c.until_ready();
+    assert_eq!(first_value(&run(&mut c, "kept", &[])), "11");
+}

@@ -78,10 +78,9 @@ enum Effect {
     /// A Parse of a name already defined earlier in the pipeline: it fails as a
     /// duplicate, unless that earlier Parse was skipped, and then the name stands.
     Redefine(Bytes, Arc<Statement>),
-    /// DISCARD ALL: on success the server holds no statements any more.
-    DiscardAll,
-    /// Execution of a prepared DEALLOCATE ALL / DISCARD ALL: on success the server and
-    /// the client hold no statements any more.
+    /// DEALLOCATE ALL / DISCARD ALL run on the server (a simple query, or the Execute
+    /// of a prepared one): on success the server and the client hold no statements any
+    /// more (and after DISCARD ALL, no settings).
     Empties { discard: bool },
     /// The client's Describe of its statement (at this generation): remember the
     /// shape it saw.
@@ -399,8 +398,8 @@ impl Extended {
                 "DEALLOCATE ALL"
             }
             Some(SqlCommand::DiscardAll) => {
-                cx.stmts.clear();
-                self.queue.push_back(Expect::new(Kind::Query, Reply::Forward, None).with(Effect::DiscardAll));
+                let item = Expect::new(Kind::Query, Reply::Forward, None).with(Effect::Empties { discard: true });
+                self.queue.push_back(item);
                 return Ok(());
             }
             _ => {
@@ -471,11 +470,7 @@ impl Extended {
                 server.add(st.id, usize::MAX);
                 self.redefined.push((name, st));
             }
-            Effect::DiscardAll if !item.failed => {
-                server.clear();
-                self.discarded = true;
-            }
-            Effect::Empties { discard } => {
+            Effect::Empties { discard } if !item.failed => {
                 server.clear();
                 self.emptied = true;
                 self.discarded |= discard;
