@@ -19,19 +19,9 @@ pub const SELECT_SQL: &str = "SELECT abalance FROM pgbench_accounts WHERE aid = 
 /// The same, as pgbench -M prepared/extended parses it.
 pub const SELECT_PARAM_SQL: &str = "SELECT abalance FROM pgbench_accounts WHERE aid = $1;";
 
-/// A frame with `tag` whose body `f` writes.
-fn frame(buf: &mut BytesMut, tag: u8, f: impl FnOnce(&mut BytesMut)) {
-    buf.put_u8(tag);
-    let at = buf.len();
-    buf.put_u32(0);
-    f(buf);
-    let len = (buf.len() - at) as u32;
-    buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
-}
-
 /// Bind of `stmt` to the unnamed portal with text parameters and text results.
 pub fn bind(buf: &mut BytesMut, stmt: &[u8], params: &[&[u8]]) {
-    frame(buf, b'B', |b| {
+    build::frame(buf, b'B', |b| {
         b.put_u8(0); // unnamed portal
         b.put_slice(stmt);
         b.put_u8(0);
@@ -47,7 +37,7 @@ pub fn bind(buf: &mut BytesMut, stmt: &[u8], params: &[&[u8]]) {
 
 /// Execute of the unnamed portal, all rows.
 pub fn execute(buf: &mut BytesMut) {
-    frame(buf, b'E', |b| {
+    build::frame(buf, b'E', |b| {
         b.put_u8(0);
         b.put_i32(0);
     });

@@ -22,7 +22,7 @@ impl Severity {
 }
 
 /// Writes a frame: tag, length placeholder, body written by `f`, then the length.
-fn frame(buf: &mut BytesMut, tag: u8, f: impl FnOnce(&mut BytesMut)) {
+pub fn frame(buf: &mut BytesMut, tag: u8, f: impl FnOnce(&mut BytesMut)) {
     buf.put_u8(tag);
     let at = buf.len();
     buf.put_u32(0);
