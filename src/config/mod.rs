@@ -48,7 +48,8 @@ pub enum AuthType {
     Trust,
     #[serde(rename = "md5")]
     Md5,
-    #[serde(rename = "scram-sha-256")]
+    /// `"scram"` is accepted as a short spelling.
+    #[serde(rename = "scram-sha-256", alias = "scram")]
     ScramSha256,
     /// The client's TLS certificate proves the user: its common name must equal the user name.
     #[serde(rename = "cert")]
@@ -329,7 +330,8 @@ impl Config {
         let file = path.display().to_string();
         let raw: FileConfig = toml::from_str(text).map_err(|e| {
             let line = e.span().map(|s| line_of(text, s.start)).unwrap_or(0);
-            ConfigError::Invalid { file: file.clone(), line, key: "-".into(), message: e.message().to_string() }
+            let key = e.span().map_or_else(|| "-".to_string(), |s| locate::key_at(text, s.start));
+            ConfigError::Invalid { file: file.clone(), line, key, message: e.message().to_string() }
         })?;
         let invalid = |section: &str, key: &str, message: String| ConfigError::Invalid {
             file: file.clone(),

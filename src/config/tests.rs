@@ -55,6 +55,14 @@ fn semantic_errors_name_file_line_and_key() {
 }
 
 #[test]
+fn scram_is_a_short_spelling_of_scram_sha_256() {
+    let c = parse("[general]\nauth_type = \"scram\"\n").unwrap();
+    assert_eq!(c.general.auth_type, AuthType::ScramSha256);
+    let e = err("[general]\nauth_type = \"scram-sha-1\"\n");
+    assert!(e.starts_with("sluice.toml:2: general.auth_type: unknown variant"), "{e}");
+}
+
+#[test]
 fn user_secrets_are_checked_against_auth_type() {
     let e = err("[users.bob]\npassword = \"SCRAM-SHA-256$4096:bad\"\n");
     assert!(e.starts_with("sluice.toml:2: users.bob.password"), "{e}");
