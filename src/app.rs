@@ -112,13 +112,19 @@ impl App {
     }
 
     pub fn set_phase(&self, p: Phase) {
-        self.phase.send_if_modified(|cur| {
+        let changed = self.phase.send_if_modified(|cur| {
             let advance = (p as u8) > (*cur as u8);
             if advance {
                 *cur = p;
             }
             advance
         });
+        // Sessions wait on their own interrupt, not on the phase channel.
+        if changed {
+            for c in self.client_infos.list() {
+                c.wake();
+            }
+        }
     }
 
     /// Re-reads the config file; on error the running config stays (and the error is

@@ -11,6 +11,7 @@ pub mod app;
 pub mod auth;
 pub mod cancel;
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod metrics;
 pub mod net;

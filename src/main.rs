@@ -38,7 +38,11 @@ fn main() -> ExitCode {
     }
     init_logging(&cfg);
     app::raise_fd_limit();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(cfg.workers()).enable_all().build();
+    let runtime = if cfg.workers() == 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(cfg.workers()).enable_all().build()
+    };
     let runtime = match runtime {
         Ok(r) => r,
         Err(e) => {

@@ -3,6 +3,7 @@
 //! be made to match with SET/RESET before the client's first message.
 
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 /// Parameters PostgreSQL reports with ParameterStatus and a pooler must keep per client.
 pub const REPORTED: &[&str] = &[
@@ -19,10 +20,12 @@ pub const REPORTED: &[&str] = &[
 pub const NOT_SETTINGS: &[&str] = &["user", "database", "options", "replication"];
 
 /// A client's settings: lowercase names, sorted, with a hash for a cheap comparison
-/// on every checkout.
+/// on every checkout. The list is shared: clones are cheap, and clients of a pool with
+/// the same settings share one list (`Pool::intern_params`), so the comparison on
+/// checkout is usually a pointer comparison.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClientParams {
-    list: Vec<(String, String)>,
+    list: Arc<Vec<(String, String)>>,
     hash: u64,
 }
 
@@ -36,7 +39,7 @@ impl ClientParams {
         list.reverse();
         list.dedup_by(|a, b| a.0 == b.0);
         list.reverse();
-        let mut p = ClientParams { list, hash: 0 };
+        let mut p = ClientParams { list: Arc::new(list), hash: 0 };
         p.rehash();
         p
     }
@@ -70,8 +73,8 @@ impl ClientParams {
         let name = name.to_ascii_lowercase();
         match self.list.binary_search_by(|(k, _)| k.as_str().cmp(&name)) {
             Ok(i) if self.list[i].1 == value => return false,
-            Ok(i) => self.list[i].1 = value.to_string(),
-            Err(i) => self.list.insert(i, (name, value.to_string())),
+            Ok(i) => Arc::make_mut(&mut self.list)[i].1 = value.to_string(),
+            Err(i) => Arc::make_mut(&mut self.list).insert(i, (name, value.to_string())),
         }
         self.rehash();
         true
@@ -80,7 +83,7 @@ impl ClientParams {
     /// Drops a parameter (it falls back to the server default).
     pub fn remove(&mut self, name: &str) {
         if let Ok(i) = self.list.binary_search_by(|(k, _)| k.as_str().cmp(name)) {
-            self.list.remove(i);
+            Arc::make_mut(&mut self.list).remove(i);
             self.rehash();
         }
     }
@@ -88,9 +91,23 @@ impl ClientParams {
     /// The SQL that turns a server whose settings are `from` into one with `self`'s.
     /// None when nothing differs. Values go through `set_config`, which parses them as
     /// the startup packet does (`search_path=a,b` is a list of two, as with libpq).
+    /// Whether both hold the same settings.
+    pub fn same(&self, other: &ClientParams) -> bool {
+        Arc::ptr_eq(&self.list, &other.list) || (self.hash == other.hash && self.list == other.list)
+    }
+
+    /// Shares `other`'s list when both hold the same settings; returns whether it did.
+    pub fn share(&mut self, other: &ClientParams) -> bool {
+        let same = self.same(other);
+        if same {
+            self.list = other.list.clone();
+        }
+        same
+    }
+
     pub fn diff_sql(&self, from: &ClientParams) -> Option<String> {
         use crate::protocol::build::{quote_ident, quote_literal};
-        if self.hash == from.hash && self.list == from.list {
+        if self.same(from) {
             return None;
         }
         let sets: Vec<String> = self
@@ -103,7 +120,7 @@ impl ClientParams {
         if !sets.is_empty() {
             sql = format!("SELECT {};", sets.join(", "));
         }
-        for (k, _) in &from.list {
+        for (k, _) in from.list.iter() {
             if self.get(k).is_none() {
                 sql.push_str(&format!("RESET {};", quote_ident(k)));
             }

@@ -192,8 +192,11 @@ pub struct ClientInfo {
     /// The id of the linked server connection, 0 when none.
     pub server_id: AtomicU64,
     pub prepared_statements: AtomicU64,
+    /// Wakes the session: the console killed it (`killed`), or the pooler's phase
+    /// changed. `interrupts` counts the wake-ups (see `client::interrupt`).
+    pub interrupt: tokio::sync::Notify,
+    pub interrupts: AtomicU64,
     /// Set by the console (KILL_CLIENT, KILL db): the session ends at once.
-    pub kill: tokio::sync::Notify,
     pub killed: std::sync::atomic::AtomicBool,
 }
 
@@ -219,7 +222,8 @@ impl ClientInfo {
             request_time_us: AtomicU64::new(now_us()),
             server_id: AtomicU64::new(0),
             prepared_statements: AtomicU64::new(0),
-            kill: tokio::sync::Notify::new(),
+            interrupt: tokio::sync::Notify::new(),
+            interrupts: AtomicU64::new(0),
             killed: Default::default(),
         }
     }
@@ -235,13 +239,23 @@ impl ClientInfo {
 
     pub fn set_state(&self, s: ClientState) {
         self.state.store(s as u8, Relaxed);
-        self.request_time_us.store(now_us(), Relaxed);
+        self.request_time_us.store(crate::clock::coarse_wall_us(), Relaxed);
     }
 
     /// Asks the session to end (admin KILL).
     pub fn kill(&self) {
         self.killed.store(true, Relaxed);
-        self.kill.notify_one();
+        self.wake();
+    }
+
+    /// Wakes the session to look at its `killed` flag and the pooler's phase.
+    pub fn wake(&self) {
+        self.interrupts.fetch_add(1, std::sync::atomic::Ordering::Release);
+        self.interrupt.notify_one();
+    }
+
+    pub fn is_killed(&self) -> bool {
+        self.killed.load(Relaxed)
     }
 }
 
@@ -295,7 +309,7 @@ impl ServerInfo {
     pub fn set_state(&self, s: ServerState, client_id: u64) {
         self.state.store(s as u8, Relaxed);
         self.client_id.store(client_id, Relaxed);
-        self.request_time_us.store(now_us(), Relaxed);
+        self.request_time_us.store(crate::clock::coarse_wall_us(), Relaxed);
     }
 }
 

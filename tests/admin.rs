@@ -259,7 +259,8 @@ async fn pause_holds_new_transactions_until_resume() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_client_disable_and_reconnect() {
     let pg = PgCluster::start();
-    let s = with_console(Sluice::builder(&pg)).database("app", &[("pool_size", "1")]).start();
+    // Two workers: the console's KILL wakes a session on another thread.
+    let s = with_console(Sluice::builder(&pg).general("workers", "2")).database("app", &[("pool_size", "1")]).start();
     // the victim's connection task keeps its result: the FATAL the client received
     let mut config = tokio_postgres::Config::new();
     config.host("127.0.0.1").port(s.port).user(Role::SCRAM.name).password(Role::SCRAM.password).dbname("app");

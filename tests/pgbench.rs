@@ -60,6 +60,7 @@ fn select_only_through_a_pool_of_40(protocol: &str) {
         .general("auth_type", "\"trust\"")
         .general("pool_mode", "\"transaction\"")
         .general("max_client_conn", "600")
+        .general("workers", "2")
         .database("app", &[("pool_size", &SELECT_ONLY_POOL.to_string())])
         .start();
     for clients in [1u32, 40, 120, 500] {

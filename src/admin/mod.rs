@@ -114,7 +114,9 @@ impl AdminSession {
                 r = conn.stream.read_buf(&mut conn.buf) => if matches!(r, Ok(0) | Err(_)) {
                     return Exit::Closed;
                 },
-                _ = self.info.kill.notified() => return killed(),
+                _ = self.info.interrupt.notified() => if self.info.is_killed() {
+                    return killed();
+                },
                 _ = phase.wait_for(|p| matches!(p, Phase::Draining | Phase::Stopping)) => return shutting_down(),
             }
         }
@@ -228,7 +230,9 @@ impl AdminSession {
                         r = conn.stream.read_buf(&mut conn.buf) => if matches!(r, Ok(0) | Err(_)) {
                             return Err(Exit::Closed);
                         },
-                        _ = self.info.kill.notified() => return Err(killed()),
+                        _ = self.info.interrupt.notified() => if self.info.is_killed() {
+                            return Err(killed());
+                        },
                     }
                 };
                 if let Err(e) = r {

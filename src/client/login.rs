@@ -245,7 +245,11 @@ fn client_params(msg: &StartupMessage) -> Result<ClientParams, Exit> {
 
 /// Applies the client's settings to a server; a value the server rejects ends the
 /// login with the server's own error, as a direct connection would.
-async fn apply_or_fail(pool: &Pool, mut server: ServerConn, params: &ClientParams) -> Result<ServerConn, Exit> {
+async fn apply_or_fail(
+    pool: &Pool,
+    mut server: Box<ServerConn>,
+    params: &ClientParams,
+) -> Result<Box<ServerConn>, Exit> {
     match server.apply_params(params).await {
         Ok(()) => Ok(server),
         Err(e) => {
@@ -321,6 +325,7 @@ async fn start_pooled(
     for k in redundant {
         params.remove(&k);
     }
+    pool.intern_params(&mut params);
     let key = app.cancel.register();
     build::backend_key_data(&mut out, key.pid, key.secret);
     build::ready_for_query(&mut out, TxStatus::Idle);

@@ -5,6 +5,7 @@
 #[doc(hidden)]
 pub mod bench_support;
 mod extended;
+mod interrupt;
 mod login;
 mod relay;
 mod session;

@@ -10,6 +10,7 @@ use bytes::{Buf, BytesMut};
 use tokio::io::AsyncReadExt;
 
 use super::extended::ClientCtx;
+use super::interrupt::Interrupt;
 use super::session::{Session, sleep_opt};
 use super::{ClientConn, Exit};
 use crate::app::Phase;
@@ -35,29 +36,28 @@ fn reserve(buf: &mut BytesMut, chunk: usize) {
 impl Session {
     /// Relays until the transaction ends (Ok: the server went back to the pool) or
     /// the connection ends (Err).
-    pub(super) async fn relay(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
+    pub(super) async fn relay(&mut self, conn: &mut ClientConn, interrupt: &mut Interrupt<'_, '_>) -> Result<(), Exit> {
         let mut splice = std::mem::take(&mut self.splice);
-        let r = self.relay_loop(conn, &mut splice).await;
+        let r = self.relay_loop(conn, &mut splice, interrupt).await;
         splice.reset();
         self.splice = splice;
         r
     }
 
-    async fn relay_loop(&mut self, conn: &mut ClientConn, splice: &mut Splice) -> Result<(), Exit> {
-        // Interruptions (admin kill, shutdown) are registered once for the whole
-        // exchange, not on every turn of the loop.
-        let info = self.info.clone();
-        let kill = info.kill.notified();
-        tokio::pin!(kill);
-        let mut phase = self.phase.clone();
-        let phase_changed = phase.changed();
-        tokio::pin!(phase_changed);
-        let mut phase_seen = false;
+    async fn relay_loop(
+        &mut self,
+        conn: &mut ClientConn,
+        splice: &mut Splice,
+        interrupt: &mut Interrupt<'_, '_>,
+    ) -> Result<(), Exit> {
         self.forward_client(conn, splice).await?;
         loop {
             if self.mode != PoolMode::Session && self.releasable() {
                 self.release().await;
                 return Ok(());
+            }
+            if self.info.is_killed() {
+                return Err(super::session::killed());
             }
             self.check_phase()?;
             let server = self.server.as_mut().expect("relay without a server");
@@ -69,6 +69,7 @@ impl Session {
             let idle_deadline =
                 self.timeouts.idle_transaction.zip(t.last_client_activity).map(|(d, s)| s + d).filter(|_| idle_in_tx);
             tokio::select! {
+                biased;
                 r = conn.stream.read_buf(&mut conn.buf) => match r {
                     Ok(0) | Err(_) => return Err(Exit::Closed),
                     Ok(_) => self.forward_client(conn, splice).await?,
@@ -87,8 +88,8 @@ impl Session {
                 _ = sleep_opt(idle_deadline.map(|d| d.saturating_duration_since(Instant::now()))) => {
                     return Err(Exit::fatal(sqlstate::IDLE_IN_TRANSACTION_TIMEOUT, "idle_transaction_timeout: transaction left idle too long"));
                 }
-                _ = &mut phase_changed, if !phase_seen => phase_seen = true,
-                _ = &mut kill => return Err(super::session::killed()),
+                // Killed or shutting down: the checks at the top of the loop say which.
+                _ = interrupt.fired() => {}
             }
         }
     }

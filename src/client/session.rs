@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 
+use super::interrupt::Interrupt;
 use super::track::Track;
 use super::{ClientConn, Exit};
 use crate::app::{App, Phase};
@@ -37,7 +38,7 @@ pub struct Session {
     pub(super) mode: PoolMode,
     pub(super) params: ClientParams,
     pub(super) key: CancelKey,
-    pub(super) server: Option<ServerConn>,
+    pub(super) server: Option<Box<ServerConn>>,
     pub(super) track: Track,
     pub(super) timeouts: Timeouts,
     pub(super) limits: Limits,
@@ -69,7 +70,7 @@ impl Session {
         mode: PoolMode,
         params: ClientParams,
         key: CancelKey,
-        server: Option<ServerConn>,
+        server: Option<Box<ServerConn>>,
     ) -> Session {
         let g = &app.config.load().general;
         let timeouts = Timeouts {
@@ -108,9 +109,13 @@ impl Session {
 
     /// Serves the client until it leaves; always gives the server back.
     pub async fn run(mut self: Box<Self>, conn: &mut ClientConn) -> Exit {
+        let info = self.info.clone();
+        let notified = info.interrupt.notified();
+        tokio::pin!(notified);
+        let mut interrupt = Interrupt::new(&info, notified);
         let exit = loop {
             if self.server.is_none() {
-                match self.wait_for_work(conn).await {
+                match self.wait_for_work(conn, &mut interrupt).await {
                     Wanted::Server => {}
                     Wanted::Leave(exit) => break exit,
                 }
@@ -118,7 +123,7 @@ impl Session {
                     break exit;
                 }
             }
-            if let Err(exit) = self.relay(conn).await {
+            if let Err(exit) = self.relay(conn, &mut interrupt).await {
                 break exit;
             }
         };
@@ -128,13 +133,22 @@ impl Session {
     }
 
     /// Waits, with no server, for the client's next message.
-    async fn wait_for_work(&mut self, conn: &mut ClientConn) -> Wanted {
+    async fn wait_for_work(&mut self, conn: &mut ClientConn, interrupt: &mut Interrupt<'_, '_>) -> Wanted {
         loop {
             match Header::peek(&conn.buf) {
                 Err(e) => return Wanted::Leave(Exit::protocol(e)),
                 Ok(Some(h)) if h.tag == fe::TERMINATE => return Wanted::Leave(Exit::Terminated),
                 Ok(Some(_)) => return Wanted::Server,
                 Ok(None) => {}
+            }
+            if self.info.is_killed() {
+                return Wanted::Leave(killed());
+            }
+            if matches!(*self.phase.borrow(), Phase::Draining | Phase::Stopping) {
+                return Wanted::Leave(Exit::fatal(
+                    sqlstate::ADMIN_SHUTDOWN,
+                    "terminating connection: the pooler is shutting down",
+                ));
             }
             // An idle client's next message is usually small: keep its buffer small
             // (the relay grows it when a transaction streams more).
@@ -143,17 +157,16 @@ impl Session {
             }
             let idle = self.timeouts.client_idle;
             tokio::select! {
+                biased;
                 r = conn.stream.read_buf(&mut conn.buf) => match r {
                     Ok(0) | Err(_) => return Wanted::Leave(Exit::Closed),
                     Ok(_) => {}
                 },
-                _ = self.phase.wait_for(|p| matches!(p, Phase::Draining | Phase::Stopping)) => {
-                    return Wanted::Leave(Exit::fatal(sqlstate::ADMIN_SHUTDOWN, "terminating connection: the pooler is shutting down"));
-                }
+                // Killed or shutting down: the checks above say which.
+                _ = interrupt.fired() => {}
                 _ = sleep_opt(idle) => {
                     return Wanted::Leave(Exit::fatal(sqlstate::PROTOCOL_VIOLATION, "client_idle_timeout: closing idle connection"));
                 }
-                _ = self.info.kill.notified() => return Wanted::Leave(killed()),
             }
         }
     }
@@ -163,10 +176,10 @@ impl Session {
     async fn link(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
         self.info.set_state(ClientState::Waiting);
         tracing::debug!(client = self.info.id, counts = ?self.pool.counts(), "waiting for a server");
-        let started = std::time::Instant::now();
+        let mut since = None;
         let mut server = loop {
             let server = {
-                let checkout = self.pool.checkout();
+                let checkout = self.pool.checkout_since(&mut since);
                 tokio::pin!(checkout);
                 loop {
                     tokio::select! {
@@ -188,12 +201,14 @@ impl Session {
         };
         // Boxed: rarely needed (settings differ), and large enough to double the
         // size of every client task if kept inline.
-        if let Err(e) = Box::pin(server.apply_params(&self.params)).await {
+        if !server.carries(&self.params)
+            && let Err(e) = Box::pin(server.apply_params(&self.params)).await
+        {
             let exit = Exit::fatal(e.sqlstate(), format!("cannot apply session settings: {e}"));
             self.pool.checkin(server);
             return Err(exit);
         }
-        self.pool.stats.waited(started.elapsed());
+        self.pool.stats.waited(since.map_or(Duration::ZERO, |s| s.elapsed()));
         self.key.slot.set(Some(target(&server)));
         server.info.set_state(ServerState::Active, self.info.id);
         self.info.server_id.store(server.id, Relaxed);

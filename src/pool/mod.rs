@@ -8,6 +8,8 @@ mod registry;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -54,7 +56,10 @@ pub enum PoolError {
 
 #[derive(Default, Debug)]
 struct Inner {
-    idle: Vec<ServerConn>,
+    // Boxed: a connection moves through the pool, the hand-off and the session on every
+    // transaction, and a pointer moves cheaper than the struct.
+    #[allow(clippy::vec_box)]
+    idle: Vec<Box<ServerConn>>,
     waiters: VecDeque<oneshot::Sender<Handoff>>,
     /// Open plus connecting server connections.
     total: usize,
@@ -67,14 +72,14 @@ struct Inner {
 #[derive(Debug)]
 enum Handoff {
     /// A connection coming back from another client.
-    Server(ServerConn),
+    Server(Box<ServerConn>),
     /// Room to open a connection: the slot is already counted in `total`.
     Connect,
 }
 
 #[allow(clippy::large_enum_variant)] // built and matched at once, never stored
 enum Next {
-    Take(ServerConn),
+    Take(Box<ServerConn>),
     Connect,
     Wait(oneshot::Receiver<Handoff>),
 }
@@ -87,7 +92,7 @@ struct ConnectingSlot<'a> {
 }
 
 impl ConnectingSlot<'_> {
-    async fn open(mut self) -> Result<ServerConn, ServerError> {
+    async fn open(mut self) -> Result<Box<ServerConn>, ServerError> {
         let r = self.pool.connect_counted().await;
         self.armed = false;
         let mut inner = self.pool.inner.lock();
@@ -162,6 +167,8 @@ pub struct Pool {
     defaults: Mutex<Option<Arc<ParamList>>>,
     /// Server spellings of client-supplied setting values already proven valid.
     canonical: Mutex<std::collections::HashMap<(String, String), String>>,
+    /// Distinct client settings seen at login (bounded), shared by equal clients.
+    param_sets: Mutex<Vec<crate::params::ClientParams>>,
     pub stats: PoolStats,
     /// Generations of prepared statements (see `prepared::Generations`).
     pub stmt_gens: ArcSwap<crate::prepared::Generations>,
@@ -179,6 +186,8 @@ pub struct Pool {
     reconnect_before_us: std::sync::atomic::AtomicU64,
     /// Notified whenever a connection comes back or is closed (PAUSE, WAIT_CLOSE).
     changed: Notify,
+    /// `wait_until` callers now waiting on `changed`.
+    watchers: AtomicUsize,
 }
 
 impl Pool {
@@ -197,6 +206,7 @@ impl Pool {
             user_limit,
             defaults: Mutex::new(None),
             canonical: Mutex::new(Default::default()),
+            param_sets: Mutex::new(Vec::new()),
             stats: PoolStats::default(),
             stmt_gens: ArcSwap::from_pointee(Default::default()),
             schema_epoch: Default::default(),
@@ -205,6 +215,7 @@ impl Pool {
             paused: watch::channel(false).0,
             reconnect_before_us: Default::default(),
             changed: Notify::new(),
+            watchers: AtomicUsize::new(0),
         }
     }
 
@@ -245,6 +256,15 @@ impl Pool {
         self.canonical.lock().get(&(name.to_string(), value.to_string())).cloned()
     }
 
+    /// Makes `p` share the list of an earlier client's equal settings, so the check on
+    /// every checkout (does the server carry them?) is a pointer comparison.
+    pub fn intern_params(&self, p: &mut crate::params::ClientParams) {
+        let mut known = self.param_sets.lock();
+        if !known.iter().any(|k| p.share(k)) && known.len() < 64 {
+            known.push(p.clone());
+        }
+    }
+
     pub fn learn_canonical(&self, name: &str, value: &str, canonical: &str) {
         let mut c = self.canonical.lock();
         if c.len() < 10_000 {
@@ -257,19 +277,28 @@ impl Pool {
     ///
     /// Cancellation-safe: if the future is dropped (the client left) while connecting
     /// or just after a connection was handed to it, the slot or connection goes back.
-    pub async fn checkout(&self) -> Result<ServerConn, PoolError> {
-        let deadline = self.settings.load().wait_timeout.map(|t| tokio::time::Instant::now() + t);
+    pub async fn checkout(&self) -> Result<Box<ServerConn>, PoolError> {
+        self.checkout_since(&mut None).await
+    }
+
+    /// `checkout`, setting `since` to when it started waiting (connecting, queueing or
+    /// paused) unless already set; an idle connection taken at once leaves it None,
+    /// which saves reading the clock on the common path.
+    pub async fn checkout_since(&self, since: &mut Option<Instant>) -> Result<Box<ServerConn>, PoolError> {
         loop {
             if *self.paused.borrow() {
+                let deadline = self.deadline(since);
                 self.wait_resumed(deadline).await?;
             }
             match self.next()? {
                 Next::Take(s) => return Ok(s),
                 Next::Connect => {
+                    since.get_or_insert_with(Instant::now);
                     let slot = ConnectingSlot { pool: self, armed: true };
                     return slot.open().await.map_err(PoolError::Connect);
                 }
                 Next::Wait(rx) => {
+                    let deadline = self.deadline(since);
                     let mut waiter = Waiter { pool: self, rx, done: false };
                     let got = match deadline {
                         Some(d) => {
@@ -292,6 +321,12 @@ impl Pool {
         }
     }
 
+    /// When a wait that began at `since` (now, if unset) runs out of `query_wait_timeout`.
+    fn deadline(&self, since: &mut Option<Instant>) -> Option<tokio::time::Instant> {
+        let start = *since.get_or_insert_with(Instant::now);
+        self.settings.load().wait_timeout.map(|t| tokio::time::Instant::from_std(start + t))
+    }
+
     fn next(&self) -> Result<Next, PoolError> {
         let settings = self.settings.load();
         let mut inner = self.inner.lock();
@@ -306,7 +341,7 @@ impl Pool {
             self.release_limits();
             self.servers.remove(s.id);
             drop(s);
-            self.changed.notify_waiters();
+            self.notify_changed();
         }
         if inner.waiters.is_empty() && inner.total < settings.size && self.acquire_limits() {
             inner.total += 1;
@@ -344,12 +379,12 @@ impl Pool {
     }
 
     /// Opens a connection for a slot already counted in `total` and `connecting`.
-    async fn open(&self) -> Result<ServerConn, ServerError> {
+    async fn open(&self) -> Result<Box<ServerConn>, ServerError> {
         let slot = ConnectingSlot { pool: self, armed: true };
         slot.open().await
     }
 
-    async fn connect_counted(&self) -> Result<ServerConn, ServerError> {
+    async fn connect_counted(&self) -> Result<Box<ServerConn>, ServerError> {
         let settings = self.settings.load_full();
         let id = self.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let started = Instant::now();
@@ -375,13 +410,13 @@ impl Pool {
 
     /// Takes a connection back. Clean connections go to the oldest waiter or the idle
     /// stack; anything else is closed.
-    pub fn checkin(&self, mut s: ServerConn) {
+    pub fn checkin(&self, mut s: Box<ServerConn>) {
         let settings = self.settings.load();
         let expired = settings.lifetime.is_some_and(|l| s.created.elapsed() >= l);
         if !s.is_clean() || expired || s.addr != settings.target.addr || self.marked(&s) || self.is_paused() {
             return self.discard(s);
         }
-        s.last_used = Instant::now();
+        s.last_used = crate::clock::CoarseInstant::now();
         s.info.set_state(ServerState::Idle, 0);
         let mut inner = self.inner.lock();
         if inner.closed {
@@ -397,11 +432,11 @@ impl Pool {
         }
         inner.idle.push(s);
         drop(inner);
-        self.changed.notify_waiters();
+        self.notify_changed();
     }
 
     /// Closes a connection and lets a waiter open a replacement.
-    pub fn discard(&self, s: ServerConn) {
+    pub fn discard(&self, s: Box<ServerConn>) {
         self.servers.remove(s.id);
         s.close();
         {
@@ -410,7 +445,7 @@ impl Pool {
             self.release_limits();
         }
         self.wake_waiters();
-        self.changed.notify_waiters();
+        self.notify_changed();
     }
 
     /// Gives the oldest waiters the room there now is to open connections: each gets
@@ -506,7 +541,7 @@ impl Pool {
     /// RECONNECT: every connection open now is closed when it is next idle.
     pub fn reconnect(&self) {
         self.reconnect_before_us.fetch_max(crate::stats::now_us(), std::sync::atomic::Ordering::Relaxed);
-        let marked: Vec<ServerConn> = {
+        let marked: Vec<Box<ServerConn>> = {
             let mut inner = self.inner.lock();
             let (marked, keep) = std::mem::take(&mut inner.idle).into_iter().partition(|s| self.marked(s));
             inner.idle = keep;
@@ -530,12 +565,28 @@ impl Pool {
 
     /// Waits until `done` holds, re-checking whenever a connection comes back or closes.
     pub async fn wait_until(&self, done: impl Fn(&Pool) -> bool) {
+        struct Watching<'a>(&'a AtomicUsize);
+        impl Drop for Watching<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, SeqCst);
+            }
+        }
+        self.watchers.fetch_add(1, SeqCst);
+        let _watching = Watching(&self.watchers);
         loop {
             let changed = self.changed.notified();
             if done(self) {
                 return;
             }
             changed.await;
+        }
+    }
+
+    /// Wakes `wait_until` callers; skips the notifier's lock (taken on every check-in)
+    /// when nobody waits.
+    fn notify_changed(&self) {
+        if self.watchers.load(SeqCst) > 0 {
+            self.changed.notify_waiters();
         }
     }
 

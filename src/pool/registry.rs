@@ -240,7 +240,7 @@ pub fn settings_for(
     let user_cfg = cfg.users.get(&server_user).filter(|_| db.user.is_none());
     let settings = PoolSettings {
         target: ServerTarget {
-            addr: ServerAddr { host: db.host.clone(), port: db.port },
+            addr: ServerAddr { host: db.host.as_str().into(), port: db.port },
             database: db.dbname.clone().unwrap_or_else(|| db_name.to_string()),
             user: server_user.clone(),
             tls: tls.clone(),

@@ -17,12 +17,19 @@ use crate::protocol::fields::ErrorFields;
 use crate::protocol::{ProtocolError, TxStatus, auth_code, be, body, build, read_i32};
 use crate::tls::{self, ServerTls};
 
-/// Where a server lives; also what a CancelRequest is sent to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where a server lives; also what a CancelRequest is sent to. Cloned per transaction
+/// (the cancel target), hence the shared host name.
+#[derive(Clone, Debug, Eq)]
 pub struct ServerAddr {
     /// A host name / IP, or a directory holding the Unix socket when it starts with '/'.
-    pub host: String,
+    pub host: Arc<str>,
     pub port: u16,
+}
+
+impl PartialEq for ServerAddr {
+    fn eq(&self, other: &Self) -> bool {
+        self.port == other.port && (Arc::ptr_eq(&self.host, &other.host) || self.host == other.host)
+    }
 }
 
 impl ServerAddr {
@@ -31,7 +38,7 @@ impl ServerAddr {
             let path = format!("{}/.s.PGSQL.{}", self.host, self.port);
             Ok(Stream::Unix(UnixStream::connect(path).await?))
         } else {
-            let s = TcpStream::connect((self.host.as_str(), self.port)).await?;
+            let s = TcpStream::connect((&*self.host, self.port)).await?;
             s.set_nodelay(true)?;
             Ok(Stream::Tcp(s))
         }
@@ -69,7 +76,7 @@ pub async fn connect(
     login: &ServerLogin,
     timeout: Option<Duration>,
     id: u64,
-) -> Result<ServerConn, ServerError> {
+) -> Result<Box<ServerConn>, ServerError> {
     let fut = connect_inner(target, login, id);
     match timeout {
         Some(t) => tokio::time::timeout(t, fut).await.map_err(|_| ServerError::ConnectTimeout)?,
@@ -77,10 +84,10 @@ pub async fn connect(
     }
 }
 
-async fn connect_inner(target: &ServerTarget, login: &ServerLogin, id: u64) -> Result<ServerConn, ServerError> {
+async fn connect_inner(target: &ServerTarget, login: &ServerLogin, id: u64) -> Result<Box<ServerConn>, ServerError> {
     let stream = target.addr.open().await?;
     let stream = tls::negotiate(stream, &target.tls, &target.addr.host).await?;
-    let mut conn = ServerConn::new(stream, target.addr.clone(), id);
+    let mut conn = Box::new(ServerConn::new(stream, target.addr.clone(), id));
     let mut out = BytesMut::new();
     build::startup_message(&mut out, &[("user", &target.user), ("database", &target.database)]);
     conn.stream.send(&out).await?;

@@ -5,7 +5,8 @@
 pub mod connect;
 
 use std::sync::Arc;
-use std::time::Instant;
+
+use crate::clock::CoarseInstant;
 
 use bytes::BytesMut;
 
@@ -78,8 +79,8 @@ pub struct ServerConn {
     /// (after a failed SET), which makes the next checkout start with RESET ALL.
     pub applied: Option<ClientParams>,
     pub tx: TxStatus,
-    pub created: Instant,
-    pub last_used: Instant,
+    pub created: CoarseInstant,
+    pub last_used: CoarseInstant,
     /// Set when the connection must not be reused (protocol state unknown).
     pub broken: bool,
     /// Prepared statements this connection holds (pooled modes).
@@ -90,7 +91,7 @@ pub struct ServerConn {
 
 impl ServerConn {
     pub(crate) fn new(stream: Stream, addr: ServerAddr, id: u64) -> Self {
-        let now = Instant::now();
+        let now = CoarseInstant::now();
         let info = Arc::new(crate::stats::ServerInfo::new(id, &addr.host, addr.port));
         ServerConn {
             info,
@@ -167,6 +168,11 @@ impl ServerConn {
                 _ => {}
             }
         }
+    }
+
+    /// Whether this connection already carries `want`'s settings.
+    pub fn carries(&self, want: &ClientParams) -> bool {
+        self.applied.as_ref().is_some_and(|a| want.same(a))
     }
 
     /// Makes this connection carry `want`'s settings.

@@ -250,6 +250,9 @@ impl SluiceBuilder {
             ("listen_port".to_string(), port.to_string()),
             ("unix_socket_dir".to_string(), toml_str(&socket_dir.display().to_string())),
             ("log_level".to_string(), toml_str("info")),
+            // One worker runs the current-thread runtime; tests that exercise the
+            // multi-threaded one (pgbench, admin kill) set `workers = 2`.
+            ("workers".to_string(), "1".to_string()),
         ];
         let mut b = SluiceBuilder {
             port,
