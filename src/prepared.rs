@@ -122,6 +122,8 @@ pub struct ClientStatements {
     map: HashMap<Bytes, Arc<Statement>>,
     /// The client's latest unnamed-statement Parse.
     pub unnamed: Option<Unnamed>,
+    /// The buffer of a forgotten unnamed Parse, reused for the next one.
+    spare: Vec<u8>,
 }
 
 impl ClientStatements {
@@ -146,7 +148,25 @@ impl ClientStatements {
 
     pub fn clear(&mut self) {
         self.map.clear();
-        self.unnamed = None;
+        self.forget_unnamed();
+    }
+
+    /// Keeps `frame` as the client's unnamed-statement Parse, in a reused buffer (an
+    /// unnamed Parse comes with nearly every extended-protocol query).
+    pub fn set_unnamed(&mut self, frame: &[u8], id: u64, command: Option<SqlCommand>) {
+        let mut parse = match self.unnamed.take() {
+            Some(u) => u.parse,
+            None => std::mem::take(&mut self.spare),
+        };
+        parse.clear();
+        parse.extend_from_slice(frame);
+        self.unnamed = Some(Unnamed { parse, id, command });
+    }
+
+    pub fn forget_unnamed(&mut self) {
+        if let Some(u) = self.unnamed.take() {
+            self.spare = u.parse;
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -279,7 +299,7 @@ impl SqlCommand {
 /// A client's latest unnamed-statement Parse.
 #[derive(Debug, Clone)]
 pub struct Unnamed {
-    pub parse: Bytes,
+    pub parse: Vec<u8>,
     /// Tells this Parse apart from others (a server remembers which one it holds).
     pub id: u64,
     pub command: Option<SqlCommand>,

@@ -235,7 +235,7 @@ impl Extended {
         if p.name.is_empty() {
             let id = rand::random::<u64>() | 1;
             let command = prepared::sql_command(p.query).filter(SqlCommand::empties);
-            cx.stmts.unnamed = Some(prepared::Unnamed { parse: Bytes::copy_from_slice(frame), id, command });
+            cx.stmts.set_unnamed(frame, id, command);
             cx.server.unnamed = id;
             self.server_parses += 1;
             self.push(Kind::Parse, Reply::Forward, None);
@@ -369,7 +369,7 @@ impl Extended {
         let (_, name) = prepared::name_field(frame, m.tag)?;
         if body(frame).first() == Some(&b'S') {
             if name.is_empty() {
-                cx.stmts.unnamed = None;
+                cx.stmts.forget_unnamed();
             } else {
                 // Other clients may share the server-side statement: answer here.
                 cx.stmts.remove(name);
