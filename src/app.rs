@@ -19,6 +19,7 @@ use crate::tls::{self, ClientTls, ServerTls};
 
 /// Where the process is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Phase {
     Running,
     /// Admin SHUTDOWN WAIT_FOR_CLIENTS: no new clients; exit once the clients have left.
@@ -51,6 +52,9 @@ pub struct App {
     clients: AtomicUsize,
     no_clients: Notify,
     phase: watch::Sender<Phase>,
+    /// The phase as a plain value, read by sessions on every loop turn (they are woken
+    /// through `ClientInfo::wake` when it changes).
+    phase_now: std::sync::atomic::AtomicU8,
     /// Key for deterministic fake SCRAM salts of unknown users.
     pub mock_key: [u8; 32],
     /// Logged-in clients, for the admin console.
@@ -86,6 +90,7 @@ impl App {
             clients: AtomicUsize::new(0),
             no_clients: Notify::new(),
             phase: watch::channel(Phase::Running).0,
+            phase_now: std::sync::atomic::AtomicU8::new(Phase::Running as u8),
             mock_key: rand::random(),
             client_infos: Default::default(),
             next_client_id: std::sync::atomic::AtomicU64::new(1),
@@ -111,11 +116,22 @@ impl App {
         self.phase.subscribe()
     }
 
+    /// The current phase, without the channel's lock.
+    pub fn current_phase(&self) -> Phase {
+        match self.phase_now.load(Ordering::Acquire) {
+            0 => Phase::Running,
+            1 => Phase::Quiescing,
+            2 => Phase::Draining,
+            _ => Phase::Stopping,
+        }
+    }
+
     pub fn set_phase(&self, p: Phase) {
         let changed = self.phase.send_if_modified(|cur| {
             let advance = (p as u8) > (*cur as u8);
             if advance {
                 *cur = p;
+                self.phase_now.store(p as u8, Ordering::Release);
             }
             advance
         });

@@ -177,9 +177,23 @@ async fn query_wait_timeout_then_recovery() {
     let s = sluice(&pg, &[("query_wait_timeout", "0.5")], 1);
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     a.simple_query("begin").await.unwrap();
-    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
-    let e = b.simple_query("select 1").await.err().unwrap();
-    assert_eq!(code(&e), "57014", "{e}");
+    // Several waiters queue behind the one server: each times out, in turn; then a
+    // second round (the pool's expiry task stops when the queue empties, and starts
+    // again with the next wait).
+    for round in 0..2 {
+        let started = std::time::Instant::now();
+        let mut waits = Vec::new();
+        for _ in 0..3 {
+            let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+            waits.push(tokio::spawn(
+                async move { b.simple_query("select 1").await.err().map(|e| code(&e).to_string()) },
+            ));
+        }
+        for w in waits {
+            assert_eq!(w.await.unwrap().as_deref(), Some("57014"), "round {round}");
+        }
+        assert!(started.elapsed() >= Duration::from_millis(500), "timed out early: {:?}", started.elapsed());
+    }
     a.simple_query("commit").await.unwrap();
     let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     assert_eq!(value(&c, "select 1").await, "1");

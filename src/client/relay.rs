@@ -101,7 +101,7 @@ impl Session {
     /// Ends the session on shutdown: at once when stopping, at the end of the
     /// transaction when draining (session mode; pooled modes drain when idle).
     fn check_phase(&self) -> Result<(), Exit> {
-        let phase = *self.phase.borrow();
+        let phase = self.app.current_phase();
         let idle = self.track.protocol_idle() && self.server.as_ref().is_some_and(|s| s.tx == TxStatus::Idle);
         if phase == Phase::Stopping || (phase == Phase::Draining && idle) {
             return Err(Exit::fatal(sqlstate::ADMIN_SHUTDOWN, "terminating connection: the pooler is shutting down"));

@@ -7,7 +7,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
-use tokio::sync::watch;
 
 use super::interrupt::Interrupt;
 use super::track::Track;
@@ -46,7 +45,6 @@ pub struct Session {
     pub(super) stmts: ClientStatements,
     /// Output assembly for the relay, kept to reuse its buffers.
     pub(super) splice: crate::protocol::scan::Splice,
-    pub(super) phase: watch::Receiver<Phase>,
 }
 
 /// Prepared-statement limits copied from the config at login.
@@ -82,7 +80,6 @@ impl Session {
             server_statements: g.max_prepared_statements,
             client_statements: g.max_client_prepared_statements,
         };
-        let phase = app.phase();
         let s = Session {
             app: app.clone(),
             info,
@@ -96,7 +93,6 @@ impl Session {
             server,
             track: Track::default(),
             timeouts,
-            phase,
         };
         if let Some(server) = &s.server {
             s.key.slot.set(Some(target(server)));
@@ -144,7 +140,7 @@ impl Session {
             if self.info.is_killed() {
                 return Wanted::Leave(killed());
             }
-            if matches!(*self.phase.borrow(), Phase::Draining | Phase::Stopping) {
+            if matches!(self.app.current_phase(), Phase::Draining | Phase::Stopping) {
                 return Wanted::Leave(Exit::fatal(
                     sqlstate::ADMIN_SHUTDOWN,
                     "terminating connection: the pooler is shutting down",

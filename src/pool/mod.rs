@@ -60,11 +60,20 @@ struct Inner {
     // transaction, and a pointer moves cheaper than the struct.
     #[allow(clippy::vec_box)]
     idle: Vec<Box<ServerConn>>,
-    waiters: VecDeque<oneshot::Sender<Handoff>>,
+    waiters: VecDeque<Queued>,
+    /// A task expires waiters past `query_wait_timeout` (one per pool, while any wait).
+    expiry_armed: bool,
     /// Open plus connecting server connections.
     total: usize,
     connecting: usize,
     closed: bool,
+}
+
+/// A client in the queue, and when its wait times out.
+#[derive(Debug)]
+struct Queued {
+    tx: oneshot::Sender<Handoff>,
+    deadline: Option<Instant>,
 }
 
 /// What a waiting client is handed, oldest waiter first.
@@ -75,13 +84,16 @@ enum Handoff {
     Server(Box<ServerConn>),
     /// Room to open a connection: the slot is already counted in `total`.
     Connect,
+    /// `query_wait_timeout` ran out.
+    TimedOut,
 }
 
 #[allow(clippy::large_enum_variant)] // built and matched at once, never stored
 enum Next {
     Take(Box<ServerConn>),
     Connect,
-    Wait(oneshot::Receiver<Handoff>),
+    /// Queued; `true`: start the task that expires waits.
+    Wait(oneshot::Receiver<Handoff>, bool),
 }
 
 /// A slot counted in `total` and `connecting` while a connection is being opened;
@@ -141,7 +153,7 @@ impl Drop for Waiter<'_> {
         match self.rx.try_recv() {
             Ok(Handoff::Server(s)) => self.pool.checkin(s),
             Ok(Handoff::Connect) => self.pool.give_back_slot(),
-            Err(_) => {}
+            Ok(Handoff::TimedOut) | Err(_) => {}
         }
     }
 }
@@ -277,38 +289,40 @@ impl Pool {
     ///
     /// Cancellation-safe: if the future is dropped (the client left) while connecting
     /// or just after a connection was handed to it, the slot or connection goes back.
-    pub async fn checkout(&self) -> Result<Box<ServerConn>, PoolError> {
+    pub async fn checkout(self: &Arc<Self>) -> Result<Box<ServerConn>, PoolError> {
         self.checkout_since(&mut None).await
     }
 
     /// `checkout`, setting `since` to when it started waiting (connecting, queueing or
     /// paused) unless already set; an idle connection taken at once leaves it None,
     /// which saves reading the clock on the common path.
-    pub async fn checkout_since(&self, since: &mut Option<Instant>) -> Result<Box<ServerConn>, PoolError> {
+    ///
+    /// The queue's timeout is enforced by one task per pool (`expire_waiters`) rather
+    /// than a timer per wait: at hundreds of clients over a pool of tens, nearly every
+    /// transaction waits.
+    pub async fn checkout_since(self: &Arc<Self>, since: &mut Option<Instant>) -> Result<Box<ServerConn>, PoolError> {
         loop {
             if *self.paused.borrow() {
                 let deadline = self.deadline(since);
                 self.wait_resumed(deadline).await?;
             }
-            match self.next()? {
+            match self.next(since)? {
                 Next::Take(s) => return Ok(s),
                 Next::Connect => {
                     since.get_or_insert_with(Instant::now);
                     let slot = ConnectingSlot { pool: self, armed: true };
                     return slot.open().await.map_err(PoolError::Connect);
                 }
-                Next::Wait(rx) => {
-                    let deadline = self.deadline(since);
+                Next::Wait(rx, arm) => {
+                    if arm {
+                        tokio::spawn(self.clone().expire_waiters());
+                    }
                     let mut waiter = Waiter { pool: self, rx, done: false };
-                    let got = match deadline {
-                        Some(d) => {
-                            tokio::time::timeout_at(d, &mut waiter.rx).await.map_err(|_| PoolError::WaitTimeout)?
-                        }
-                        None => (&mut waiter.rx).await,
-                    };
+                    let got = (&mut waiter.rx).await;
                     waiter.done = got.is_ok();
                     match got {
                         Ok(Handoff::Server(s)) => return Ok(s),
+                        Ok(Handoff::TimedOut) => return Err(PoolError::WaitTimeout),
                         Ok(Handoff::Connect) => {
                             let slot = ConnectingSlot { pool: self, armed: true };
                             return slot.open().await.map_err(PoolError::Connect);
@@ -327,7 +341,7 @@ impl Pool {
         self.settings.load().wait_timeout.map(|t| tokio::time::Instant::from_std(start + t))
     }
 
-    fn next(&self) -> Result<Next, PoolError> {
+    fn next(&self, since: &mut Option<Instant>) -> Result<Next, PoolError> {
         let settings = self.settings.load();
         let mut inner = self.inner.lock();
         if inner.closed {
@@ -349,8 +363,39 @@ impl Pool {
             return Ok(Next::Connect);
         }
         let (tx, rx) = oneshot::channel();
-        inner.waiters.push_back(tx);
-        Ok(Next::Wait(rx))
+        let start = *since.get_or_insert_with(Instant::now);
+        let deadline = settings.wait_timeout.map(|t| start + t);
+        let arm = deadline.is_some() && !inner.expiry_armed;
+        inner.expiry_armed |= arm;
+        inner.waiters.push_back(Queued { tx, deadline });
+        Ok(Next::Wait(rx, arm))
+    }
+
+    /// Fails the waits that ran past their deadline, oldest first, sleeping until the
+    /// next one; ends when nobody waits.
+    async fn expire_waiters(self: Arc<Self>) {
+        loop {
+            let wake_at = {
+                let mut inner = self.inner.lock();
+                let now = Instant::now();
+                loop {
+                    let Some(front) = inner.waiters.front() else {
+                        inner.expiry_armed = false;
+                        return;
+                    };
+                    match front.deadline {
+                        _ if front.tx.is_closed() => {}
+                        Some(d) if d <= now => {}
+                        Some(d) => break d,
+                        // Queued before a reload set a timeout: look again later.
+                        None => break now + Duration::from_secs(1),
+                    }
+                    let w = inner.waiters.pop_front().expect("front exists");
+                    let _ = w.tx.send(Handoff::TimedOut);
+                }
+            };
+            tokio::time::sleep_until(tokio::time::Instant::from_std(wake_at)).await;
+        }
     }
 
     fn usable(&self, s: &ServerConn, settings: &PoolSettings) -> bool {
@@ -424,10 +469,10 @@ impl Pool {
             return self.discard(s);
         }
         while let Some(w) = inner.waiters.pop_front() {
-            match w.send(Handoff::Server(s)) {
+            match w.tx.send(Handoff::Server(s)) {
                 Ok(()) => return,
                 Err(Handoff::Server(back)) => s = back,
-                Err(Handoff::Connect) => unreachable!("sent a server"),
+                Err(_) => unreachable!("sent a server"),
             }
         }
         inner.idle.push(s);
@@ -455,7 +500,7 @@ impl Pool {
         let mut inner = self.inner.lock();
         while !inner.waiters.is_empty() && inner.total < size && self.acquire_limits() {
             let w = inner.waiters.pop_front().expect("not empty");
-            if w.send(Handoff::Connect).is_ok() {
+            if w.tx.send(Handoff::Connect).is_ok() {
                 inner.total += 1;
                 inner.connecting += 1;
             } else {
@@ -499,7 +544,7 @@ impl Pool {
         let mut retire = Vec::new();
         let missing = {
             let mut inner = self.inner.lock();
-            inner.waiters.retain(|w| !w.is_closed());
+            inner.waiters.retain(|w| !w.tx.is_closed());
             let mut keep = Vec::with_capacity(inner.idle.len());
             let mut total = inner.total;
             for s in inner.idle.drain(..) {
