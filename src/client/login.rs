@@ -311,16 +311,15 @@ async fn start_pooled(
         .iter()
         .filter(|(k, v)| {
             let canon = pool.canonical(k, v);
-            defaults.iter().any(|(dk, dv)| dk.eq_ignore_ascii_case(k) && Some(dv) == canon.as_ref())
+            defaults.iter().any(|(dk, dv)| dk.eq_ignore_ascii_case(k) && canon.as_deref() == Some(dv.as_str()))
         })
         .map(|(k, _)| k.to_string())
         .collect();
-    let mut out = BytesMut::new();
+    let mut out = BytesMut::with_capacity(512);
     build::auth_ok(&mut out);
     for (k, v) in defaults.iter() {
-        let lk = k.to_ascii_lowercase();
-        let value = params.get(&lk).and_then(|cv| pool.canonical(&lk, cv)).unwrap_or_else(|| v.clone());
-        build::parameter_status(&mut out, k.as_bytes(), value.as_bytes());
+        let mine = params.get_ignore_case(k).and_then(|(lk, cv)| pool.canonical(lk, cv));
+        build::parameter_status(&mut out, k.as_bytes(), mine.as_deref().unwrap_or(v).as_bytes());
     }
     for k in redundant {
         params.remove(&k);

@@ -178,7 +178,8 @@ pub struct Pool {
     /// login before any server is lent to them.
     defaults: Mutex<Option<Arc<ParamList>>>,
     /// Server spellings of client-supplied setting values already proven valid.
-    canonical: Mutex<std::collections::HashMap<(String, String), String>>,
+    /// How the server spells a client's setting: name → value → the server's value.
+    canonical: Mutex<std::collections::HashMap<String, std::collections::HashMap<String, Arc<str>>>>,
     /// Distinct client settings seen at login (bounded), shared by equal clients.
     param_sets: Mutex<Vec<crate::params::ClientParams>>,
     pub stats: PoolStats,
@@ -264,8 +265,8 @@ impl Pool {
         self.defaults.lock().clone()
     }
 
-    pub fn canonical(&self, name: &str, value: &str) -> Option<String> {
-        self.canonical.lock().get(&(name.to_string(), value.to_string())).cloned()
+    pub fn canonical(&self, name: &str, value: &str) -> Option<Arc<str>> {
+        self.canonical.lock().get(name)?.get(value).cloned()
     }
 
     /// Makes `p` share the list of an earlier client's equal settings, so the check on
@@ -279,8 +280,8 @@ impl Pool {
 
     pub fn learn_canonical(&self, name: &str, value: &str, canonical: &str) {
         let mut c = self.canonical.lock();
-        if c.len() < 10_000 {
-            c.insert((name.to_string(), value.to_string()), canonical.to_string());
+        if c.values().map(|v| v.len()).sum::<usize>() < 10_000 {
+            c.entry(name.to_string()).or_default().insert(value.to_string(), canonical.into());
         }
     }
 

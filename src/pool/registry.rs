@@ -57,6 +57,14 @@ impl Pools {
     /// The pool a client of `db` logging in as `user` uses, created on first use.
     /// None when the database is not configured.
     pub fn get(&self, cfg: &Config, users: &UserStore, db: &str, user: &str) -> Option<Arc<Pool>> {
+        // Every login comes here: find an existing pool before building its settings.
+        let forced = cfg.databases.get(db)?.user.as_deref();
+        if forced.is_some() || users.get(user).is_some() {
+            let key = PoolKey { database: db.to_string(), user: forced.unwrap_or(user).to_string() };
+            if let Some(p) = self.map.lock().get(&key) {
+                return Some(p.clone());
+            }
+        }
         let (key, settings) = settings_for(cfg, users, &self.server_tls.load_full(), db, user)?;
         let mut map = self.map.lock();
         if let Some(p) = map.get(&key) {
