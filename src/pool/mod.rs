@@ -177,8 +177,8 @@ pub struct Pool {
     /// ParameterStatus values of a fresh server connection: what clients are told at
     /// login before any server is lent to them.
     defaults: Mutex<Option<Arc<ParamList>>>,
-    /// Server spellings of client-supplied setting values already proven valid.
-    /// How the server spells a client's setting: name → value → the server's value.
+    /// Server spellings of client-supplied setting values already proven valid:
+    /// name → the client's value → the server's spelling of it.
     canonical: Mutex<std::collections::HashMap<String, std::collections::HashMap<String, Arc<str>>>>,
     /// Distinct client settings seen at login (bounded), shared by equal clients.
     param_sets: Mutex<Vec<crate::params::ClientParams>>,
