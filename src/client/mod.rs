@@ -96,7 +96,11 @@ async fn finish(app: &App, conn: &mut ClientConn, exit: Exit) {
     if let Exit::Fatal { code, message } = &exit {
         send_error(&mut conn.stream, Severity::Fatal, code, message).await;
     }
-    let _ = conn.stream.shutdown().await;
+    // TLS: send close_notify. Plain sockets are simply closed when dropped (a shutdown
+    // first would add a system call per connection and change nothing on the wire).
+    if conn.stream.is_tls() {
+        let _ = conn.stream.shutdown().await;
+    }
     match &exit {
         Exit::Cancel => debug!(peer = %conn.peer, "cancel request handled"),
         _ if app.config.load().general.log_disconnections => {
