@@ -186,9 +186,9 @@ impl Track {
         if ext.take_injected() {
             // Injected messages must be answered even if the client's own are not
             // (answered locally): make the server flush its replies.
-            let mut flush = bytes::BytesMut::new();
-            crate::protocol::build::flush(&mut flush);
-            splice.insert(n, &flush);
+            let (buf, from) = splice.insert_buf();
+            crate::protocol::build::flush(buf);
+            splice.commit_insert(n, from);
         }
         let now = Instant::now();
         if !was_busy && self.pending > 0 {
