@@ -115,9 +115,9 @@ impl AdminSession {
                     return Exit::Closed;
                 },
                 _ = self.info.interrupt.notified() => if self.info.is_killed() {
-                    return killed();
+                    return Exit::killed();
                 },
-                _ = phase.wait_for(|p| matches!(p, Phase::Draining | Phase::Stopping)) => return shutting_down(),
+                _ = phase.wait_for(|p| matches!(p, Phase::Draining | Phase::Stopping)) => return Exit::shutting_down(),
             }
         }
     }
@@ -231,7 +231,7 @@ impl AdminSession {
                             return Err(Exit::Closed);
                         },
                         _ = self.info.interrupt.notified() => if self.info.is_killed() {
-                            return Err(killed());
+                            return Err(Exit::killed());
                         },
                     }
                 };
@@ -375,14 +375,6 @@ fn next_frame(buf: &mut BytesMut) -> Result<Option<BytesMut>, Exit> {
         }
         Ok(_) => Ok(None),
     }
-}
-
-fn killed() -> Exit {
-    Exit::fatal(sqlstate::ADMIN_SHUTDOWN, "terminated by the admin console")
-}
-
-fn shutting_down() -> Exit {
-    Exit::fatal(sqlstate::ADMIN_SHUTDOWN, "terminating connection: the pooler is shutting down")
 }
 
 #[cfg(test)]

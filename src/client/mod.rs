@@ -55,6 +55,16 @@ impl Exit {
         Exit::fatal(sqlstate::PROTOCOL_VIOLATION, message.to_string())
     }
 
+    /// The exit of a client ended from the admin console (KILL_CLIENT, KILL db).
+    pub fn killed() -> Exit {
+        Exit::fatal(sqlstate::ADMIN_SHUTDOWN, "terminated by the admin console")
+    }
+
+    /// The exit of a client closed because the pooler shuts down.
+    pub fn shutting_down() -> Exit {
+        Exit::fatal(sqlstate::ADMIN_SHUTDOWN, "terminating connection: the pooler is shutting down")
+    }
+
     fn reason(&self) -> String {
         match self {
             Exit::Terminated => "client terminated".into(),

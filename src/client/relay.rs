@@ -57,7 +57,7 @@ impl Session {
                 return Ok(());
             }
             if self.info.is_killed() {
-                return Err(super::session::killed());
+                return Err(Exit::killed());
             }
             self.check_phase()?;
             let server = self.server.as_mut().expect("relay without a server");
@@ -102,9 +102,8 @@ impl Session {
     /// transaction when draining (session mode; pooled modes drain when idle).
     fn check_phase(&self) -> Result<(), Exit> {
         let phase = self.app.current_phase();
-        let idle = self.track.protocol_idle() && self.server.as_ref().is_some_and(|s| s.tx == TxStatus::Idle);
-        if phase == Phase::Stopping || (phase == Phase::Draining && idle) {
-            return Err(Exit::fatal(sqlstate::ADMIN_SHUTDOWN, "terminating connection: the pooler is shutting down"));
+        if phase == Phase::Stopping || (phase == Phase::Draining && self.releasable()) {
+            return Err(Exit::shutting_down());
         }
         Ok(())
     }

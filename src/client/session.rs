@@ -138,13 +138,10 @@ impl Session {
                 Ok(None) => {}
             }
             if self.info.is_killed() {
-                return Wanted::Leave(killed());
+                return Wanted::Leave(Exit::killed());
             }
             if matches!(self.app.current_phase(), Phase::Draining | Phase::Stopping) {
-                return Wanted::Leave(Exit::fatal(
-                    sqlstate::ADMIN_SHUTDOWN,
-                    "terminating connection: the pooler is shutting down",
-                ));
+                return Wanted::Leave(Exit::shutting_down());
             }
             // An idle client's next message is usually small: keep its buffer small
             // (the relay grows it when a transaction streams more).
@@ -278,11 +275,6 @@ impl Session {
             s.info.prepared_statements.store(s.prepared.len() as u64, Relaxed);
         }
     }
-}
-
-/// The exit of a client ended from the admin console.
-pub(super) fn killed() -> Exit {
-    Exit::fatal(sqlstate::ADMIN_SHUTDOWN, "terminated by the admin console")
 }
 
 fn target(server: &ServerConn) -> CancelTarget {
