@@ -304,8 +304,8 @@ impl Pool {
     pub async fn checkout_since(self: &Arc<Self>, since: &mut Option<Instant>) -> Result<Box<ServerConn>, PoolError> {
         loop {
             if *self.paused.borrow() {
-                let deadline = self.deadline(since);
-                self.wait_resumed(deadline).await?;
+                let deadline = Self::deadline(&self.settings.load(), since);
+                self.wait_resumed(deadline.map(tokio::time::Instant::from_std)).await?;
             }
             match self.next(since)? {
                 Next::Take(s) => return Ok(s),
@@ -337,9 +337,9 @@ impl Pool {
     }
 
     /// When a wait that began at `since` (now, if unset) runs out of `query_wait_timeout`.
-    fn deadline(&self, since: &mut Option<Instant>) -> Option<tokio::time::Instant> {
+    fn deadline(settings: &PoolSettings, since: &mut Option<Instant>) -> Option<Instant> {
         let start = *since.get_or_insert_with(Instant::now);
-        self.settings.load().wait_timeout.map(|t| tokio::time::Instant::from_std(start + t))
+        settings.wait_timeout.map(|t| start + t)
     }
 
     fn next(&self, since: &mut Option<Instant>) -> Result<Next, PoolError> {
@@ -364,8 +364,7 @@ impl Pool {
             return Ok(Next::Connect);
         }
         let (tx, rx) = oneshot::channel();
-        let start = *since.get_or_insert_with(Instant::now);
-        let deadline = settings.wait_timeout.map(|t| start + t);
+        let deadline = Self::deadline(&settings, since);
         let arm = deadline.is_some() && !inner.expiry_armed;
         inner.expiry_armed |= arm;
         inner.waiters.push_back(Queued { tx, deadline });
