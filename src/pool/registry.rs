@@ -58,12 +58,8 @@ impl Pools {
     /// None when the database is not configured.
     pub fn get(&self, cfg: &Config, users: &UserStore, db: &str, user: &str) -> Option<Arc<Pool>> {
         // Every login comes here: find an existing pool before building its settings.
-        let forced = cfg.databases.get(db)?.user.as_deref();
-        if forced.is_some() || users.get(user).is_some() {
-            let key = PoolKey { database: db.to_string(), user: forced.unwrap_or(user).to_string() };
-            if let Some(p) = self.map.lock().get(&key) {
-                return Some(p.clone());
-            }
+        if let Some(p) = self.map.lock().get(&pool_key(cfg, users, db, user)?) {
+            return Some(p.clone());
         }
         let (key, settings) = settings_for(cfg, users, &self.server_tls.load_full(), db, user)?;
         let mut map = self.map.lock();
@@ -225,6 +221,20 @@ fn user_max(cfg: &Config, user: &str) -> usize {
     cfg.users.get(user).and_then(|u| u.max_user_connections).unwrap_or(cfg.general.max_user_connections)
 }
 
+/// The pool a client of `db_name` logged in as `client_user` belongs to: the
+/// database's forced server user, else the client's own (which must be configured).
+fn pool_key(cfg: &Config, users: &UserStore, db_name: &str, client_user: &str) -> Option<PoolKey> {
+    let db = cfg.databases.get(db_name)?;
+    let user = match &db.user {
+        Some(forced) => forced.clone(),
+        None => {
+            users.get(client_user)?;
+            client_user.to_string()
+        }
+    };
+    Some(PoolKey { database: db_name.to_string(), user })
+}
+
 /// The pool key and settings for a client of `db_name` logged in as `client_user`.
 pub fn settings_for(
     cfg: &Config,
@@ -233,17 +243,13 @@ pub fn settings_for(
     db_name: &str,
     client_user: &str,
 ) -> Option<(PoolKey, PoolSettings)> {
+    let key = pool_key(cfg, users, db_name, client_user)?;
     let db = cfg.databases.get(db_name)?;
     let g = &cfg.general;
-    let (server_user, login) = match &db.user {
-        Some(forced) => {
-            let login = match &db.password {
-                Some(p) => Arc::new(ServerLogin::plain(p)),
-                None => users.get(forced).map(|u| u.server.clone()).unwrap_or_default(),
-            };
-            (forced.clone(), login)
-        }
-        None => (client_user.to_string(), users.get(client_user)?.server.clone()),
+    let server_user = key.user.clone();
+    let login = match (&db.user, &db.password) {
+        (Some(_), Some(p)) => Arc::new(ServerLogin::plain(p)),
+        _ => users.get(&server_user).map(|u| u.server.clone()).unwrap_or_default(),
     };
     let user_cfg = cfg.users.get(&server_user).filter(|_| db.user.is_none());
     let settings = PoolSettings {
@@ -265,5 +271,5 @@ pub fn settings_for(
         reset_query: g.server_reset_query.clone(),
         reset_query_always: g.server_reset_query_always,
     };
-    Some((PoolKey { database: db_name.to_string(), user: server_user }, settings))
+    Some((key, settings))
 }
