@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
 use crate::app::{App, Phase};
 use crate::client::{ClientConn, Exit};
@@ -106,7 +106,7 @@ impl AdminSession {
                     return exit;
                 }
             }
-            if !self.out.is_empty() && conn.stream.write_all(&self.out).await.is_err() {
+            if !self.out.is_empty() && conn.stream.send(&self.out).await.is_err() {
                 return Exit::Closed;
             }
             self.out.clear();
@@ -158,7 +158,7 @@ impl AdminSession {
     }
 
     async fn flush(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
-        let r = conn.stream.write_all(&self.out).await;
+        let r = conn.stream.send(&self.out).await;
         self.out.clear();
         r.map_err(|_| Exit::Closed)
     }

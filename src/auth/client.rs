@@ -3,7 +3,7 @@
 //! fail the same way, at the same step, after the same delay as a wrong password.
 
 use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::scram::{self, ScramError, ScramSecret, ScramServer};
 use super::{UserAuth, md5};
@@ -105,7 +105,7 @@ async fn md5_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     let salt: [u8; 4] = rand::random();
     let mut out = BytesMut::new();
     build::auth_md5(&mut out, salt);
-    send(stream, &out).await?;
+    crate::net::send(stream, &out).await?;
     let frame = read_password(stream, buf).await?;
     let response = read_cstr(body(&frame)).map(|(r, _)| r).unwrap_or_default();
     // Unknown users are checked against a hash no response can match.
@@ -125,7 +125,7 @@ async fn scram_exchange<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<[u8; 32], AuthFailure> {
     let mut out = BytesMut::new();
     build::auth_sasl(&mut out, &[scram::SCRAM_SHA_256]);
-    send(stream, &out).await?;
+    crate::net::send(stream, &out).await?;
 
     let frame = read_password(stream, buf).await?;
     let bad = || AuthFailure::Protocol("malformed SASLInitialResponse".into());
@@ -141,20 +141,14 @@ async fn scram_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     let first = server.handle_client_first(data).map_err(|e| scram_failure(e, name))?;
     out.clear();
     build::auth_sasl_continue(&mut out, &first);
-    send(stream, &out).await?;
+    crate::net::send(stream, &out).await?;
 
     let frame = read_password(stream, buf).await?;
     let (last, client_key) = server.handle_client_final(body(&frame)).map_err(|e| scram_failure(e, name))?;
     out.clear();
     build::auth_sasl_final(&mut out, &last);
-    send(stream, &out).await?;
+    crate::net::send(stream, &out).await?;
     Ok(client_key)
-}
-
-/// Writes and flushes (a TLS stream may hold back unflushed bytes).
-async fn send<S: AsyncWrite + Unpin>(stream: &mut S, out: &[u8]) -> std::io::Result<()> {
-    stream.write_all(out).await?;
-    stream.flush().await
 }
 
 fn scram_failure(e: ScramError, name: &str) -> AuthFailure {

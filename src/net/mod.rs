@@ -122,9 +122,15 @@ impl Stream {
     /// `write_all` then `flush`: a TLS stream may keep the tail of a write inside rustls
     /// when the socket is full, until it is flushed. A no-op flush on plain sockets.
     pub async fn send(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.write_all(buf).await?;
-        self.flush().await
+        send(self, buf).await
     }
+}
+
+/// `write_all` then `flush`, for any stream (a TLS stream may hold back unflushed
+/// bytes): what every write to a peer goes through.
+pub async fn send<S: AsyncWrite + Unpin + ?Sized>(stream: &mut S, buf: &[u8]) -> io::Result<()> {
+    stream.write_all(buf).await?;
+    stream.flush().await
 }
 
 /// Encrypts `msg` and a close_notify and writes what the socket takes now.
