@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{PgCluster, Role, Sluice, SluiceBuilder, connect, eventually, psql_cmd, try_connect};
+use common::{PgCluster, Role, Sluice, SluiceBuilder, connect, eventually, psql_cmd, try_connect, value};
 use tokio_postgres::SimpleQueryMessage;
 
 /// Admin (u_scram) and stats (u_md5) users on top of the default test config.
@@ -122,16 +122,12 @@ fn msg(e: &tokio_postgres::Error) -> String {
     e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_string())
 }
 
-async fn one(c: &tokio_postgres::Client, sql: &str) -> String {
-    rows(c, sql).await[0].get(0).unwrap_or_default().to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_show_has_pgbouncer_columns_over_psql() {
     let pg = PgCluster::start();
     let s = with_console(Sluice::builder(&pg)).start();
     let c = app_client(s.port).await;
-    one(&c, "select 1").await;
+    value(&c, "select 1").await;
     for (what, expected) in expected_columns() {
         let (header, rows) =
             tokio::task::spawn_blocking(move || psql_show(s.port, &format!("SHOW {what}"))).await.unwrap();
@@ -210,13 +206,13 @@ async fn pause_holds_new_transactions_until_resume() {
     let pg = PgCluster::start();
     let s = with_console(Sluice::builder(&pg)).start();
     let c = app_client(s.port).await;
-    let pid_before = one(&c, "select pg_backend_pid()").await;
+    let pid_before = value(&c, "select pg_backend_pid()").await;
     let a = admin(s.port).await;
     a.simple_query("PAUSE app").await.unwrap();
     // PAUSE returned: every server connection of the database is closed
     assert_eq!(cell(&a, "SHOW SERVERS", "database", "app", "id").await, None);
     assert_eq!(cell(&a, "SHOW DATABASES", "name", "app", "paused").await.as_deref(), Some("1"));
-    let held = tokio::spawn(async move { one(&c, "select pg_backend_pid()").await });
+    let held = tokio::spawn(async move { value(&c, "select pg_backend_pid()").await });
     let waiting = eventually(Duration::from_secs(10), || async {
         cell(&a, "SHOW POOLS", "database", "app", "cl_waiting").await.as_deref() == Some("1")
     })
@@ -239,11 +235,11 @@ async fn pause_holds_new_transactions_until_resume() {
     })
     .await;
     assert!(flagged && !pausing.is_finished(), "PAUSE returned while a transaction was open");
-    assert_eq!(one(&c, "select 8").await, "8", "the open transaction goes on while pausing");
+    assert_eq!(value(&c, "select 8").await, "8", "the open transaction goes on while pausing");
     c.simple_query("commit").await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), pausing).await.expect("PAUSE returns after commit").unwrap().unwrap();
     a.simple_query("RESUME").await.unwrap();
-    assert_eq!(one(&c, "select 9").await, "9");
+    assert_eq!(value(&c, "select 9").await, "9");
     // SIGUSR1 pauses everything, SIGUSR2 resumes
     for (signal, paused) in [(libc::SIGUSR1, "yes"), (libc::SIGUSR2, "no")] {
         // SAFETY: kill(2) on our own child process.
@@ -266,7 +262,7 @@ async fn kill_client_disable_and_reconnect() {
     config.host("127.0.0.1").port(s.port).user(Role::SCRAM.name).password(Role::SCRAM.password).dbname("app");
     let (victim, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
     let task = tokio::spawn(connection);
-    one(&victim, "select 1").await;
+    value(&victim, "select 1").await;
     let a = admin(s.port).await;
     let id = cell(&a, "SHOW CLIENTS", "database", "app", "id").await.expect("client listed");
     a.simple_query(&format!("KILL_CLIENT {id}")).await.unwrap();
@@ -279,11 +275,11 @@ async fn kill_client_disable_and_reconnect() {
 
     // RECONNECT: the next transaction gets a new server connection
     let c = app_client(s.port).await;
-    let pid1 = one(&c, "select pg_backend_pid()").await;
-    assert_eq!(one(&c, "select pg_backend_pid()").await, pid1);
+    let pid1 = value(&c, "select pg_backend_pid()").await;
+    assert_eq!(value(&c, "select pg_backend_pid()").await, pid1);
     a.simple_query("RECONNECT app").await.unwrap();
     a.simple_query("WAIT_CLOSE app").await.unwrap();
-    assert_ne!(one(&c, "select pg_backend_pid()").await, pid1);
+    assert_ne!(value(&c, "select pg_backend_pid()").await, pid1);
 
     // DISABLE refuses new logins, connected clients go on; ENABLE lets them in again
     a.simple_query("DISABLE app").await.unwrap();
@@ -291,7 +287,7 @@ async fn kill_client_disable_and_reconnect() {
         panic!("login was not refused")
     };
     assert_eq!(e.code().map(|c| c.code()), Some("55000"), "{e}");
-    assert_eq!(one(&c, "select 7").await, "7");
+    assert_eq!(value(&c, "select 7").await, "7");
     assert_eq!(cell(&a, "SHOW DATABASES", "name", "app", "disabled").await.as_deref(), Some("1"));
     a.simple_query("ENABLE app").await.unwrap();
     app_client(s.port).await;
@@ -334,7 +330,7 @@ async fn who_may_use_the_console() {
     let a = admin(s.port).await;
     assert!(cell(&a, "SHOW CLIENTS", "database", "pgbouncer", "user").await.is_some());
     let plain = connect(s.port, Role::PLAIN.name, Role::PLAIN.password, "app").await;
-    assert_eq!(one(&plain, "select 3").await, "3");
+    assert_eq!(value(&plain, "select 3").await, "3");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -346,7 +342,7 @@ async fn shutdown_from_the_console() {
     let a = admin(s.port).await;
     // WAIT_FOR_SERVERS: like SIGTERM, the client's transaction may finish
     let _ = a.simple_query("SHUTDOWN WAIT_FOR_SERVERS").await;
-    assert_eq!(one(&c, "select 5").await, "5");
+    assert_eq!(value(&c, "select 5").await, "5");
     let _ = c.simple_query("commit").await;
     assert!(s.wait_exit(Duration::from_secs(20)).is_some_and(|st| st.success()), "{}", s.log());
 }

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{PgCluster, Role, Sluice, connect, try_connect, value};
+use common::{PgCluster, Role, Sluice, clients_waiting, connect, try_connect, value, wait_until};
 use futures_util::StreamExt;
 use tokio_postgres::{AsyncMessage, NoTls};
 
@@ -74,7 +74,11 @@ async fn scram_secret_and_md5_hash_in_config() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clients_interleave_on_a_pool_of_one() {
     let pg = PgCluster::start();
-    let s = pooled(&pg, "transaction", 1);
+    let s = Sluice::builder(&pg)
+        .general("pool_mode", "\"transaction\"")
+        .general("admin_users", r#"["u_scram"]"#)
+        .database("app", &[("pool_size", "1")])
+        .start();
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     a.simple_query("create table t_inter (who text); begin; insert into t_inter values ('a')").await.unwrap();
@@ -85,7 +89,14 @@ async fn two_clients_interleave_on_a_pool_of_one() {
         let seen = value(&b, "select count(*) from t_inter").await;
         (pid, seen)
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // b's query is in the pool's queue (not served) while a holds the server.
+    let port = s.port;
+    let queued = tokio::task::spawn_blocking(move || {
+        wait_until(Duration::from_secs(10), || {
+            clients_waiting(port, Role::SCRAM.name, Role::SCRAM.password, "app") == 1
+        })
+    });
+    assert!(queued.await.unwrap(), "b never queued for the only server");
     assert!(!waiter.is_finished(), "b was served while a held the only server in a transaction");
     a.simple_query("commit").await.unwrap();
     let (pid_b, seen) = tokio::time::timeout(Duration::from_secs(10), waiter).await.unwrap().unwrap();

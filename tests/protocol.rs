@@ -7,13 +7,14 @@ mod common;
 use std::time::Duration;
 
 use common::raw::*;
-use common::{PgCluster, Sluice};
+use common::{PgCluster, Sluice, clients_waiting, wait_until};
 
 fn setup(pool_size: usize, mode: &str) -> (PgCluster, Sluice) {
     let pg = PgCluster::start();
     let sluice = Sluice::builder(&pg)
         .general("auth_type", "\"trust\"")
         .general("pool_mode", &format!("\"{mode}\""))
+        .general("admin_users", r#"["u_trust"]"#)
         .database("app", &[("pool_size", &pool_size.to_string())])
         .start();
     (pg, sluice)
@@ -80,7 +81,9 @@ fn flush_without_sync_keeps_the_server_linked() {
         b.send(&query("select pg_backend_pid()"));
         first_value(&b.until_ready())
     });
-    std::thread::sleep(Duration::from_millis(300));
+    // B's query is in the pool's queue (not served) while A holds the server.
+    let queued = wait_until(Duration::from_secs(10), || clients_waiting(port, "u_trust", "", "app") == 1);
+    assert!(queued, "second client never queued for the only server");
     assert!(!b.is_finished(), "second client got a server while the first had not synced");
     a.send(&sync());
     assert_eq!(tags(&a.until_ready()), "Z");

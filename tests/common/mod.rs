@@ -117,6 +117,21 @@ pub fn has_ipv6_loopback() -> bool {
 
 /// Polls `condition` every 10 ms until it holds (true) or `timeout` passes (false).
 /// Blocks the thread: in a current-thread tokio test, only poll things outside this runtime.
+/// Clients of database `db` waiting for a server connection, as the admin console's
+/// `SHOW POOLS` counts them (`cl_waiting`); `user` must be in `admin_users`.
+pub fn clients_waiting(port: u16, user: &str, password: &str, db: &str) -> usize {
+    let out = psql_cmd(port, "127.0.0.1", user, password, "pgbouncer")
+        .args(["-F", "|", "-c", "SHOW POOLS"])
+        .output()
+        .expect("psql runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .map(|l| l.split('|').collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&db))
+        .and_then(|f| f.get(3)?.parse().ok())
+        .unwrap_or(0)
+}
+
 pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
