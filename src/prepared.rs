@@ -297,7 +297,7 @@ impl SqlCommand {
 }
 
 /// A client's latest unnamed-statement Parse.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Unnamed {
     pub parse: Vec<u8>,
     /// Tells this Parse apart from others (a server remembers which one it holds).

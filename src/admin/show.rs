@@ -262,8 +262,9 @@ fn clients(app: &App) -> Table {
             }),
             text(&c.addr),
             int(c.port),
-            text(&c.local_addr),
-            int(c.local_port),
+            // local_addr, local_port: not tracked
+            text(""),
+            int(0),
             text(timestamp(c.connect_time_us)),
             text(timestamp(c.request_time_us.load(Relaxed))),
             int(waited / 1_000_000),
