@@ -3,13 +3,13 @@
 //! the oldest waiter, per-database and per-user connection limits, and the janitor
 //! step that retires old connections and keeps `min_pool_size` open.
 
+mod control;
 mod limit;
 mod registry;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
-use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -565,74 +565,6 @@ impl Pool {
             self.discard(s);
         }
         missing
-    }
-
-    pub fn is_paused(&self) -> bool {
-        *self.paused.borrow()
-    }
-
-    /// PAUSE: new checkouts wait; idle connections are closed now and the others as
-    /// they come back.
-    pub fn pause(&self) {
-        self.paused.send_replace(true);
-        self.drop_idle();
-    }
-
-    /// RESUME: waiting checkouts go on.
-    pub fn resume(&self) {
-        self.paused.send_replace(false);
-    }
-
-    /// RECONNECT: every connection open now is closed when it is next idle.
-    pub fn reconnect(&self) {
-        self.reconnect_before_us.fetch_max(crate::stats::now_us(), std::sync::atomic::Ordering::Relaxed);
-        let marked: Vec<Box<ServerConn>> = {
-            let mut inner = self.inner.lock();
-            let (marked, keep) = std::mem::take(&mut inner.idle).into_iter().partition(|s| self.marked(s));
-            inner.idle = keep;
-            marked
-        };
-        for s in marked {
-            self.discard(s);
-        }
-    }
-
-    /// Server connections still open that RECONNECT or KILL marked for closing.
-    pub fn marked_count(&self) -> usize {
-        let mark = self.reconnect_before_us.load(std::sync::atomic::Ordering::Relaxed);
-        self.servers.list().iter().filter(|s| s.connect_time_us <= mark).count()
-    }
-
-    /// Whether a server connection was marked for closing (SHOW SERVERS close_needed).
-    pub fn close_needed(&self, info: &ServerInfo) -> bool {
-        info.connect_time_us <= self.reconnect_before_us.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Waits until `done` holds, re-checking whenever a connection comes back or closes.
-    pub async fn wait_until(&self, done: impl Fn(&Pool) -> bool) {
-        struct Watching<'a>(&'a AtomicUsize);
-        impl Drop for Watching<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, SeqCst);
-            }
-        }
-        self.watchers.fetch_add(1, SeqCst);
-        let _watching = Watching(&self.watchers);
-        loop {
-            let changed = self.changed.notified();
-            if done(self) {
-                return;
-            }
-            changed.await;
-        }
-    }
-
-    /// Wakes `wait_until` callers; skips the notifier's lock (taken on every check-in)
-    /// when nobody waits.
-    fn notify_changed(&self) {
-        if self.watchers.load(SeqCst) > 0 {
-            self.changed.notify_waiters();
-        }
     }
 
     /// Opens one connection for `min_pool_size` and parks it idle.
