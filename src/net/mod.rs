@@ -9,6 +9,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, BytesMut};
+use rustls::CommonState;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::{client, server};
@@ -51,19 +52,16 @@ impl Stream {
     /// bytes or a close_notify already inside rustls count, then the TCP socket is
     /// probed (a byte read there is lost, which is fine: the connection is discarded).
     pub fn is_dead_or_noisy(&self) -> bool {
+        if self.tls().is_some_and(|(_, tls)| !tls.wants_read()) {
+            return true;
+        }
         let mut probe = [0u8; 1];
-        let r = match self {
-            Stream::Tcp(s) => s.try_read(&mut probe),
-            Stream::Unix(s) => s.try_read(&mut probe),
-            Stream::TlsAccepted(s) => match s.get_ref() {
-                (_, tls) if !tls.wants_read() => return true,
-                (tcp, _) => tcp.try_read(&mut probe),
-            },
-            Stream::TlsConnected(s) => match s.get_ref() {
-                (_, tls) if !tls.wants_read() => return true,
-                (tcp, _) => tcp.try_read(&mut probe),
-            },
-            Stream::Closed => return true,
+        let r = if let Some(tcp) = self.tcp() {
+            tcp.try_read(&mut probe)
+        } else if let Stream::Unix(s) = self {
+            s.try_read(&mut probe)
+        } else {
+            return true; // Closed
         };
         !matches!(r, Err(ref e) if e.kind() == io::ErrorKind::WouldBlock)
     }
@@ -78,9 +76,16 @@ impl Stream {
     pub fn tcp(&self) -> Option<&TcpStream> {
         match self {
             Stream::Tcp(s) => Some(s),
-            Stream::TlsAccepted(s) => Some(s.get_ref().0),
-            Stream::TlsConnected(s) => Some(s.get_ref().0),
-            Stream::Unix(_) | Stream::Closed => None,
+            _ => self.tls().map(|(tcp, _)| tcp),
+        }
+    }
+
+    /// The TCP socket and the rustls state under either TLS variant.
+    fn tls(&self) -> Option<(&TcpStream, &CommonState)> {
+        match self {
+            Stream::TlsAccepted(s) => Some((s.get_ref().0, s.get_ref().1)),
+            Stream::TlsConnected(s) => Some((s.get_ref().0, s.get_ref().1)),
+            Stream::Tcp(_) | Stream::Unix(_) | Stream::Closed => None,
         }
     }
 
@@ -107,14 +112,8 @@ impl Stream {
         let _ = match self {
             Stream::Tcp(s) => s.try_write(msg),
             Stream::Unix(s) => s.try_write(msg),
-            Stream::TlsConnected(s) => {
-                let (tcp, tls) = s.get_mut();
-                try_send_tls(tcp, tls, msg)
-            }
-            Stream::TlsAccepted(s) => {
-                let (tcp, tls) = s.get_mut();
-                try_send_tls(tcp, tls, msg)
-            }
+            Stream::TlsConnected(s) => try_send_tls(s.get_mut(), msg),
+            Stream::TlsAccepted(s) => try_send_tls(s.get_mut(), msg),
             Stream::Closed => Ok(0),
         };
     }
@@ -133,8 +132,9 @@ pub async fn send<S: AsyncWrite + Unpin + ?Sized>(stream: &mut S, buf: &[u8]) ->
     stream.flush().await
 }
 
-/// Encrypts `msg` and a close_notify and writes what the socket takes now.
-fn try_send_tls<C, D>(tcp: &TcpStream, tls: &mut C, msg: &[u8]) -> io::Result<usize>
+/// Encrypts `msg` and a close_notify and writes what the socket takes now, given a TLS
+/// stream's `get_mut()`.
+fn try_send_tls<C, D>((tcp, tls): (&mut TcpStream, &mut C), msg: &[u8]) -> io::Result<usize>
 where
     C: std::ops::DerefMut<Target = rustls::ConnectionCommon<D>>,
 {

@@ -11,16 +11,17 @@ mod verify;
 
 use std::sync::Arc;
 
-use rustls::client::{Resumption, WebPkiServerVerifier};
+use rustls::client::Resumption;
 use rustls::crypto::CryptoProvider;
 use rustls::server::{NoServerSessionStorage, WebPkiClientVerifier};
-use rustls::{ClientConfig, ServerConfig, SupportedProtocolVersion};
+use rustls::{ClientConfig, RootCertStore, ServerConfig, SupportedProtocolVersion};
 
 use crate::config::{ClientTlsMode, Config, ConfigError, ServerTlsMode};
 
 pub use accept::{AcceptError, Negotiation, TLS_HANDSHAKE_RECORD, accept, describe, peer_common_name};
 pub use cn::common_name;
 pub use connect::{TlsConnectError, negotiate};
+use verify::{Proof, ServerVerifier};
 
 /// The ALPN protocol name of PostgreSQL; a direct TLS connection must offer it.
 pub const ALPN_POSTGRESQL: &[u8] = b"postgresql";
@@ -40,32 +41,64 @@ fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
-/// TLS towards clients: the mode and, unless disabled, the rustls server config.
+/// One side's TLS: its mode and, unless that is `disable`, the rustls config built
+/// from the config's files. The two sides are `ClientTls` and `ServerTls`.
 #[derive(Debug)]
-pub struct ClientTls {
-    pub mode: ClientTlsMode,
-    config: Option<Arc<ServerConfig>>,
+pub struct Tls<Mode, RustlsConfig> {
+    pub mode: Mode,
+    config: Option<Arc<RustlsConfig>>,
+}
+
+/// TLS towards clients: `client_tls_sslmode` and the rustls server config.
+pub type ClientTls = Tls<ClientTlsMode, ServerConfig>;
+
+/// TLS towards PostgreSQL: `server_tls_sslmode` and the rustls client config.
+pub type ServerTls = Tls<ServerTlsMode, ClientConfig>;
+
+impl<Mode, RustlsConfig> Tls<Mode, RustlsConfig> {
+    fn new(mode: Mode, config: Option<RustlsConfig>) -> Self {
+        Tls { mode, config: config.map(Arc::new) }
+    }
+
+    /// The rustls config, None when this side's TLS is disabled.
+    pub fn config(&self) -> Option<&Arc<RustlsConfig>> {
+        self.config.as_ref()
+    }
 }
 
 impl Default for ClientTls {
     fn default() -> Self {
-        ClientTls { mode: ClientTlsMode::Disable, config: None }
+        Tls::new(ClientTlsMode::Disable, None)
+    }
+}
+
+impl Default for ServerTls {
+    fn default() -> Self {
+        Tls::new(ServerTlsMode::Disable, None)
     }
 }
 
 impl ClientTls {
     /// Reads the certificate, key and (for verify modes) CA files named in the config.
     pub fn load(cfg: &Config) -> Result<ClientTls, TlsError> {
-        let mode = cfg.general.client_tls_sslmode;
-        if mode == ClientTlsMode::Disable {
-            return Ok(ClientTls::default());
+        match cfg.general.client_tls_sslmode {
+            ClientTlsMode::Disable => Ok(ClientTls::default()),
+            mode => Ok(Tls::new(mode, Some(server_config(cfg)?))),
         }
-        Ok(ClientTls { mode, config: Some(Arc::new(server_config(cfg)?)) })
     }
+}
 
-    /// The rustls config for accepting TLS, None when client TLS is disabled.
-    pub fn config(&self) -> Option<&Arc<ServerConfig>> {
-        self.config.as_ref()
+impl ServerTls {
+    /// Reads the CA (verify modes) and the optional client certificate and key.
+    pub fn load(cfg: &Config) -> Result<ServerTls, TlsError> {
+        let mode = cfg.general.server_tls_sslmode;
+        let proof = match mode {
+            ServerTlsMode::Disable => return Ok(ServerTls::default()),
+            ServerTlsMode::Prefer | ServerTlsMode::Require => Proof::Nothing,
+            ServerTlsMode::VerifyCa => Proof::Chain(server_roots(cfg)?),
+            ServerTlsMode::VerifyFull => Proof::ChainAndHost(server_roots(cfg)?),
+        };
+        Ok(Tls::new(mode, Some(client_config(cfg, proof)?)))
     }
 }
 
@@ -109,55 +142,16 @@ fn protocol_versions(names: &[String]) -> Vec<&'static SupportedProtocolVersion>
     out
 }
 
-/// TLS towards PostgreSQL: the mode and, unless disabled, the rustls client config.
-#[derive(Debug)]
-pub struct ServerTls {
-    pub mode: ServerTlsMode,
-    config: Option<Arc<ClientConfig>>,
+fn server_roots(cfg: &Config) -> Result<Arc<RootCertStore>, TlsError> {
+    let path = cfg.resolve(&cfg.general.server_tls_ca_file);
+    Ok(Arc::new(files::roots(&path).map_err(error("server_tls_ca_file"))?))
 }
 
-impl Default for ServerTls {
-    fn default() -> Self {
-        ServerTls { mode: ServerTlsMode::Disable, config: None }
-    }
-}
-
-impl ServerTls {
-    /// Reads the CA (verify modes) and the optional client certificate and key.
-    pub fn load(cfg: &Config) -> Result<ServerTls, TlsError> {
-        let mode = cfg.general.server_tls_sslmode;
-        if mode == ServerTlsMode::Disable {
-            return Ok(ServerTls::default());
-        }
-        Ok(ServerTls { mode, config: Some(Arc::new(client_config(cfg)?)) })
-    }
-
-    pub fn config(&self) -> Option<&Arc<ClientConfig>> {
-        self.config.as_ref()
-    }
-}
-
-fn client_config(cfg: &Config) -> Result<ClientConfig, TlsError> {
+/// The rustls config towards PostgreSQL, checking what `proof` asks of its certificate.
+fn client_config(cfg: &Config, proof: Proof) -> Result<ClientConfig, TlsError> {
     let g = &cfg.general;
     let provider = provider();
-    let algs = provider.signature_verification_algorithms;
-    let verifier = match g.server_tls_sslmode {
-        ServerTlsMode::Disable | ServerTlsMode::Prefer | ServerTlsMode::Require => {
-            verify::ServerVerifier::AnyCertificate { algs }
-        }
-        mode => {
-            let roots = files::roots(&cfg.resolve(&g.server_tls_ca_file)).map_err(error("server_tls_ca_file"))?;
-            let roots = Arc::new(roots);
-            if mode == ServerTlsMode::VerifyCa {
-                verify::ServerVerifier::Chain { roots, algs }
-            } else {
-                let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
-                    .build()
-                    .map_err(|e| error("server_tls_ca_file")(e.to_string()))?;
-                verify::ServerVerifier::Full(webpki)
-            }
-        }
-    };
+    let verifier = ServerVerifier::new(provider.signature_verification_algorithms, proof);
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| error("server_tls_sslmode")(e.to_string()))?

@@ -1,27 +1,43 @@
-//! How Sluice checks PostgreSQL's certificate, one variant per `server_tls_sslmode`.
-//! Every variant checks the handshake signatures, so the peer must hold the key of the
-//! certificate it shows; what differs is what the certificate itself must prove.
-//! verify-full follows libpq where webpki is stricter: a certificate without DNS or IP
-//! subject alternative names is matched on its common name (a leading `*.` matching
-//! one label), as certificates made per PostgreSQL's documentation often are.
+//! How Sluice checks PostgreSQL's certificate, one verifier for every `server_tls_sslmode`.
+//! The handshake signatures are always checked, so the peer must hold the key of the
+//! certificate it shows; what differs is what the certificate itself must prove: nothing
+//! (`prefer`, `require`: encryption without authentication, as libpq does it), a chain
+//! to a trusted root (`verify-ca`), or the chain and the host name (`verify-full`, a DNS
+//! name or IP address). verify-full follows libpq where webpki is stricter: a
+//! certificate without DNS or IP subject alternative names is matched on its common
+//! name (a leading `*.` matching one label), as certificates made per PostgreSQL's
+//! documentation often are.
 
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::{WebPkiServerVerifier, verify_server_cert_signed_by_trust_anchor};
+use rustls::client::{verify_server_cert_signed_by_trust_anchor, verify_server_name};
 use rustls::crypto::{WebPkiSupportedAlgorithms, verify_tls12_signature, verify_tls13_signature};
 use rustls::server::ParsedCertificate;
 use rustls::{CertificateError, DigitallySignedStruct, Error, RootCertStore, SignatureScheme};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
+/// What a server certificate must prove beyond the handshake signatures.
 #[derive(Debug)]
-pub enum ServerVerifier {
-    /// `prefer`, `require`: encryption without authentication, as libpq does it.
-    AnyCertificate { algs: WebPkiSupportedAlgorithms },
-    /// `verify-ca`: the chain must lead to a trusted root; the host name is not checked.
-    Chain { roots: Arc<RootCertStore>, algs: WebPkiSupportedAlgorithms },
-    /// `verify-full`: chain and host name (DNS name or IP address).
-    Full(Arc<WebPkiServerVerifier>),
+pub enum Proof {
+    /// `prefer`, `require`: nothing.
+    Nothing,
+    /// `verify-ca`: a chain to one of these roots; the host name is not checked.
+    Chain(Arc<RootCertStore>),
+    /// `verify-full`: a chain to one of these roots, and the host name.
+    ChainAndHost(Arc<RootCertStore>),
+}
+
+#[derive(Debug)]
+pub struct ServerVerifier {
+    algs: WebPkiSupportedAlgorithms,
+    proof: Proof,
+}
+
+impl ServerVerifier {
+    pub fn new(algs: WebPkiSupportedAlgorithms, proof: Proof) -> ServerVerifier {
+        ServerVerifier { algs, proof }
+    }
 }
 
 impl ServerCertVerifier for ServerVerifier {
@@ -30,27 +46,28 @@ impl ServerCertVerifier for ServerVerifier {
         end_entity: &CertificateDer<'_>,
         intermediates: &[CertificateDer<'_>],
         server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
+        _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, Error> {
-        match self {
-            ServerVerifier::AnyCertificate { .. } => Ok(ServerCertVerified::assertion()),
-            ServerVerifier::Chain { roots, algs } => {
-                let cert = ParsedCertificate::try_from(end_entity)?;
-                verify_server_cert_signed_by_trust_anchor(&cert, roots, intermediates, now, algs.all)?;
-                Ok(ServerCertVerified::assertion())
+        let (roots, host) = match &self.proof {
+            Proof::Nothing => return Ok(ServerCertVerified::assertion()),
+            Proof::Chain(roots) => (roots, false),
+            Proof::ChainAndHost(roots) => (roots, true),
+        };
+        let cert = ParsedCertificate::try_from(end_entity)?;
+        verify_server_cert_signed_by_trust_anchor(&cert, roots, intermediates, now, self.algs.all)?;
+        if !host {
+            return Ok(ServerCertVerified::assertion());
+        }
+        match verify_server_name(&cert, server_name) {
+            Ok(()) => Ok(ServerCertVerified::assertion()),
+            // No DNS or IP subject alternative names at all: libpq looks at the common name.
+            Err(Error::InvalidCertificate(CertificateError::NotValidForNameContext { presented, .. }))
+                if presented.is_empty() =>
+            {
+                common_name_matches(end_entity, server_name)
             }
-            ServerVerifier::Full(v) => {
-                match v.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
-                    // The chain is valid (webpki checks it first); no SAN names at all.
-                    Err(Error::InvalidCertificate(CertificateError::NotValidForNameContext { presented, .. }))
-                        if presented.is_empty() =>
-                    {
-                        common_name_matches(end_entity, server_name)
-                    }
-                    other => other,
-                }
-            }
+            Err(e) => Err(e),
         }
     }
 
@@ -60,12 +77,7 @@ impl ServerCertVerifier for ServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        match self {
-            ServerVerifier::Full(v) => v.verify_tls12_signature(message, cert, dss),
-            ServerVerifier::AnyCertificate { algs } | ServerVerifier::Chain { algs, .. } => {
-                verify_tls12_signature(message, cert, dss, algs)
-            }
-        }
+        verify_tls12_signature(message, cert, dss, &self.algs)
     }
 
     fn verify_tls13_signature(
@@ -74,19 +86,11 @@ impl ServerCertVerifier for ServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        match self {
-            ServerVerifier::Full(v) => v.verify_tls13_signature(message, cert, dss),
-            ServerVerifier::AnyCertificate { algs } | ServerVerifier::Chain { algs, .. } => {
-                verify_tls13_signature(message, cert, dss, algs)
-            }
-        }
+        verify_tls13_signature(message, cert, dss, &self.algs)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        match self {
-            ServerVerifier::Full(v) => v.supported_verify_schemes(),
-            ServerVerifier::AnyCertificate { algs } | ServerVerifier::Chain { algs, .. } => algs.supported_schemes(),
-        }
+        self.algs.supported_schemes()
     }
 }
 

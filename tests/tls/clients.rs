@@ -1,5 +1,7 @@
 //! Clients to Sluice over TLS with psql (libpq): what libpq users see.
 
+use std::time::Duration;
+
 use tokio_postgres::error::SqlState;
 
 use crate::common::{PgCluster, Role, Sluice, TestCerts, psql_cmd, try_connect};
@@ -93,12 +95,18 @@ fn client_certificate_authentication() {
     );
     assert_eq!(r.stdout, "u_md5", "{}", r.stderr);
 
+    // No client certificate: TLS 1.3's certificate_required alert, and the log says why.
     let r = run_sql(psql(), "select 1");
     assert!(!r.ok, "no client certificate: the handshake must fail");
-    assert!(r.stderr.contains("certificate"), "{}", r.stderr);
+    assert!(r.stderr.contains("SSL error: tlsv13 alert certificate required"), "{}", r.stderr);
+    let line = "client disconnected: TLS handshake failed: peer sent no certificates";
+    assert!(s.wait_log(line, Duration::from_secs(10)), "no {line:?} in the log:\n{}", s.log());
+    // A certificate from an unknown CA: the unknown_ca alert.
     let r = run_sql(with_cert(psql(), &certs.untrusted_client), "select 1");
     assert!(!r.ok, "a certificate from an unknown CA must fail");
-    assert!(s.log().contains("TLS handshake failed"), "{}", s.log());
+    assert!(r.stderr.contains("SSL error: tlsv1 alert unknown ca"), "{}", r.stderr);
+    let line = "client disconnected: TLS handshake failed: invalid peer certificate: UnknownIssuer";
+    assert!(s.wait_log(line, Duration::from_secs(10)), "no {line:?} in the log:\n{}", s.log());
 
     let socket = s.socket_dir.display().to_string();
     let r = run_sql(psql_cmd(s.port, &socket, "u_scram", "", "app"), "select 1");
@@ -118,4 +126,7 @@ fn verify_ca_demands_a_certificate_and_still_checks_passwords() {
     assert!(r.stderr.contains("password authentication failed"), "{}", r.stderr);
     let r = run_sql(psql(Role::SCRAM), "select 1");
     assert!(!r.ok, "no certificate: refused");
+    assert!(r.stderr.contains("SSL error: tlsv13 alert certificate required"), "{}", r.stderr);
+    let line = "client disconnected: TLS handshake failed: peer sent no certificates";
+    assert!(s.wait_log(line, Duration::from_secs(10)), "no {line:?} in the log:\n{}", s.log());
 }

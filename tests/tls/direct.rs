@@ -1,18 +1,33 @@
 //! The TLS layer seen by a rustls client: direct TLS with ALPN (PostgreSQL 17),
-//! SSLRequest with and without ALPN, GSSENCRequest, TLS versions, and how
-//! connections end (close_notify both ways, a socket dropped without one).
+//! SSLRequest with and without ALPN, GSSENCRequest, TLS versions (each refusal by the
+//! alert or error the client gets and the line Sluice logs), how connections end
+//! (close_notify both ways, a socket dropped without one), and large results and admin
+//! console replies over TLS.
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
+use std::time::Duration;
+
+use rustls::{AlertDescription, InvalidMessage};
 
 use crate::client::{self, GSSENC_REQUEST, NO_ALPN, Opts, PG_ALPN, SSL_REQUEST};
-use crate::common::{PgCluster, Sluice, TestCerts, psql_cmd};
+use crate::common::{PgCluster, Sluice, TestCerts, psql_cmd, wait_until};
 use crate::raw::{self, Raw, sqlstate};
 use crate::{client_tls, run_sql};
 
 fn trust_sluice(pg: &PgCluster, certs: &TestCerts, mode: &str) -> Sluice {
     let b = Sluice::builder(pg).general("auth_type", "\"trust\"").database("app", &[("pool_size", "1")]);
     client_tls(b, mode, &certs.server, certs).start()
+}
+
+/// The rustls error behind a failed handshake or read; None for plain I/O errors (EOF).
+fn rustls_error(e: &std::io::Error) -> Option<&rustls::Error> {
+    e.get_ref()?.downcast_ref()
+}
+
+/// Polls Sluice's log until `needle` appears `n` times; false after 10 s.
+fn wait_log_count(s: &Sluice, needle: &str, n: usize) -> bool {
+    wait_until(Duration::from_secs(10), || s.log().matches(needle).count() >= n)
 }
 
 #[test]
@@ -26,18 +41,29 @@ fn direct_tls_needs_alpn_postgresql() {
     assert_eq!(msgs[0].0, b'R');
     assert_eq!(client::query_value(&mut sock, "select 'direct'"), "direct");
 
-    for alpn in [&NO_ALPN, &Opts { alpn: &[b"http/1.1"], tls12_only: false }] {
-        let config = client::config(&certs.ca, alpn);
-        let refused = client::direct(s.port, &config).and_then(|mut sock| {
-            client::login(&mut sock, "u_trust").map_err(std::io::Error::other)?;
-            Ok(())
-        });
-        assert!(refused.is_err(), "direct TLS with ALPN {:?} must be refused", alpn.alpn);
+    // Without "postgresql" among the ALPN protocols, Sluice closes the socket on reading
+    // the ClientHello, before any answer: the client's handshake meets the end of stream.
+    let no_alpn = "client disconnected: direct TLS connection without the ALPN protocol \"postgresql\"";
+    for (i, alpn) in [&NO_ALPN, &Opts { alpn: &[b"http/1.1"], tls12_only: false }].into_iter().enumerate() {
+        let e = client::direct(s.port, &client::config(&certs.ca, alpn)).err();
+        let e = e.unwrap_or_else(|| panic!("direct TLS with ALPN {:?} must be refused", alpn.alpn));
+        assert_eq!(e.kind(), ErrorKind::UnexpectedEof, "ALPN {:?}: {e}", alpn.alpn);
+        assert!(rustls_error(&e).is_none(), "no alert, just a close: {e}");
+        assert!(wait_log_count(&s, no_alpn, i + 1), "ALPN {:?}: no {no_alpn:?} in the log:\n{}", alpn.alpn, s.log());
     }
-    // With client TLS disabled, a ClientHello is no startup packet.
+    // With client TLS disabled, a ClientHello is no startup packet: its first bytes read
+    // as a length out of range, answered by a plaintext FATAL that rustls cannot parse.
     let plain = Sluice::builder(&pg).general("auth_type", "\"trust\"").start();
-    let refused = client::direct(plain.port, &client::config(&certs.ca, &PG_ALPN));
-    assert!(refused.is_err());
+    let e = client::direct(plain.port, &client::config(&certs.ca, &PG_ALPN)).expect_err("refused");
+    assert!(
+        matches!(rustls_error(&e), Some(rustls::Error::InvalidMessage(InvalidMessage::InvalidContentType))),
+        "{e:?}"
+    );
+    let fatal = "client disconnected: invalid startup packet length";
+    assert!(wait_log_count(&plain, fatal, 1), "no {fatal:?} in the log:\n{}", plain.log());
+    let log = plain.log();
+    let line = log.lines().find(|l| l.contains(fatal)).unwrap_or_default();
+    assert!(line.contains(" (08P01)"), "a protocol violation: {line}");
 }
 
 #[test]
@@ -50,19 +76,27 @@ fn ssl_request_with_and_without_alpn() {
         client::login(&mut sock, "u_trust").expect("login");
         assert_eq!(client::query_value(&mut sock, "select 1"), "1");
     }
-    // Offering ALPN without "postgresql" is refused, as PostgreSQL 17 does.
+    // Offering ALPN without "postgresql" is refused with the no_application_protocol
+    // alert, as PostgreSQL 17 does.
     let http = Opts { alpn: &[b"http/1.1"], tls12_only: false };
-    let refused = client::negotiated(s.port, &client::config(&certs.ca, &http));
-    assert!(refused.is_err());
+    let e = client::negotiated(s.port, &client::config(&certs.ca, &http)).expect_err("refused");
+    let alert = rustls::Error::AlertReceived(AlertDescription::NoApplicationProtocol);
+    assert_eq!(rustls_error(&e), Some(&alert), "{e:?}");
+    let line = "client disconnected: TLS handshake failed: peer doesn't support any known protocol";
+    assert!(wait_log_count(&s, line, 1), "no {line:?} in the log:\n{}", s.log());
     // TLS 1.2 works by default...
     let tls12 = Opts { alpn: &[], tls12_only: true };
     let mut sock = client::negotiated(s.port, &client::config(&certs.ca, &tls12)).expect("TLS 1.2");
     assert_eq!(sock.conn.protocol_version(), Some(rustls::ProtocolVersion::TLSv1_2));
     client::login(&mut sock, "u_trust").expect("login over TLS 1.2");
-    // ...and not when client_tls_protocols leaves it out.
+    // ...and not when client_tls_protocols leaves it out: a protocol_version alert.
     let b = Sluice::builder(&pg).general("auth_type", "\"trust\"").general("client_tls_protocols", "[\"tlsv1.3\"]");
     let only13 = client_tls(b, "require", &certs.server, &certs).start();
-    assert!(client::negotiated(only13.port, &client::config(&certs.ca, &tls12)).is_err());
+    let e = client::negotiated(only13.port, &client::config(&certs.ca, &tls12)).expect_err("TLS 1.2 refused");
+    let alert = rustls::Error::AlertReceived(AlertDescription::ProtocolVersion);
+    assert_eq!(rustls_error(&e), Some(&alert), "{e:?}");
+    let line = "client disconnected: TLS handshake failed: peer is incompatible: Tls12NotOfferedOrEnabled";
+    assert!(wait_log_count(&only13, line, 1), "no {line:?} in the log:\n{}", only13.log());
 }
 
 #[test]
@@ -171,4 +205,54 @@ fn large_messages_stream_both_ways_over_tls() {
     assert_eq!(tags, "TDCZ");
     assert_eq!(row_len, 2 + 4 + 30_000_000);
     assert_eq!(client::query_value(&mut sock, "select 'after'"), "after");
+}
+
+/// The first column of a DataRow.
+fn first_column(row: &[u8]) -> String {
+    let len = i32::from_be_bytes(row[2..6].try_into().unwrap());
+    String::from_utf8_lossy(&row[6..6 + len as usize]).into_owned()
+}
+
+#[test]
+fn large_admin_replies_arrive_whole_over_tls() {
+    // A reply of over a megabyte, many times the 64 KiB of records rustls holds back
+    // when the socket is full, must arrive whole and leave the session in step. (The
+    // console once wrote without flushing, and the tail of such a reply could stay inside
+    // rustls. That needs the socket full at the console's last write, which a client
+    // cannot arrange: Sluice's send buffer grows to megabytes on loopback. The flush
+    // itself is pinned by `tls::tests::send_leaves_nothing_inside_rustls`.)
+    const DATABASES: usize = 6000;
+    let certs = TestCerts::generate();
+    let pg = PgCluster::start();
+    let mut b = Sluice::builder(&pg).general("auth_type", "\"trust\"").general("admin_users", "[\"u_trust\"]");
+    let names: Vec<String> = (0..DATABASES).map(|i| format!("{i:05}_{}", "d".repeat(57))).collect();
+    for name in &names {
+        b = b.database(name, &[]);
+    }
+    let s = client_tls(b, "require", &certs.server, &certs).start();
+    let mut sock = client::negotiated(s.port, &client::config(&certs.ca, &PG_ALPN)).expect("handshake");
+    client::login_db(&mut sock, "u_trust", "pgbouncer").expect("admin console login over TLS");
+
+    sock.write_all(&raw::query("SHOW DATABASES")).unwrap();
+    sock.flush().unwrap();
+    let (mut tags, mut rows, mut bytes) = (String::new(), Vec::new(), 0);
+    loop {
+        let got = client::recv(&mut sock);
+        let (tag, body) = got.unwrap_or_else(|e| panic!("{e} after {} rows, {bytes} bytes", rows.len()));
+        bytes += 5 + body.len();
+        match tag {
+            b'D' => rows.push(first_column(&body)),
+            b'Z' => break,
+            _ => tags.push(char::from(tag)),
+        }
+    }
+    assert_eq!(tags, "TC");
+    // The console's own row, then the databases in name order ("app" last).
+    let mut expected = vec!["pgbouncer".to_string()];
+    expected.extend(names);
+    expected.push("app".to_string());
+    assert!(rows == expected, "{} rows of {}: {:?} .. {:?}", rows.len(), expected.len(), rows.first(), rows.last());
+    assert!(bytes > 1 << 20, "only {bytes} bytes");
+    // The session goes on in step.
+    assert_eq!(client::query_value(&mut sock, "SHOW VERSION"), format!("Sluice {}", env!("CARGO_PKG_VERSION")));
 }
