@@ -16,13 +16,15 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::{DB, PgCluster, Role, Sluice, TestCerts, has_ipv6_loopback, toml_str, wait_until};
+use common::{
+    DB, PgCluster, Role, Sluice, TestCerts, exit_or_kill, has_ipv6_loopback, libpq_env, toml_str, wait_until,
+};
 use sha2::{Digest, Sha256};
 
 /// Concurrent driver connections of the main phase (the programs' DRIVER_CLIENTS).
 const CLIENTS: u32 = 8;
 /// Server connections Sluice may open: fewer than the clients, so they queue and share.
-const POOL_SIZE: u32 = 3;
+const POOL_SIZE: usize = 3;
 /// A run takes a few seconds; past this it is killed (the programs' own watchdog is 60 s).
 const RUN_LIMIT: Duration = Duration::from_secs(120);
 
@@ -191,17 +193,7 @@ fn run_bounded(mut cmd: Command, limit: Duration) -> Finished {
         .stderr(stderr.try_clone().expect("clone temp file"))
         .spawn()
         .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            break Some(status);
-        }
-        if started.elapsed() > limit {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = exit_or_kill(&mut child, limit);
     let mut output = String::new();
     for file in [&mut stdout, &mut stderr] {
         file.rewind().expect("rewind");
@@ -257,24 +249,15 @@ impl Stack {
 
     /// Points `cmd` at Sluice through the PG* variables libpq reads, as `role`: plaintext to
     /// 127.0.0.1, or with `root` (a CA certificate file) verify-full to localhost. No PG*
-    /// variable is inherited (PGSERVICE, PGOPTIONS...).
+    /// variable is inherited (PGSERVICE, PGOPTIONS...): `libpq_env`.
     fn env(&self, cmd: &mut Command, mode: DriverPoolMode, role: Role, root: Option<&Path>) {
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("PG") {
-                cmd.env_remove(name);
-            }
-        }
-        match root {
-            None => cmd.env("PGHOST", "127.0.0.1").env("PGSSLMODE", "disable"),
-            Some(ca) => cmd.env("PGHOST", "localhost").env("PGSSLMODE", "verify-full").env("PGSSLROOTCERT", ca),
-        };
-        cmd.env("PGPORT", self.sluice.port.to_string())
-            .env("PGUSER", role.name)
-            .env("PGPASSWORD", role.password)
-            .env("PGDATABASE", DB)
-            .env("PGCONNECT_TIMEOUT", "10")
+        let host = if root.is_some() { "localhost" } else { "127.0.0.1" };
+        libpq_env(cmd, self.sluice.port, host, role.name, role.password, DB)
             .env("SLUICE_MODE", mode.as_str())
             .env("DRIVER_CLIENTS", CLIENTS.to_string());
+        if let Some(ca) = root {
+            cmd.env("PGSSLMODE", "verify-full").env("PGSSLROOTCERT", ca);
+        }
     }
 }
 
@@ -292,11 +275,7 @@ fn run(driver: Driver, mode: DriverPoolMode, transport: Transport) {
         None => panic!("{what}: killed after {RUN_LIMIT:?}; output:\n{}", run.output),
         Some(status) => assert!(status.success(), "{what} failed ({status}); output:\n{}", run.output),
     }
-    let servers: u32 = stack
-        .pg
-        .psql(&format!("select count(*) from pg_stat_activity where usename = '{}'", Role::SCRAM.name))
-        .parse()
-        .expect("a count");
+    let servers = stack.pg.backends(&format!("usename = '{}'", Role::SCRAM.name));
     assert!(servers <= POOL_SIZE, "{what}: a pool of {POOL_SIZE} opened {servers} server connections");
     let logins = match transport {
         Transport::Plain => String::new(),

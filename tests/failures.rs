@@ -7,11 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::raw::{Raw, first_value, query};
-use common::{PgCluster, Role, Sluice, connect, eventually, try_connect, value, wait_until};
-
-fn code(e: &tokio_postgres::Error) -> String {
-    e.code().map(|c| c.code().to_string()).unwrap_or_else(|| format!("no sqlstate: {e}"))
-}
+use common::{PgCluster, Role, Sluice, code, connect, eventually, try_connect, value, wait_until};
 
 fn sluice(pg: &PgCluster, extra: &[(&str, &str)], pool_size: usize) -> Sluice {
     let mut b = Sluice::builder(pg).database("app", &[("pool_size", &pool_size.to_string())]);
@@ -19,10 +15,6 @@ fn sluice(pg: &PgCluster, extra: &[(&str, &str)], pool_size: usize) -> Sluice {
         b = b.general(k, v);
     }
     b.start()
-}
-
-fn sluice_backends(pg: &PgCluster, filter: &str) -> usize {
-    pg.psql(&format!("select count(*) from pg_stat_activity where usename like 'u\\_%' and {filter}")).parse().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -34,7 +26,7 @@ async fn server_terminated_mid_transaction_gives_08006_and_frees_the_slot() {
     a.simple_query("begin").await.unwrap();
     let pid = value(&a, "select pg_backend_pid()").await;
     let running = tokio::spawn(async move { a.simple_query("select pg_sleep(30)").await.map(|_| ()) });
-    assert!(wait_until(Duration::from_secs(5), || sluice_backends(&pg, "query like '%pg_sleep(30)%'") == 1));
+    assert!(wait_until(Duration::from_secs(5), || pg.backends("query like '%pg_sleep(30)%'") == 1));
     pg.psql(&format!("select pg_terminate_backend({pid})"));
     let Err(e) = running.await.unwrap() else { panic!("the server is gone") };
     assert_eq!(code(&e), "08006", "{e}");
@@ -133,7 +125,7 @@ fn client_vanishing_mid_transaction_leaves_nothing_behind() {
     a.until_ready();
     drop(a);
     assert!(
-        wait_until(Duration::from_secs(10), || sluice_backends(&pg, "state like 'idle in transaction%'") == 0),
+        wait_until(Duration::from_secs(10), || pg.backends("state like 'idle in transaction%'") == 0),
         "a server stayed in the vanished client's transaction"
     );
     let mut b = Raw::login(s.port, "u_trust", "app");
@@ -142,18 +134,12 @@ fn client_vanishing_mid_transaction_leaves_nothing_behind() {
     // Vanishing during a running query: the server is cancelled and closed, the slot freed.
     b.send(&query("select pg_sleep(60)"));
     assert!(
-        wait_until(Duration::from_secs(10), || sluice_backends(
-            &pg,
-            "query like '%pg_sleep(60)%' and state = 'active'"
-        ) == 1),
+        wait_until(Duration::from_secs(10), || pg.backends("query like '%pg_sleep(60)%' and state = 'active'") == 1),
         "the query never started"
     );
     drop(b);
     assert!(
-        wait_until(Duration::from_secs(10), || sluice_backends(
-            &pg,
-            "query like '%pg_sleep(60)%' and state = 'active'"
-        ) == 0),
+        wait_until(Duration::from_secs(10), || pg.backends("query like '%pg_sleep(60)%' and state = 'active'") == 0),
         "the abandoned query kept running"
     );
     let mut c = Raw::login(s.port, "u_trust", "app");
@@ -185,9 +171,7 @@ async fn query_wait_timeout_then_recovery() {
         let mut waits = Vec::new();
         for _ in 0..3 {
             let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
-            waits.push(tokio::spawn(
-                async move { b.simple_query("select 1").await.err().map(|e| code(&e).to_string()) },
-            ));
+            waits.push(tokio::spawn(async move { b.simple_query("select 1").await.err().map(|e| code(&e)) }));
         }
         for w in waits {
             assert_eq!(w.await.unwrap().as_deref(), Some("57014"), "round {round}");
@@ -215,10 +199,7 @@ async fn idle_transaction_and_query_timeouts() {
     let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     assert_eq!(value(&c, "select 3").await, "3");
     assert!(
-        wait_until(Duration::from_secs(10), || sluice_backends(
-            &pg,
-            "query like '%pg_sleep(20)%' and state = 'active'"
-        ) == 0),
+        wait_until(Duration::from_secs(10), || pg.backends("query like '%pg_sleep(20)%' and state = 'active'") == 0),
         "timed-out query still running"
     );
 }
@@ -248,7 +229,7 @@ async fn idle_servers_are_retired_and_min_pool_size_kept() {
         futures_util::future::join_all((0..4).map(|_| connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app")))
             .await;
     futures_util::future::join_all(clients.iter().map(|c| c.simple_query("select pg_sleep(0.3)"))).await;
-    let n = |pg: &PgCluster| sluice_backends(pg, &format!("usename = '{}'", Role::SCRAM.name));
+    let n = |pg: &PgCluster| pg.backends(&format!("usename = '{}'", Role::SCRAM.name));
     assert!(wait_until(Duration::from_secs(5), || n(&pg) == 4), "expected 4 servers, saw {}", n(&pg));
     assert!(wait_until(Duration::from_secs(10), || n(&pg) == 2), "idle servers not retired down to min_pool_size");
     // and min_pool_size is restored after servers die
@@ -267,7 +248,7 @@ async fn shared_connection_limits_queue_then_rebalance() {
         .database("app2", &[("dbname", "\"app\""), ("max_db_connections", "5")])
         .user(Role::SCRAM.name, &[("password", "\"pw_scram\""), ("max_user_connections", "1")])
         .start();
-    let servers = |pg: &PgCluster| sluice_backends(pg, "true");
+    let servers = |pg: &PgCluster| pg.backends("true");
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let b = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
     // a holds the database's only server in a transaction: b waits, then times out.

@@ -101,9 +101,7 @@ async fn sigint_exits_promptly_and_logs_connections() {
     s.interrupt();
     assert!(s.wait_exit(Duration::from_secs(5)).is_some(), "SIGINT did not stop sluice promptly");
     assert!(
-        wait_until(Duration::from_secs(10), || pg
-            .psql("select count(*) from pg_stat_activity where usename = 'u_scram'")
-            == "0"),
+        wait_until(Duration::from_secs(10), || pg.backends("usename = 'u_scram'") == 0),
         "server connections left open after exit"
     );
 }

@@ -10,7 +10,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{PgCluster, Role, Sluice, connect, eventually, free_port, wait_until};
+use common::{PgCluster, Role, Sluice, connect, eventually, free_port, libpq_env, wait_until};
 
 /// A plain HTTP/1.1 GET on 127.0.0.1:`port`; the status code and the body.
 fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
@@ -45,20 +45,18 @@ async fn get(port: u16, path: &str) -> (u16, String) {
     tokio::task::spawn_blocking(move || http_get(port, &path)).await.unwrap().expect("HTTP GET")
 }
 
-/// GETs `path` every 10 ms until `done(body)` or `timeout`; whether it held, and the
+/// GETs `path` until `done(body)` or `timeout` (`eventually`); whether it held, and the
 /// last body.
 async fn poll_get(port: u16, path: &str, timeout: Duration, done: impl Fn(&str) -> bool) -> (bool, String) {
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
+    let last = std::cell::RefCell::new(String::new());
+    let held = eventually(timeout, || async {
         let body = get(port, path).await.1;
-        if done(&body) {
-            return (true, body);
-        }
-        if std::time::Instant::now() >= deadline {
-            return (false, body);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        let ok = done(&body);
+        *last.borrow_mut() = body;
+        ok
+    })
+    .await;
+    (held, last.into_inner())
 }
 
 /// The value of the first sample line starting with `prefix` (name and labels).
@@ -193,12 +191,11 @@ async fn debian_pgbouncer_exporter_reads_the_console() {
     let load = traffic(s.port, 2).await;
     let port = free_port();
     let log = tempfile::NamedTempFile::new().unwrap();
-    let child = Command::new("/usr/bin/prometheus-pgbouncer-exporter")
+    let mut exporter = Command::new("/usr/bin/prometheus-pgbouncer-exporter");
+    let child = libpq_env(&mut exporter, s.port, "127.0.0.1", Role::SCRAM.name, Role::SCRAM.password, "pgbouncer")
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
         .args(["--pgbouncer-host", "127.0.0.1", "--pgbouncer-port", &s.port.to_string()])
         .args(["--pgbouncer-user", Role::SCRAM.name])
-        .env("PGPASSWORD", Role::SCRAM.password)
-        .env("PGSSLMODE", "disable")
         .env_remove("PORT")
         .env_remove("HOST")
         .stdin(Stdio::null())

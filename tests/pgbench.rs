@@ -5,21 +5,19 @@
 
 mod common;
 
-use common::{PgCluster, Role, Sluice};
+use common::{PgCluster, Role, Sluice, libpq_env};
 
 fn pgbench(port: u16, args: &[&str]) -> String {
     pgbench_as(Role::SCRAM, port, args)
 }
 
+/// pgbench ARGS on database `app` at 127.0.0.1:`port` as `role` (PGSSLMODE=disable, `libpq_env`).
 fn pgbench_as(role: Role, port: u16, args: &[&str]) -> String {
     let mut cmd = std::process::Command::new("pgbench");
-    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", role.name]).args(args).arg("app");
-    if role.password.is_empty() {
-        cmd.env_remove("PGPASSWORD");
-    } else {
-        cmd.env("PGPASSWORD", role.password);
-    }
-    let out = cmd.env("PGSSLMODE", "disable").output().expect("pgbench runs");
+    let out = libpq_env(&mut cmd, port, "127.0.0.1", role.name, role.password, common::DB)
+        .args(args)
+        .output()
+        .expect("pgbench runs");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "pgbench {args:?} failed:\n{text}");
     text
@@ -42,12 +40,12 @@ fn tpcb_through_a_pool_of_ten() {
         assert!(!out.contains("aborted"), "{proto}:\n{out}");
         assert!(processed(&out) > 100, "{proto}: too few transactions:\n{out}");
     }
-    let servers: u32 = pg.psql("select count(*) from pg_stat_activity where usename = 'u_scram'").parse().unwrap();
+    let servers = pg.backends("usename = 'u_scram'");
     assert!(servers <= 10, "pool of 10 opened {servers} server connections");
 }
 
 /// Server connections of the select-only runs: the published comparisons use 40.
-const SELECT_ONLY_POOL: u32 = 40;
+const SELECT_ONLY_POOL: usize = 40;
 
 /// pgbench `-S` (one primary-key SELECT per transaction) through a transaction pool of 40 with
 /// 1, 40, 120 and 500 clients, ~3 s each: zero failed transactions, every client served.
@@ -72,7 +70,7 @@ fn select_only_through_a_pool_of_40(protocol: &str) {
         assert!(processed(&out) >= u64::from(clients), "{what}: fewer transactions than clients:\n{out}");
         eprintln!("{what}: {} transactions", processed(&out));
     }
-    let servers: u32 = pg.psql("select count(*) from pg_stat_activity where usename = 'u_trust'").parse().unwrap();
+    let servers = pg.backends("usename = 'u_trust'");
     assert!(servers <= SELECT_ONLY_POOL, "pool of {SELECT_ONLY_POOL} opened {servers} server connections");
 }
 

@@ -6,20 +6,14 @@ mod common;
 
 use std::time::Duration;
 
-use common::{PgCluster, Role, Sluice, clients_waiting, connect, try_connect, value, wait_until};
+use common::{PgCluster, Role, Sluice, clients_waiting, code, connect, try_connect, value, wait_until};
 use futures_util::StreamExt;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 /// Waits (up to 10 s) until a query containing `text` is running on the server.
 fn active(pg: &PgCluster, text: &str) -> bool {
-    tokio::task::block_in_place(|| {
-        common::wait_until(Duration::from_secs(10), || {
-            let q = format!(
-                "select count(*) from pg_stat_activity where state = 'active' and query like '%{text}%' and pid <> pg_backend_pid()"
-            );
-            pg.psql(&q) != "0"
-        })
-    })
+    let filter = format!("state = 'active' and query like '%{text}%'");
+    tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(&filter) > 0))
 }
 
 fn pooled(pg: &PgCluster, mode: &str, size: usize) -> Sluice {
@@ -40,12 +34,12 @@ async fn every_auth_method_both_sides() {
             let Err(bad) = try_connect(s.port, role.name, "wrong", "app").await else {
                 panic!("wrong password must fail")
             };
-            assert_eq!(bad.code().map(|c| c.code()), Some("28P01"), "{auth}: {bad}");
+            assert_eq!(code(&bad), "28P01", "{auth}: {bad}");
         }
         let Err(unknown) = try_connect(s.port, "nobody", "x", "app").await else { panic!("unknown user must fail") };
-        assert_eq!(unknown.code().map(|c| c.code()), Some("28P01"));
+        assert_eq!(code(&unknown), "28P01");
         let nodb = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "nope").await.err().unwrap();
-        assert_eq!(nodb.code().map(|c| c.code()), Some("3D000"));
+        assert_eq!(code(&nodb), "3D000");
     }
     let s = Sluice::builder(&pg).general("auth_type", "\"trust\"").start();
     let c = connect(s.port, Role::TRUST.name, "", "app").await;
@@ -149,7 +143,7 @@ async fn invalid_startup_setting_is_refused_like_postgres() {
         Role::SCRAM.password
     );
     let Err(e) = tokio_postgres::connect(&url, NoTls).await else { panic!("bad TimeZone must fail") };
-    assert_eq!(e.code().map(|c| c.code()), Some("22023"), "{e}");
+    assert_eq!(code(&e), "22023", "{e}");
     let ok = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     assert_eq!(value(&ok, "select 1").await, "1");
 }
@@ -193,7 +187,7 @@ async fn session_mode_is_transparent() {
     assert!(active(&pg, "pg_sleep(30)"), "the query to cancel never started");
     token.cancel_query(NoTls).await.unwrap();
     let r = tokio::time::timeout(Duration::from_secs(10), sleeper).await.unwrap().unwrap();
-    assert_eq!(r.err().and_then(|e| e.code().map(|c| c.code().to_string())).as_deref(), Some("57014"));
+    assert_eq!(r.err().map(|e| code(&e)).as_deref(), Some("57014"));
     // pg_terminate_backend on the pid the client sees ends that client.
     value(&b, &format!("select pg_terminate_backend({pid})")).await;
 }
@@ -226,7 +220,7 @@ async fn cancel_in_transaction_mode_hits_only_that_client() {
     assert!(active(&pg, "pg_sleep(30)") && active(&pg, "pg_sleep(1)"), "the queries never started");
     token.cancel_query(NoTls).await.unwrap();
     let ra = tokio::time::timeout(Duration::from_secs(10), slow_a).await.unwrap().unwrap();
-    assert_eq!(ra.err().and_then(|e| e.code().map(|c| c.code().to_string())).as_deref(), Some("57014"));
+    assert_eq!(ra.err().map(|e| code(&e)).as_deref(), Some("57014"));
     let rb = tokio::time::timeout(Duration::from_secs(10), slow_b).await.unwrap().unwrap();
     assert!(rb.is_ok(), "the other client's query must not be cancelled: {rb:?}");
 }

@@ -8,7 +8,7 @@ mod sluice;
 
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command, ExitStatus};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -56,20 +56,49 @@ pub async fn try_connect(
     Ok((client, task))
 }
 
-/// `psql -X -qtA -v ON_ERROR_STOP=1 -w -h host -p port -U user -d db` with PGPASSWORD and
-/// PGSSLMODE=disable set; add `-c SQL` (or stdin) and run it.
-pub fn psql_cmd(port: u16, host: &str, user: &str, password: &str, db: &str) -> Command {
-    let mut cmd = Command::new(pg_bindir().join("psql"));
-    cmd.args(["-X", "-qtA", "-v", "ON_ERROR_STOP=1", "-w", "-h", host, "-p", &port.to_string()])
-        .args(["-U", user, "-d", db])
+/// Points `cmd`, a libpq client (psql, pgbench, an exporter, a driver workload), at `host`
+/// (a name, an address or a Unix socket directory) and `port` as `user`, database `db`, through
+/// libpq's environment alone: PGHOST, PGPORT, PGUSER, PGPASSWORD (none when `password` is
+/// empty), PGDATABASE, PGSSLMODE=disable and PGCONNECT_TIMEOUT=10. No other PG* variable is
+/// inherited (PGSERVICE, PGOPTIONS...); set TLS variables after this to override PGSSLMODE.
+pub fn libpq_env<'a>(
+    cmd: &'a mut Command,
+    port: u16,
+    host: &str,
+    user: &str,
+    password: &str,
+    db: &str,
+) -> &'a mut Command {
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("PG") {
+            cmd.env_remove(name);
+        }
+    }
+    cmd.env("PGHOST", host)
+        .env("PGPORT", port.to_string())
+        .env("PGUSER", user)
+        .env("PGDATABASE", db)
         .env("PGSSLMODE", "disable")
         .env("PGCONNECT_TIMEOUT", "10");
-    if password.is_empty() {
-        cmd.env_remove("PGPASSWORD");
-    } else {
+    if !password.is_empty() {
         cmd.env("PGPASSWORD", password);
     }
     cmd
+}
+
+/// `psql -X -qtA -v ON_ERROR_STOP=1 -w` pointed at `host`:`port` as `user`, database `db`, by
+/// `libpq_env` (PGSSLMODE=disable); add `-c SQL` (or stdin) and run it.
+pub fn psql_cmd(port: u16, host: &str, user: &str, password: &str, db: &str) -> Command {
+    let mut cmd = Command::new(pg_bindir().join("psql"));
+    cmd.args(["-X", "-qtA", "-v", "ON_ERROR_STOP=1", "-w"]);
+    libpq_env(&mut cmd, port, host, user, password, db);
+    cmd
+}
+
+/// The SQLSTATE of a failed tokio-postgres call, or "no sqlstate: ERROR" when the error did not
+/// come from the server (so an assertion on the code shows what happened instead).
+pub fn code(e: &tokio_postgres::Error) -> String {
+    e.code().map(|c| c.code().to_string()).unwrap_or_else(|| format!("no sqlstate: {e}"))
 }
 
 /// A loopback TCP port that is free now (on 127.0.0.1, and ::1 where it exists).
@@ -115,8 +144,6 @@ pub fn has_ipv6_loopback() -> bool {
     })
 }
 
-/// Polls `condition` every 10 ms until it holds (true) or `timeout` passes (false).
-/// Blocks the thread: in a current-thread tokio test, only poll things outside this runtime.
 /// Clients of database `db` waiting for a server connection, as the admin console's
 /// `SHOW POOLS` counts them (`cl_waiting`); `user` must be in `admin_users`.
 pub fn clients_waiting(port: u16, user: &str, password: &str, db: &str) -> usize {
@@ -132,6 +159,10 @@ pub fn clients_waiting(port: u16, user: &str, password: &str, db: &str) -> usize
         .unwrap_or(0)
 }
 
+/// The one polling loop of the tests: calls `condition` until it holds (true) or `timeout`
+/// passes (false), every 10 ms, and once more at the deadline.
+/// Blocks the thread: from an async test use `eventually`; in a current-thread tokio test,
+/// only poll things outside its runtime.
 pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
     loop {
@@ -145,7 +176,8 @@ pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> boo
     }
 }
 
-/// Async `wait_until`: awaits `condition()` every 10 ms until it yields true or `timeout` passes.
+/// `wait_until` for an async condition: awaits `condition()` every 10 ms until it yields
+/// true or `timeout` passes (false), without blocking the runtime.
 pub async fn eventually<F, Fut>(timeout: Duration, mut condition: F) -> bool
 where
     F: FnMut() -> Fut,
@@ -161,6 +193,27 @@ where
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Polls (`wait_until`) until `child` exits: its status; None if `timeout` passes first, when the
+/// child is left running.
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let mut status = None;
+    wait_until(timeout, || {
+        status = child.try_wait().expect("try_wait on a child process");
+        status.is_some()
+    });
+    status
+}
+
+/// `wait_exit`, then, if the child still runs, SIGKILL and reap it (None).
+pub fn exit_or_kill(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let status = wait_exit(child, timeout);
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    status
 }
 
 /// Records in `dir` that this test process owns it, for `sweep_orphans` in later runs.

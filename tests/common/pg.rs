@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tempfile::TempDir;
 
-use super::{free_port, has_ipv6_loopback};
+use super::{exit_or_kill, free_port, has_ipv6_loopback, psql_cmd, wait_until};
 
 /// The database every test role may use.
 pub const DB: &str = "app";
@@ -149,6 +149,19 @@ impl PgCluster {
     /// Like `psql`, in another database.
     pub fn psql_db(&self, db: &str, sql: &str) -> String {
         psql_socket(&self.socket_dir, self.port, db, sql)
+    }
+
+    /// Client connections to PostgreSQL (Sluice's server connections, and any client connected
+    /// straight to it) matching `filter`, an SQL condition on `pg_stat_activity` such as
+    /// `"state = 'active' and query like '%pg_sleep%'"` (`"true"` for all); the psql session
+    /// asking is not counted. Poll it with `wait_until` when the number is expected to change.
+    pub fn backends(&self, filter: &str) -> usize {
+        let sql = format!(
+            "select count(*) from pg_stat_activity \
+             where backend_type = 'client backend' and pid <> pg_backend_pid() and ({filter})"
+        );
+        let count = self.psql(&sql);
+        count.parse().unwrap_or_else(|e| panic!("{sql}: {count:?}: {e}"))
     }
 
     /// The server log so far.
@@ -292,39 +305,32 @@ fn spawn_postgres(data: &Path, cwd: &Path, log: &Path) -> Result<Child, String> 
         .stderr(log)
         .spawn()
         .map_err(|e| format!("cannot run postgres: {e}"))?;
-    let deadline = Instant::now() + Duration::from_secs(30);
     let pid = child.id().to_string();
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait on postgres") {
-            return Err(format!("postgres exited ({status})"));
-        }
+    let mut exited = None;
+    let ready = wait_until(Duration::from_secs(30), || {
+        exited = child.try_wait().expect("try_wait on postgres");
         let pid_file = std::fs::read_to_string(data.join("postmaster.pid")).unwrap_or_default();
         let lines: Vec<&str> = pid_file.lines().map(str::trim).collect();
-        if lines.first() == Some(&pid.as_str()) && lines.get(7) == Some(&"ready") {
-            return Ok(child);
-        }
-        if Instant::now() >= deadline {
-            let _ = shut_down(child, libc::SIGQUIT, Duration::from_secs(5));
-            return Err("not ready within 30 s".into());
-        }
-        std::thread::sleep(Duration::from_millis(10));
+        exited.is_some() || (lines.first() == Some(&pid.as_str()) && lines.get(7) == Some(&"ready"))
+    });
+    if let Some(status) = exited {
+        return Err(format!("postgres exited ({status})"));
     }
+    if !ready {
+        let _ = shut_down(child, libc::SIGQUIT, Duration::from_secs(5));
+        return Err("not ready within 30 s".into());
+    }
+    Ok(child)
 }
 
 /// Sends `signal` to the postmaster and reaps it; SIGKILL if it is not gone within `timeout`.
 fn shut_down(mut postmaster: Child, signal: libc::c_int, timeout: Duration) -> Result<(), String> {
     // SAFETY: kill(2) has no memory-safety preconditions; the pid is our own unreaped child.
     unsafe { libc::kill(postmaster.id() as libc::pid_t, signal) };
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = postmaster.try_wait() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    match exit_or_kill(&mut postmaster, timeout) {
+        Some(_) => Ok(()),
+        None => Err(format!("postgres (pid {}) did not stop within {timeout:?}; killed", postmaster.id())),
     }
-    let _ = postmaster.kill();
-    let _ = postmaster.wait();
-    Err(format!("postgres (pid {}) did not stop within {timeout:?}; killed", postmaster.id()))
 }
 
 /// A temporary directory that the user running PostgreSQL owns (mode 0755 so any client can reach sockets in it).
@@ -395,11 +401,9 @@ fn port_taken(log: &str) -> bool {
 
 /// psql as `postgres` over a Unix socket, SQL on stdin; panics with stderr on failure.
 fn psql_socket(socket_dir: &Path, port: u16, db: &str, sql: &str) -> String {
-    let mut child = Command::new(pg_bindir().join("psql"))
-        .args(["-X", "-qtA", "-v", "ON_ERROR_STOP=1", "-w", "-U", "postgres", "-d", db, "-f", "-"])
-        .arg("-h")
-        .arg(socket_dir)
-        .args(["-p", &port.to_string()])
+    let socket_dir = socket_dir.to_str().expect("socket directory path is UTF-8");
+    let mut child = psql_cmd(port, socket_dir, "postgres", "", db)
+        .args(["-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -5,7 +5,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tempfile::TempDir;
 
@@ -65,12 +65,7 @@ impl Sluice {
 
     /// Polls until the process exits (its status) or `timeout` passes (None).
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let mut status = None;
-        wait_until(timeout, || {
-            status = self.child.try_wait().expect("try_wait on sluice");
-            status.is_some()
-        });
-        status
+        super::wait_exit(&mut self.child, timeout)
     }
 
     /// Everything Sluice wrote to stdout and stderr so far.
@@ -194,22 +189,19 @@ fn launch(dir: TempDir, port: u16, socket_dir: PathBuf, config: &str) -> Result<
     std::fs::write(dir.path().join("sluice.pid"), child.id().to_string()).expect("write sluice.pid");
     let tcp = toml_value(config, "listen_addr").is_none_or(|v| v.replace(' ', "") != "[]");
     let mut sluice = Sluice { port, socket_dir, config_path, log_path, tcp, child, _dir: dir };
-    let deadline = Instant::now() + START_DEADLINE;
-    loop {
-        if let Some(status) = sluice.child.try_wait().expect("try_wait on sluice") {
-            return Err(format!("sluice exited ({status}) before accepting connections; log:\n{}", sluice.log()));
-        }
-        if sluice.is_listening() {
-            return Ok(sluice);
-        }
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "sluice did not accept connections on port {port} within 20 s; log:\n{}",
-                sluice.log()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    let mut exited = None;
+    let listening = wait_until(START_DEADLINE, || {
+        let sluice = &mut sluice;
+        exited = sluice.child.try_wait().expect("try_wait on sluice");
+        exited.is_some() || sluice.is_listening()
+    });
+    if let Some(status) = exited {
+        return Err(format!("sluice exited ({status}) before accepting connections; log:\n{}", sluice.log()));
     }
+    if !listening {
+        return Err(format!("sluice did not accept connections on port {port} within 20 s; log:\n{}", sluice.log()));
+    }
+    Ok(sluice)
 }
 
 fn recorded_pid(dir: &Path) -> Option<i32> {

@@ -42,6 +42,13 @@ function describe(e) {
   return e.code ? `${e.code} ${e.message}` : `${e.name}: ${e.message}`
 }
 
+// Records the error that ended `who`'s run, in `step` if given: a failed check by its message
+// (which names its step), anything else as `step: ` and its description.
+function failed(who, e, step) {
+  const where = step === undefined || e instanceof CheckFailed ? '' : `${step}: `
+  failures.push(`${who}: ${where}${describe(e)}`)
+}
+
 function summary() {
   const head = `node-pg/${mode}:`
   const shape = `${clients} clients x ${iterations} iterations, ${checks} checks passed`
@@ -73,7 +80,7 @@ function sslFromEnv() {
 // PGDATABASE, which pg reads.
 async function connect() {
   const client = new Client({ ssl: sslFromEnv(), application_name: tag })
-  client.on('error', (e) => failures.push(`connection error: ${describe(e)}`))
+  client.on('error', (e) => failed('connection error', e))
   await client.connect()
   return client
 }
@@ -190,7 +197,7 @@ async function runClient(c) {
     const fin = await client.query(named('totals', `select count(*)::int as n, sum(n)::int as s from ${shared} where client = $1`, [c]))
     check(fin.rows[0].n === rows && fin.rows[0].s === total, `${step}: ${JSON.stringify(fin.rows[0])}, expected ${rows}, ${total}`)
   } catch (e) {
-    failures.push(`client ${c}: ${e instanceof CheckFailed ? '' : step + ': '}${describe(e)}`)
+    failed(`client ${c}`, e, step)
   } finally {
     if (client) await client.end().catch(() => {})
   }
@@ -223,7 +230,7 @@ async function crossConnection() {
     result = await afterDdl(reader, named('sel_x_2', q, [1]), `${step}: reader, new name`, 0)
     check(result.rows[0].v === '7', `${step}: reader's row: ${JSON.stringify(result.rows)}`)
   } catch (e) {
-    failures.push(`cross-connection: ${e instanceof CheckFailed ? '' : step + ': '}${describe(e)}`)
+    failed('cross-connection', e, step)
   } finally {
     if (reader) await reader.end().catch(() => {})
     if (ddl) await ddl.end().catch(() => {})
@@ -236,7 +243,7 @@ async function main() {
     await setup.query(`create table ${shared} (id int primary key, client int not null, n int not null)`)
     await setup.end()
   } catch (e) {
-    failures.push(`setup: ${describe(e)}`)
+    failed('setup', e)
     return finish()
   }
 
@@ -253,7 +260,7 @@ async function main() {
     const tables = [shared, `${tag}_x`, ...[...Array(clients).keys()].map((c) => `${tag}_c${c}`)]
     await verify.query(`drop table if exists ${tables.join(', ')}`)
   } catch (e) {
-    failures.push(`verify: ${describe(e)}`)
+    failed('verify', e)
   } finally {
     if (verify) await verify.end().catch(() => {})
   }

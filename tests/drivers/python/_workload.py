@@ -8,6 +8,7 @@ import secrets
 import sys
 import threading
 import time
+from typing import Callable
 
 
 class Settings:
@@ -36,8 +37,10 @@ class CheckFailed(Exception):
 
 
 class Report:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, message: Callable[[BaseException], str] = str) -> None:
+        """`message` renders an exception's text for `failed` (the driver's own, by default)."""
         self.s = settings
+        self.message = message
         self.started = time.monotonic()
         self.lock = threading.Lock()
         self.checks = 0
@@ -66,6 +69,18 @@ class Report:
     def fail(self, who: str, what: str) -> None:
         with self.lock:
             self.failures.append(f"{who}: {what}")
+
+    def failed(self, who: str, e: Exception, step: str | None = None) -> None:
+        """Records the exception that ended `who`'s run, in `step` if given: a failed check by its
+        message (which names its step), anything else as `step: [SQLSTATE] Class: message`, the
+        SQLSTATE where the driver's error carries one."""
+        if isinstance(e, CheckFailed):
+            self.fail(who, str(e))
+            return
+        sqlstate = getattr(e, "sqlstate", None)
+        what = f"{sqlstate} " if sqlstate else ""
+        what += f"{type(e).__name__}: {self.message(e)}"
+        self.fail(who, f"{step}: {what}" if step else what)
 
     def summary(self) -> str:
         s = self.s

@@ -24,8 +24,14 @@ import asyncpg
 
 from _workload import CheckFailed, Report, Settings, shared_totals
 
+
+def first_line(e: BaseException) -> str:
+    # asyncpg appends a long multi-line pgbouncer hint to 26000/42P05 errors.
+    return str(e).splitlines()[0] if str(e) else ""
+
+
 S = Settings("asyncpg")
-R = Report(S)
+R = Report(S, message=first_line)
 
 
 async def connect() -> asyncpg.Connection:
@@ -135,17 +141,8 @@ async def client(c: int) -> None:
             R.check(got == (rows, total), f"{step}: {got}, expected {(rows, total)}")
         finally:
             await conn.close()
-    except CheckFailed as e:
-        R.fail(f"client {c}", str(e))
-    except asyncpg.PostgresError as e:
-        R.fail(f"client {c}", f"{step}: {e.sqlstate} {type(e).__name__}: {first_line(e)}")
     except Exception as e:  # noqa: BLE001 - report everything, exit non-zero
-        R.fail(f"client {c}", f"{step}: {type(e).__name__}: {first_line(e)}")
-
-
-def first_line(e: Exception) -> str:
-    # asyncpg appends a long multi-line pgbouncer hint to 26000/42P05 errors.
-    return str(e).splitlines()[0] if str(e) else ""
+        R.failed(f"client {c}", e, step)
 
 
 async def cross_connection() -> None:
@@ -180,12 +177,8 @@ async def cross_connection() -> None:
         finally:
             await reader.close()
             await ddl.close()
-    except CheckFailed as e:
-        R.fail("cross-connection", str(e))
-    except asyncpg.PostgresError as e:
-        R.fail("cross-connection", f"{step}: {e.sqlstate} {type(e).__name__}: {first_line(e)}")
     except Exception as e:  # noqa: BLE001
-        R.fail("cross-connection", f"{step}: {type(e).__name__}: {first_line(e)}")
+        R.failed("cross-connection", e, step)
 
 
 async def main() -> int:
@@ -193,8 +186,8 @@ async def main() -> int:
         conn = await connect()
         await conn.execute(f"create table {S.shared} (id int primary key, client int not null, n int not null)")
         await conn.close()
-    except asyncpg.PostgresError as e:
-        R.fail("setup", f"{e.sqlstate} {first_line(e)}")
+    except Exception as e:  # noqa: BLE001
+        R.failed("setup", e)
         return R.finish()
 
     await asyncio.gather(*(client(c) for c in range(S.clients)))
@@ -208,10 +201,8 @@ async def main() -> int:
         tables = [S.shared, f"{S.tag}_x"] + [f"{S.tag}_c{c}" for c in range(S.clients)]
         await conn.execute("drop table if exists " + ", ".join(tables))
         await conn.close()
-    except CheckFailed as e:
-        R.fail("verify", str(e))
-    except asyncpg.PostgresError as e:
-        R.fail("verify", f"{e.sqlstate} {first_line(e)}")
+    except Exception as e:  # noqa: BLE001
+        R.failed("verify", e)
     return R.finish()
 
 

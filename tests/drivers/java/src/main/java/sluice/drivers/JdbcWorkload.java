@@ -76,7 +76,7 @@ public final class JdbcWorkload {
     try (Connection conn = connect(false)) {
       execute(conn, "create table " + SHARED + " (id int primary key, client int not null, n int not null)");
     } catch (SQLException e) {
-      fail("setup", describe(e));
+      failed("setup", null, e);
       System.exit(finish());
     }
 
@@ -104,10 +104,8 @@ public final class JdbcWorkload {
         drop.append(", ").append(TAG).append("_c").append(c);
       }
       execute(conn, drop.toString());
-    } catch (CheckFailed e) {
-      fail("verify", e.getMessage());
-    } catch (SQLException e) {
-      fail("verify", describe(e));
+    } catch (CheckFailed | SQLException e) {
+      failed("verify", null, e);
     }
     System.exit(finish());
   }
@@ -235,12 +233,8 @@ public final class JdbcWorkload {
               step + ": " + rs.getLong(1) + " rows, sum " + rs.getLong(2));
         }
       }
-    } catch (CheckFailed e) {
-      fail("client " + c, e.getMessage());
-    } catch (SQLException e) {
-      fail("client " + c, step + ": " + describe(e));
-    } catch (RuntimeException e) {
-      fail("client " + c, step + ": " + e);
+    } catch (CheckFailed | SQLException | RuntimeException e) {
+      failed("client " + c, step, e);
     }
   }
 
@@ -285,12 +279,8 @@ public final class JdbcWorkload {
           }
         }
       }
-    } catch (CheckFailed e) {
-      fail("cross-connection", e.getMessage());
-    } catch (SQLException e) {
-      fail("cross-connection", step + ": " + describe(e));
-    } catch (RuntimeException e) {
-      fail("cross-connection", step + ": " + e);
+    } catch (CheckFailed | SQLException | RuntimeException e) {
+      failed("cross-connection", step, e);
     }
   }
 
@@ -369,6 +359,20 @@ public final class JdbcWorkload {
 
   static synchronized void fail(String who, String what) {
     FAILURES.add(who + ": " + what);
+  }
+
+  /**
+   * Records the exception that ended {@code who}'s run, in {@code step} if not null: a failed check
+   * by its message (which names its step), anything else as {@code step: what}, a driver error by
+   * its SQLSTATE and the first line of its message.
+   */
+  static void failed(String who, String step, Exception e) {
+    if (e instanceof CheckFailed) {
+      fail(who, e.getMessage());
+      return;
+    }
+    String what = e instanceof SQLException sql ? describe(sql) : e.toString();
+    fail(who, step == null ? what : step + ": " + what);
   }
 
   static String describe(SQLException e) {
