@@ -263,12 +263,21 @@ async fn forced_server_user_and_server_lifetime() {
         .general("server_lifetime", "0.5")
         .database("forced", &[("dbname", "\"app\""), ("user", "\"u_md5\""), ("password", "\"pw_md5\"")])
         .start();
+    // PostgreSQL logs a client's EOF without Terminate at DEBUG1 only.
+    pg.psql("alter role u_md5 set log_min_messages = debug1");
     let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "forced").await;
     assert_eq!(value(&c, "select current_user").await, Role::MD5.name);
     let first = value(&c, "select pg_backend_pid()").await;
-    // Past server_lifetime the connection is retired and a new one used.
-    let renewed =
-        common::eventually(Duration::from_secs(10), || async { value(&c, "select pg_backend_pid()").await != first })
-            .await;
-    assert!(renewed, "server_lifetime did not retire the server connection");
+    assert_eq!(value(&c, "show log_min_messages").await, "debug1", "else the log check below proves nothing");
+    // Idle past server_lifetime (time passing is the condition itself), the connection is
+    // retired and a new one used.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_ne!(value(&c, "select pg_backend_pid()").await, first, "server_lifetime did not retire the connection");
+    // Retired with a Terminate, like every server connection Sluice closes.
+    let gone = tokio::task::block_in_place(|| {
+        wait_until(Duration::from_secs(10), || pg.backends(&format!("pid = {first}")) == 0)
+    });
+    assert!(gone, "the retired server connection is still open");
+    let log = pg.log();
+    assert!(!log.contains("unexpected EOF on client connection"), "closed without Terminate:\n{log}");
 }

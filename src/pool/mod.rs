@@ -352,11 +352,13 @@ impl Pool {
             if self.usable(&s, &settings) {
                 return Ok(Next::Take(s));
             }
-            inner.total -= 1;
-            self.release_limits();
-            self.servers.remove(s.id);
-            drop(s);
-            self.notify_changed();
+            // Closed like any other (Terminate, close_notify), outside the lock.
+            drop(inner);
+            self.discard(s);
+            inner = self.inner.lock();
+            if inner.closed {
+                return Err(PoolError::Closed);
+            }
         }
         if inner.waiters.is_empty() && inner.total < settings.size && self.acquire_limits() {
             inner.total += 1;
