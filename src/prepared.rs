@@ -305,13 +305,40 @@ pub struct Unnamed {
     pub command: Option<SqlCommand>,
 }
 
+/// The first word of a statement text (letters only), without allocating.
+fn first_word(sql: &[u8]) -> &[u8] {
+    let start = sql.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(sql.len());
+    let word = &sql[start..];
+    &word[..word.iter().position(|b| !b.is_ascii_alphabetic()).unwrap_or(word.len())]
+}
+
+/// Whether a statement text may run a SET or RESET that changes what later statements
+/// parse to: the search path, the role, the session authorization, or every setting at
+/// once. Any other SET (`statement_timeout`, `SET LOCAL lock_timeout`...) does not, and
+/// leaves server-side statements shared across it. Conservative: a text holding more
+/// than one statement counts (callers count a text they could not read whole). Cheap
+/// for the usual text: one word compared and one byte searched.
+pub fn may_change_parsing(sql: &[u8]) -> bool {
+    let word = first_word(sql);
+    if !word.eq_ignore_ascii_case(b"set") && !word.eq_ignore_ascii_case(b"reset") {
+        return more_than_one_statement(sql);
+    }
+    let names = [&b"search_path"[..], b"role", b"authorization", b"all"];
+    names.iter().any(|n| sql.windows(n.len()).any(|w| w.eq_ignore_ascii_case(n))) || more_than_one_statement(sql)
+}
+
+/// A `;` followed by anything but white space (or a string literal holding one).
+fn more_than_one_statement(sql: &[u8]) -> bool {
+    sql.iter()
+        .position(|&b| b == b';')
+        .is_some_and(|i| sql[i + 1..].iter().any(|b| !b.is_ascii_whitespace() && *b != b';' && *b != 0))
+}
+
 /// Recognises a simple Query consisting of exactly one DEALLOCATE or DISCARD ALL.
 pub fn sql_command(query: &[u8]) -> Option<SqlCommand> {
     // Cheap pre-check without allocating: every query passes here, and almost none
     // is one of these.
-    let start = query.iter().position(|b| !b.is_ascii_whitespace())?;
-    let word = &query[start..];
-    let word = &word[..word.iter().position(|b| !b.is_ascii_alphabetic()).unwrap_or(word.len())];
+    let word = first_word(query);
     if !word.eq_ignore_ascii_case(b"deallocate") && !word.eq_ignore_ascii_case(b"discard") {
         return None;
     }
@@ -405,5 +432,33 @@ mod tests {
         assert_eq!(sql_command(b"discard all;"), Some(SqlCommand::DiscardAll));
         assert_eq!(sql_command(b"select 1; deallocate x"), None);
         assert_eq!(sql_command(b"discard plans"), None);
+    }
+
+    #[test]
+    fn only_sets_of_the_search_path_role_or_everything_change_parsing() {
+        for sql in [
+            "SET search_path = app, public",
+            "set local SEARCH_PATH to x",
+            "SET ROLE reporting",
+            "reset role",
+            "SET SESSION AUTHORIZATION alice",
+            "RESET ALL",
+            "set statement_timeout = 5; set search_path = x",
+            "select 1; set statement_timeout = 5",
+        ] {
+            assert!(may_change_parsing(sql.as_bytes()), "{sql}");
+        }
+        for sql in [
+            "SET statement_timeout = 5000",
+            "set local lock_timeout to '1s';",
+            "RESET statement_timeout",
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "select 1",
+            "select 'a' ;  ",
+            "",
+            "   ",
+        ] {
+            assert!(!may_change_parsing(sql.as_bytes()), "{sql}");
+        }
     }
 }

@@ -266,3 +266,41 @@ fn refused_discard_all_keeps_statements() {
     c.until_ready();
     assert_eq!(first_value(&run(&mut c, "kept", &[])), "11");
 }
+
+#[test]
+fn sets_that_leave_parsing_alone_keep_statements_shared() {
+    let (_pg, s) = setup(1, &[("admin_users", "[\"u_trust\"]")]);
+    // SHOW PREPARED_STATEMENTS: cache_hits, the client Parses given a statement the
+    // server already held.
+    let hits = || -> u64 {
+        let out = common::psql_cmd(s.port, "127.0.0.1", "u_trust", "", "pgbouncer")
+            .args(["-c", "show prepared_statements"])
+            .output()
+            .expect("psql");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let row = text.lines().find(|l| l.starts_with("app|")).unwrap_or_else(|| panic!("no app row: {text}"));
+        row.split('|').nth(4).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("bad row: {row}"))
+    };
+    let sql = "select 1 + $1::int";
+    let mut first = login(&s);
+    assert_eq!(prepare(&mut first, "a", sql), "1Z");
+    let mut other = login(&s);
+    let mut parses = 0;
+    for (set, shared) in [
+        ("set statement_timeout = 5000", true),
+        ("set local lock_timeout = '1s'", true),
+        ("set search_path = public", false),
+        ("reset all", false),
+        ("alter table if exists no_such_table add column x int", false),
+    ] {
+        other.send(&query(set));
+        assert_eq!(tags(&other.until_ready()).chars().last(), Some('Z'), "{set}");
+        let before = hits();
+        let mut c = login(&s);
+        parses += 1;
+        assert_eq!(prepare(&mut c, &format!("c{parses}"), sql), "1Z", "{set}");
+        assert_eq!(first_value(&run(&mut c, &format!("c{parses}"), &["1"])), "2", "{set}");
+        let shared_now = hits() == before + 1;
+        assert_eq!(shared_now, shared, "after {set:?}: statement shared? (cache_hits {before} -> {})", hits());
+    }
+}

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use super::extended::{ClientCtx, Extended};
 use crate::config::PoolMode;
 use crate::params::is_reported;
-use crate::prepared::{MAX_PARSE_LEN, NAME_PREFIX};
+use crate::prepared::{MAX_PARSE_LEN, NAME_PREFIX, may_change_parsing, parse_view};
 use crate::protocol::fields::{ErrorFields, parameter_status};
-use crate::protocol::scan::{Need, Scanner, Splice};
-use crate::protocol::{MAX_INSPECTED_LEN, ProtocolError, TxStatus, be, body, fe};
+use crate::protocol::scan::{Msg, Need, Scanner, Splice};
+use crate::protocol::{MAX_INSPECTED_LEN, ProtocolError, TxStatus, be, body, fe, read_cstr};
 use crate::stats::{ExchangeStats, PoolStats};
 
 /// Protocol state of the linked exchange.
@@ -24,8 +24,12 @@ pub struct Track {
     pub xact_done: Option<Duration>,
     /// SQLSTATEs of errors the server sent, flushed with the stats.
     pub errors: Vec<String>,
-    /// A command that can change what statements parse to (DDL, SET...) completed.
+    /// A command that can change what statements parse to (DDL, SET search_path...)
+    /// completed.
     pub ddl_seen: bool,
+    /// The client sent a statement that may SET what later statements parse to
+    /// (`prepared::may_change_parsing`): a SET or RESET completing now counts as DDL.
+    pub(super) parsing_set: bool,
     /// Durations of the round trips (request to the last ReadyForQuery) since the
     /// last flush, for the query-time histogram.
     pub query_times: Vec<Duration>,
@@ -136,7 +140,18 @@ impl Track {
         mut ctx: Option<ClientCtx>,
     ) -> Result<usize, ProtocolError> {
         let was_busy = self.pending > 0;
-        let Track { client_scan, pending, unsynced, terminated, ext, copy_in, syncs_after_execute, stats, .. } = self;
+        let Track {
+            client_scan,
+            pending,
+            unsynced,
+            terminated,
+            ext,
+            copy_in,
+            syncs_after_execute,
+            stats,
+            parsing_set,
+            ..
+        } = self;
         if let Some(cx) = ctx.as_mut().filter(|_| !client_scan.mid_message()) {
             ext.inject_closes(splice, cx.server);
         }
@@ -157,6 +172,9 @@ impl Track {
                     fe::QUERY | fe::FUNCTION_CALL => {
                         *pending += 1;
                         *syncs_after_execute = 0;
+                        if m.tag == fe::QUERY && !*parsing_set {
+                            *parsing_set = query_may_change_parsing(&m);
+                        }
                     }
                     fe::SYNC => {
                         *pending += 1;
@@ -172,6 +190,9 @@ impl Track {
                     fe::PARSE => {
                         stats.client_parses += 1;
                         *unsynced = true;
+                        if !*parsing_set {
+                            *parsing_set = parse_may_change_parsing(&m);
+                        }
                     }
                     fe::BIND => {
                         stats.binds += 1;
@@ -227,6 +248,7 @@ impl Track {
             errors,
             ddl_seen,
             query_times,
+            parsing_set,
             ..
         } = self;
         let n = server_scan.scan(
@@ -269,7 +291,7 @@ impl Track {
                         }
                     }
                     be::COMMAND_COMPLETE => {
-                        *ddl_seen |= changes_schema(body(frame));
+                        *ddl_seen |= changes_schema(body(frame), *parsing_set);
                     }
                     be::PARAMETER_STATUS => {
                         let (k, v) = parameter_status(body(frame))?;
@@ -299,8 +321,28 @@ impl Track {
 }
 
 /// Whether a CommandComplete tag is of a command that can change what a statement
-/// parses to (result types, name resolution).
-fn changes_schema(tag: &[u8]) -> bool {
-    const PREFIXES: [&[u8]; 7] = [b"ALTER ", b"CREATE ", b"DROP ", b"SET", b"RESET", b"DISCARD", b"IMPORT "];
+/// parses to (result types, name resolution). SET and RESET count only when the
+/// client's statements may have set the search path, the role or everything
+/// (`parsing_set`).
+fn changes_schema(tag: &[u8], parsing_set: bool) -> bool {
+    const PREFIXES: [&[u8]; 5] = [b"ALTER ", b"CREATE ", b"DROP ", b"DISCARD", b"IMPORT "];
     PREFIXES.iter().any(|p| tag.starts_with(p))
+        || (parsing_set && (tag.starts_with(b"SET") || tag.starts_with(b"RESET")))
+}
+
+/// `may_change_parsing` of a Query message; a text not read whole (long, or streamed in
+/// session mode) counts.
+fn query_may_change_parsing(m: &Msg) -> bool {
+    match m.frame.filter(|f| f.len() == m.frame_len).map(body).and_then(read_cstr) {
+        Some((sql, _)) => may_change_parsing(sql),
+        None => true,
+    }
+}
+
+/// `may_change_parsing` of a Parse message's statement text.
+fn parse_may_change_parsing(m: &Msg) -> bool {
+    match m.frame.filter(|f| f.len() == m.frame_len).map(parse_view) {
+        Some(Ok(p)) => may_change_parsing(p.query),
+        _ => true,
+    }
 }
