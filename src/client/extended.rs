@@ -165,6 +165,9 @@ pub struct Extended {
     /// Statements a server reported stale (id, generation it held): the caller bumps
     /// the pool's generation so other servers re-prepare them.
     pub stale: Vec<(u64, u64)>,
+    /// The client sent a statement that may SET what later statements parse to
+    /// (`prepared::may_change_parsing`): a SET or RESET completing counts as DDL.
+    pub parsing_set: bool,
 }
 
 impl Extended {
@@ -183,6 +186,7 @@ impl Extended {
         self.undefined.clear();
         self.redefined.clear();
         self.stale.clear();
+        self.parsing_set = false;
     }
 
     fn push(&mut self, kind: Kind, reply: Reply, stmt: Option<u64>) {
@@ -232,6 +236,9 @@ impl Extended {
     fn on_parse(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
         let frame = m.frame.ok_or(ProtocolError::Malformed("Parse"))?;
         let p = prepared::parse_view(frame)?;
+        if !self.parsing_set {
+            self.parsing_set = prepared::may_change_parsing(p.query);
+        }
         if p.name.is_empty() {
             let id = rand::random::<u64>() | 1;
             let command = prepared::sql_command(p.query).filter(SqlCommand::empties);
@@ -387,10 +394,13 @@ impl Extended {
     fn on_query(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
         // A simple query replaces the server's unnamed statement.
         cx.server.unnamed = 0;
-        let command = m
-            .frame
-            .filter(|f| f.len() == m.frame_len)
-            .and_then(|f| crate::protocol::read_cstr(body(f)).and_then(|(sql, _)| prepared::sql_command(sql)));
+        let sql = m.frame.filter(|f| f.len() == m.frame_len).and_then(|f| crate::protocol::read_cstr(body(f)));
+        let sql = sql.map(|(sql, _)| sql);
+        if !self.parsing_set {
+            // A text not read whole (long) may hold any statement.
+            self.parsing_set = sql.is_none_or(prepared::may_change_parsing);
+        }
+        let command = sql.and_then(prepared::sql_command);
         let local_tag = match command {
             Some(SqlCommand::Deallocate(name)) if cx.stmts.remove(name.as_bytes()) => "DEALLOCATE",
             Some(SqlCommand::DeallocateAll) => {

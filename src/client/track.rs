@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use super::extended::{ClientCtx, Extended};
 use crate::config::PoolMode;
 use crate::params::is_reported;
-use crate::prepared::{MAX_PARSE_LEN, NAME_PREFIX, may_change_parsing, parse_view};
+use crate::prepared::{MAX_PARSE_LEN, NAME_PREFIX};
 use crate::protocol::fields::{ErrorFields, parameter_status};
-use crate::protocol::scan::{Msg, Need, Scanner, Splice};
-use crate::protocol::{MAX_INSPECTED_LEN, ProtocolError, TxStatus, be, body, fe, read_cstr};
+use crate::protocol::scan::{Need, Scanner, Splice};
+use crate::protocol::{MAX_INSPECTED_LEN, ProtocolError, TxStatus, be, body, fe};
 use crate::stats::{ExchangeStats, PoolStats};
 
 /// Protocol state of the linked exchange.
@@ -27,9 +27,6 @@ pub struct Track {
     /// A command that can change what statements parse to (DDL, SET search_path...)
     /// completed.
     pub ddl_seen: bool,
-    /// The client sent a statement that may SET what later statements parse to
-    /// (`prepared::may_change_parsing`): a SET or RESET completing now counts as DDL.
-    pub(super) parsing_set: bool,
     /// Durations of the round trips (request to the last ReadyForQuery) since the
     /// last flush, for the query-time histogram.
     pub query_times: Vec<Duration>,
@@ -140,18 +137,7 @@ impl Track {
         mut ctx: Option<ClientCtx>,
     ) -> Result<usize, ProtocolError> {
         let was_busy = self.pending > 0;
-        let Track {
-            client_scan,
-            pending,
-            unsynced,
-            terminated,
-            ext,
-            copy_in,
-            syncs_after_execute,
-            stats,
-            parsing_set,
-            ..
-        } = self;
+        let Track { client_scan, pending, unsynced, terminated, ext, copy_in, syncs_after_execute, stats, .. } = self;
         if let Some(cx) = ctx.as_mut().filter(|_| !client_scan.mid_message()) {
             ext.inject_closes(splice, cx.server);
         }
@@ -172,9 +158,6 @@ impl Track {
                     fe::QUERY | fe::FUNCTION_CALL => {
                         *pending += 1;
                         *syncs_after_execute = 0;
-                        if m.tag == fe::QUERY && !*parsing_set {
-                            *parsing_set = query_may_change_parsing(&m);
-                        }
                     }
                     fe::SYNC => {
                         *pending += 1;
@@ -190,9 +173,6 @@ impl Track {
                     fe::PARSE => {
                         stats.client_parses += 1;
                         *unsynced = true;
-                        if !*parsing_set {
-                            *parsing_set = parse_may_change_parsing(&m);
-                        }
                     }
                     fe::BIND => {
                         stats.binds += 1;
@@ -248,7 +228,6 @@ impl Track {
             errors,
             ddl_seen,
             query_times,
-            parsing_set,
             ..
         } = self;
         let n = server_scan.scan(
@@ -291,7 +270,9 @@ impl Track {
                         }
                     }
                     be::COMMAND_COMPLETE => {
-                        *ddl_seen |= changes_schema(body(frame), *parsing_set);
+                        // Session mode does not read statement texts: any SET counts.
+                        let parsing_set = mode == PoolMode::Session || ext.parsing_set;
+                        *ddl_seen |= changes_schema(body(frame), parsing_set);
                     }
                     be::PARAMETER_STATUS => {
                         let (k, v) = parameter_status(body(frame))?;
@@ -328,21 +309,4 @@ fn changes_schema(tag: &[u8], parsing_set: bool) -> bool {
     const PREFIXES: [&[u8]; 5] = [b"ALTER ", b"CREATE ", b"DROP ", b"DISCARD", b"IMPORT "];
     PREFIXES.iter().any(|p| tag.starts_with(p))
         || (parsing_set && (tag.starts_with(b"SET") || tag.starts_with(b"RESET")))
-}
-
-/// `may_change_parsing` of a Query message; a text not read whole (long, or streamed in
-/// session mode) counts.
-fn query_may_change_parsing(m: &Msg) -> bool {
-    match m.frame.filter(|f| f.len() == m.frame_len).map(body).and_then(read_cstr) {
-        Some((sql, _)) => may_change_parsing(sql),
-        None => true,
-    }
-}
-
-/// `may_change_parsing` of a Parse message's statement text.
-fn parse_may_change_parsing(m: &Msg) -> bool {
-    match m.frame.filter(|f| f.len() == m.frame_len).map(parse_view) {
-        Some(Ok(p)) => may_change_parsing(p.query),
-        _ => true,
-    }
 }
