@@ -33,6 +33,8 @@ pub struct Statement {
     /// DEALLOCATE ALL / DISCARD ALL prepared as a statement: its execution empties the
     /// server's (and the client's) statements.
     pub command: Option<SqlCommand>,
+    /// Executing it may change what later statements parse to (`may_change_parsing`).
+    pub sets_parsing: bool,
     /// The reply (RowDescription or NoData frame) the client got when it described
     /// the statement, and the statement generation it was seen at; a copy on another
     /// server, or of a later generation, is checked against it before use.
@@ -78,7 +80,8 @@ pub fn statement(p: &ParseView, epoch: u64) -> Statement {
     let len = (out.len() - 1) as u32;
     out[1..5].copy_from_slice(&len.to_be_bytes());
     let command = sql_command(p.query).filter(SqlCommand::empties);
-    Statement { id, name, parse: out.freeze(), epoch, command, shape: Default::default() }
+    let sets_parsing = may_change_parsing(p.query);
+    Statement { id, name, parse: out.freeze(), epoch, command, sets_parsing, shape: Default::default() }
 }
 
 /// The statement name field of a Bind (after the portal name) or a Describe/Close
@@ -153,14 +156,14 @@ impl ClientStatements {
 
     /// Keeps `frame` as the client's unnamed-statement Parse, in a reused buffer (an
     /// unnamed Parse comes with nearly every extended-protocol query).
-    pub fn set_unnamed(&mut self, frame: &[u8], id: u64, command: Option<SqlCommand>) {
+    pub fn set_unnamed(&mut self, frame: &[u8], id: u64, command: Option<SqlCommand>, sets_parsing: bool) {
         let mut parse = match self.unnamed.take() {
             Some(u) => u.parse,
             None => std::mem::take(&mut self.spare),
         };
         parse.clear();
         parse.extend_from_slice(frame);
-        self.unnamed = Some(Unnamed { parse, id, command });
+        self.unnamed = Some(Unnamed { parse, id, command, sets_parsing });
     }
 
     pub fn forget_unnamed(&mut self) {
@@ -303,6 +306,8 @@ pub struct Unnamed {
     /// Tells this Parse apart from others (a server remembers which one it holds).
     pub id: u64,
     pub command: Option<SqlCommand>,
+    /// Executing it may change what later statements parse to (`may_change_parsing`).
+    pub sets_parsing: bool,
 }
 
 /// The first word of a statement text (letters only), without allocating.
@@ -312,19 +317,63 @@ fn first_word(sql: &[u8]) -> &[u8] {
     &word[..word.iter().position(|b| !b.is_ascii_alphabetic()).unwrap_or(word.len())]
 }
 
+/// Settings whose value never changes how PostgreSQL reads a statement or what it
+/// returns: a SET or RESET of one of these leaves prepared statements shareable.
+const PARSE_NEUTRAL: [&[u8]; 8] = [
+    b"statement_timeout",
+    b"lock_timeout",
+    b"idle_in_transaction_session_timeout",
+    b"idle_session_timeout",
+    b"application_name",
+    b"work_mem",
+    b"synchronous_commit",
+    b"transaction",
+];
+
 /// Whether a statement text may run a SET or RESET that changes what later statements
-/// parse to: the search path, the role, the session authorization, or every setting at
-/// once. Any other SET (`statement_timeout`, `SET LOCAL lock_timeout`...) does not, and
-/// leaves server-side statements shared across it. Conservative: a text holding more
-/// than one statement counts (callers count a text they could not read whole). Cheap
-/// for the usual text: one word compared and one byte searched.
+/// parse to or return (`search_path`, the role, `DateStyle`, `standard_conforming_strings`,
+/// `RESET ALL`...): every SET and RESET counts except those of the few settings in
+/// `PARSE_NEUTRAL` (`SET LOCAL statement_timeout`, `SET TRANSACTION ...`). A text
+/// holding more than one statement counts; callers count a text they could not read
+/// whole. Cheap for the usual text: one word compared and one byte searched.
 pub fn may_change_parsing(sql: &[u8]) -> bool {
     let word = first_word(sql);
-    if !word.eq_ignore_ascii_case(b"set") && !word.eq_ignore_ascii_case(b"reset") {
+    let set = word.eq_ignore_ascii_case(b"set");
+    if !set && !word.eq_ignore_ascii_case(b"reset") {
         return more_than_one_statement(sql);
     }
-    let names = [&b"search_path"[..], b"role", b"authorization", b"all"];
-    names.iter().any(|n| sql.windows(n.len()).any(|w| w.eq_ignore_ascii_case(n))) || more_than_one_statement(sql)
+    if more_than_one_statement(sql) {
+        return true;
+    }
+    let mut rest = after_word(sql);
+    if set {
+        let scope = first_word(rest);
+        if scope.eq_ignore_ascii_case(b"session") || scope.eq_ignore_ascii_case(b"local") {
+            rest = after_word(rest);
+        }
+    }
+    let name = setting_name(rest);
+    !PARSE_NEUTRAL.iter().any(|n| n.eq_ignore_ascii_case(name))
+}
+
+/// What follows the first word.
+fn after_word(sql: &[u8]) -> &[u8] {
+    let start = sql.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(sql.len());
+    let len = first_word(sql).len();
+    &sql[start + len..]
+}
+
+/// A setting name at the start of `sql` (unquoted identifier); empty otherwise.
+fn setting_name(sql: &[u8]) -> &[u8] {
+    let start = sql.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(sql.len());
+    let name = &sql[start..];
+    let end = name.iter().position(|b| !(b.is_ascii_alphanumeric() || *b == b'_' || *b == b'.')).unwrap_or(name.len());
+    let (name, rest) = name.split_at(end);
+    // Followed by `=`, `TO`, a value or the end: anything else (a quoted name) counts.
+    match rest.first() {
+        None | Some(b' ' | b'\t' | b'\n' | b'\r' | b'=' | b';') => name,
+        _ => b"",
+    }
 }
 
 /// A `;` followed by anything but white space (or a string literal holding one).
@@ -435,7 +484,7 @@ mod tests {
     }
 
     #[test]
-    fn only_sets_of_the_search_path_role_or_everything_change_parsing() {
+    fn every_set_but_a_few_neutral_ones_changes_parsing() {
         for sql in [
             "SET search_path = app, public",
             "set local SEARCH_PATH to x",
@@ -443,6 +492,10 @@ mod tests {
             "reset role",
             "SET SESSION AUTHORIZATION alice",
             "RESET ALL",
+            "SET DateStyle = 'DMY'",
+            "set time zone 'UTC'",
+            "SET standard_conforming_strings = off",
+            "SET \"statement_timeout\" = 5",
             "set statement_timeout = 5; set search_path = x",
             "select 1; set statement_timeout = 5",
         ] {
@@ -450,9 +503,12 @@ mod tests {
         }
         for sql in [
             "SET statement_timeout = 5000",
+            "set statement_timeout=5000",
             "set local lock_timeout to '1s';",
+            "SET SESSION idle_in_transaction_session_timeout TO 0",
             "RESET statement_timeout",
             "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "SET application_name = 'installer'",
             "select 1",
             "select 'a' ;  ",
             "",

@@ -267,6 +267,38 @@ fn refused_discard_all_keeps_statements() {
     assert_eq!(first_value(&run(&mut c, "kept", &[])), "11");
 }
 
+/// How a test client runs a SET: as a simple Query, as a named statement prepared in one
+/// exchange and executed in a later one (as statement-caching drivers do), or as the
+/// unnamed statement in one extended-protocol exchange.
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    Query,
+    Named,
+    Unnamed,
+}
+
+fn run_via(c: &mut Raw, via: Via, name: &str, sql: &str) {
+    let done = match via {
+        Via::Query => {
+            c.send(&query(sql));
+            tags(&c.until_ready())
+        }
+        Via::Named => {
+            assert_eq!(prepare(c, name, sql), "1Z", "{sql}");
+            tags(&run(c, name, &[]))
+        }
+        Via::Unnamed => {
+            let mut b = parse("", sql);
+            b.extend(bind("", "", &[]));
+            b.extend(execute("", 0));
+            b.extend(sync());
+            c.send(&b);
+            tags(&c.until_ready())
+        }
+    };
+    assert!(done.contains('C') && done.ends_with('Z'), "{via:?} {sql}: {done}");
+}
+
 #[test]
 fn sets_that_leave_parsing_alone_keep_statements_shared() {
     let (_pg, s) = setup(1, &[("admin_users", "[\"u_trust\"]")]);
@@ -285,22 +317,24 @@ fn sets_that_leave_parsing_alone_keep_statements_shared() {
     let mut first = login(&s);
     assert_eq!(prepare(&mut first, "a", sql), "1Z");
     let mut other = login(&s);
-    let mut parses = 0;
-    for (set, shared) in [
-        ("set statement_timeout = 5000", true),
-        ("set local lock_timeout = '1s'", true),
-        ("set search_path = public", false),
-        ("reset all", false),
-        ("alter table if exists no_such_table add column x int", false),
-    ] {
-        other.send(&query(set));
-        assert_eq!(tags(&other.until_ready()).chars().last(), Some('Z'), "{set}");
+    let cases = [
+        (Via::Query, "set statement_timeout = 5000", true),
+        (Via::Query, "set local lock_timeout = '1s'", true),
+        (Via::Named, "set statement_timeout = 4000", true),
+        (Via::Unnamed, "set application_name = 'x'", true),
+        (Via::Query, "set search_path = public", false),
+        (Via::Named, "set datestyle = 'ISO, MDY'", false),
+        (Via::Unnamed, "set search_path = public", false),
+        (Via::Query, "reset all", false),
+        (Via::Query, "alter table if exists no_such_table add column x int", false),
+    ];
+    for (i, (via, set, shared)) in cases.into_iter().enumerate() {
+        run_via(&mut other, via, &format!("set{i}"), set);
         let before = hits();
         let mut c = login(&s);
-        parses += 1;
-        assert_eq!(prepare(&mut c, &format!("c{parses}"), sql), "1Z", "{set}");
-        assert_eq!(first_value(&run(&mut c, &format!("c{parses}"), &["1"])), "2", "{set}");
-        let shared_now = hits() == before + 1;
-        assert_eq!(shared_now, shared, "after {set:?}: statement shared? (cache_hits {before} -> {})", hits());
+        assert_eq!(prepare(&mut c, "c", sql), "1Z", "{set}");
+        assert_eq!(first_value(&run(&mut c, "c", &["1"])), "2", "{set}");
+        let after = hits();
+        assert_eq!(after == before + 1, shared, "after {via:?} {set:?}: shared? (cache_hits {before} -> {after})");
     }
 }

@@ -165,8 +165,9 @@ pub struct Extended {
     /// Statements a server reported stale (id, generation it held): the caller bumps
     /// the pool's generation so other servers re-prepare them.
     pub stale: Vec<(u64, u64)>,
-    /// The client sent a statement that may SET what later statements parse to
-    /// (`prepared::may_change_parsing`): a SET or RESET completing counts as DDL.
+    /// This exchange ran, or bound for running, a statement that may SET what later
+    /// statements parse to (`prepared::may_change_parsing`, worked out once per text):
+    /// a SET or RESET completing counts as DDL.
     pub parsing_set: bool,
 }
 
@@ -236,13 +237,10 @@ impl Extended {
     fn on_parse(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
         let frame = m.frame.ok_or(ProtocolError::Malformed("Parse"))?;
         let p = prepared::parse_view(frame)?;
-        if !self.parsing_set {
-            self.parsing_set = prepared::may_change_parsing(p.query);
-        }
         if p.name.is_empty() {
             let id = rand::random::<u64>() | 1;
             let command = prepared::sql_command(p.query).filter(SqlCommand::empties);
-            cx.stmts.set_unnamed(frame, id, command);
+            cx.stmts.set_unnamed(frame, id, command, prepared::may_change_parsing(p.query));
             cx.server.unnamed = id;
             self.server_parses += 1;
             self.push(Kind::Parse, Reply::Forward, None);
@@ -339,6 +337,7 @@ impl Extended {
         let mut stmt = None;
         let mut effect = Effect::None;
         let mut command = None;
+        let mut sets_parsing = false;
         if name.is_empty() {
             if let Some(u) = cx.stmts.unnamed.as_ref() {
                 if cx.server.unnamed != u.id {
@@ -350,9 +349,11 @@ impl Extended {
                     cx.server.unnamed = u.id;
                 }
                 command = u.command.clone();
+                sets_parsing = u.sets_parsing;
             }
         } else if let Some(st) = cx.stmts.get(name).cloned() {
             command = st.command.clone();
+            sets_parsing = st.sets_parsing;
             if kind == Kind::Describe {
                 effect = Effect::Capture(st.clone(), cx.generation(st.id));
             }
@@ -366,6 +367,8 @@ impl Extended {
         if kind == Kind::Bind {
             self.last_bind = stmt;
             self.last_bind_command = command;
+            // Its execution in this exchange may SET what later statements parse to.
+            self.parsing_set |= sets_parsing;
         }
         self.queue.push_back(Expect::new(kind, Reply::Forward, stmt).with(effect));
         Ok(())
