@@ -40,13 +40,17 @@ impl Pool {
 
     /// Server connections still open that RECONNECT or KILL marked for closing.
     pub fn marked_count(&self) -> usize {
-        let mark = self.reconnect_before_us.load(std::sync::atomic::Ordering::Relaxed);
-        self.servers.list().iter().filter(|s| s.connect_time_us <= mark).count()
+        self.servers.list().iter().filter(|s| self.close_needed(s)).count()
     }
 
     /// Whether a server connection was marked for closing (SHOW SERVERS close_needed).
     pub fn close_needed(&self, info: &ServerInfo) -> bool {
         info.connect_time_us <= self.reconnect_before_us.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Marked for closing by RECONNECT or KILL.
+    pub(super) fn marked(&self, s: &ServerConn) -> bool {
+        self.close_needed(&s.info)
     }
 
     /// Waits until `done` holds, re-checking whenever a connection comes back or closes.

@@ -405,11 +405,6 @@ impl Pool {
         !expired && !s.broken && !self.marked(s) && !s.stream.is_dead_or_noisy()
     }
 
-    /// Marked for closing by RECONNECT or KILL.
-    fn marked(&self, s: &ServerConn) -> bool {
-        s.info.connect_time_us <= self.reconnect_before_us.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
     /// Waits until the pool is resumed (or the wait times out).
     async fn wait_resumed(&self, deadline: Option<tokio::time::Instant>) -> Result<(), PoolError> {
         let mut rx = self.paused.subscribe();
