@@ -93,9 +93,6 @@ impl ClientParams {
         }
     }
 
-    /// The SQL that turns a server whose settings are `from` into one with `self`'s.
-    /// None when nothing differs. Values go through `set_config`, which parses them as
-    /// the startup packet does (`search_path=a,b` is a list of two, as with libpq).
     /// Whether both hold the same settings.
     pub fn same(&self, other: &ClientParams) -> bool {
         Arc::ptr_eq(&self.list, &other.list) || (self.hash == other.hash && self.list == other.list)
@@ -110,6 +107,9 @@ impl ClientParams {
         same
     }
 
+    /// The SQL that turns a server whose settings are `from` into one with `self`'s.
+    /// None when nothing differs. Values go through `set_config`, which parses them as
+    /// the startup packet does (`search_path=a,b` is a list of two, as with libpq).
     pub fn diff_sql(&self, from: &ClientParams) -> Option<String> {
         use crate::protocol::build::{quote_ident, quote_literal};
         if self.same(from) {

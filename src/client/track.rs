@@ -303,8 +303,8 @@ impl Track {
 
 /// Whether a CommandComplete tag is of a command that can change what a statement
 /// parses to (result types, name resolution). SET and RESET count only when the
-/// client's statements may have set the search path, the role or everything
-/// (`parsing_set`).
+/// exchange ran a statement that may set something other than the few settings
+/// `prepared::may_change_parsing` knows to be neutral (`parsing_set`).
 fn changes_schema(tag: &[u8], parsing_set: bool) -> bool {
     const PREFIXES: [&[u8]; 5] = [b"ALTER ", b"CREATE ", b"DROP ", b"DISCARD", b"IMPORT "];
     PREFIXES.iter().any(|p| tag.starts_with(p))

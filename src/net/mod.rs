@@ -126,7 +126,8 @@ impl Stream {
 }
 
 /// `write_all` then `flush`, for any stream (a TLS stream may hold back unflushed
-/// bytes): what every write to a peer goes through.
+/// bytes): what every write on an established connection goes through (only the
+/// SSLRequest and CancelRequest go straight to a fresh plain socket).
 pub async fn send<S: AsyncWrite + Unpin + ?Sized>(stream: &mut S, buf: &[u8]) -> io::Result<()> {
     stream.write_all(buf).await?;
     stream.flush().await

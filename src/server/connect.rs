@@ -18,18 +18,13 @@ use crate::protocol::{ProtocolError, TxStatus, auth_code, be, body, build, read_
 use crate::tls::{self, ServerTls};
 
 /// Where a server lives; also what a CancelRequest is sent to. Cloned per transaction
-/// (the cancel target), hence the shared host name.
-#[derive(Clone, Debug, Eq)]
+/// (the cancel target), hence the shared host name (whose comparison checks the
+/// pointer first).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerAddr {
     /// A host name / IP, or a directory holding the Unix socket when it starts with '/'.
     pub host: Arc<str>,
     pub port: u16,
-}
-
-impl PartialEq for ServerAddr {
-    fn eq(&self, other: &Self) -> bool {
-        self.port == other.port && (Arc::ptr_eq(&self.host, &other.host) || self.host == other.host)
-    }
 }
 
 impl ServerAddr {
