@@ -32,7 +32,8 @@ impl CoarseInstant {
 /// Microseconds since the Unix epoch, to the tick.
 pub fn coarse_wall_us() -> u64 {
     match read(libc::CLOCK_REALTIME_COARSE) {
-        Some(d) => d.as_micros() as u64,
+        // Not `as_micros`: its u128 arithmetic runs on every state change.
+        Some(d) => d.as_secs() * 1_000_000 + u64::from(d.subsec_micros()),
         None => crate::stats::now_us(),
     }
 }

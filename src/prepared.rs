@@ -378,8 +378,8 @@ fn setting_name(sql: &[u8]) -> &[u8] {
 
 /// A `;` followed by anything but white space (or a string literal holding one).
 fn more_than_one_statement(sql: &[u8]) -> bool {
-    sql.iter()
-        .position(|&b| b == b';')
+    // Every Query and Parse passes here: find the `;` with memchr, not byte by byte.
+    memchr::memchr(b';', sql)
         .is_some_and(|i| sql[i + 1..].iter().any(|b| !b.is_ascii_whitespace() && *b != b';' && *b != 0))
 }
 

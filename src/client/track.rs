@@ -108,15 +108,50 @@ impl Track {
 
     /// Starts tracking a new link, keeping allocated buffers.
     pub fn reset(&mut self) {
-        let mut ext = std::mem::take(&mut self.ext);
-        ext.clear();
-        let mut updates = std::mem::take(&mut self.param_updates);
-        updates.clear();
-        let mut query_times = std::mem::take(&mut self.query_times);
-        query_times.clear();
-        let mut errors = std::mem::take(&mut self.errors);
+        // Field by field, in place: building a fresh Track and dropping the old one
+        // costs more than the rest of the per-transaction bookkeeping (callgrind).
+        let Track {
+            stats,
+            xact_start,
+            xact_done,
+            errors,
+            ddl_seen,
+            query_times,
+            pending,
+            unsynced,
+            client_scan,
+            server_scan,
+            terminated,
+            violation,
+            server_fatal,
+            tx,
+            busy_since,
+            last_client_activity,
+            param_updates,
+            ext,
+            copy_in,
+            syncs_after_execute,
+        } = self;
+        *stats = ExchangeStats::default();
+        *xact_start = None;
+        *xact_done = None;
         errors.clear();
-        *self = Track { ext, param_updates: updates, query_times, errors, ..Track::default() };
+        *ddl_seen = false;
+        query_times.clear();
+        *pending = 0;
+        *unsynced = false;
+        *client_scan = Scanner::default();
+        *server_scan = Scanner::default();
+        *terminated = false;
+        *violation = false;
+        *server_fatal = None;
+        *tx = None;
+        *busy_since = None;
+        *last_client_activity = None;
+        param_updates.clear();
+        ext.clear();
+        *copy_in = false;
+        *syncs_after_execute = 0;
     }
 
     /// No request outstanding and no message half-forwarded in either direction.

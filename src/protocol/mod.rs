@@ -149,7 +149,7 @@ pub fn body(frame: &[u8]) -> &[u8] {
 
 /// Reads a NUL-terminated string at the front of `buf`, returning it and the rest.
 pub fn read_cstr(buf: &[u8]) -> Option<(&[u8], &[u8])> {
-    let nul = buf.iter().position(|&b| b == 0)?;
+    let nul = memchr::memchr(0, buf)?;
     Some((&buf[..nul], &buf[nul + 1..]))
 }
 
