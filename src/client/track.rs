@@ -345,3 +345,40 @@ fn changes_schema(tag: &[u8], parsing_set: bool) -> bool {
     PREFIXES.iter().any(|p| tag.starts_with(p))
         || (parsing_set && (tag.starts_with(b"SET") || tag.starts_with(b"RESET")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reset_leaves_nothing_of_the_previous_link() {
+        let mut t = Track::default();
+        t.stats.queries = 3;
+        t.xact_start = Some(Instant::now());
+        t.xact_done = Some(Duration::from_millis(1));
+        t.errors.push("40001".into());
+        t.ddl_seen = true;
+        t.query_times.push(Duration::from_micros(5));
+        t.pending = 2;
+        t.unsynced = true;
+        t.terminated = true;
+        t.violation = true;
+        t.server_fatal = Some("57P01".into());
+        t.tx = Some(TxStatus::InTransaction);
+        t.busy_since = Some(Instant::now());
+        t.last_client_activity = Some(Instant::now());
+        t.param_updates.push(("TimeZone".into(), "UTC".into()));
+        t.ext.parsing_set = true;
+        t.copy_in = true;
+        t.syncs_after_execute = 1;
+        // Both scanners in the middle of a 100-byte message.
+        let partial = [b'Q', 0, 0, 0, 100, b's', b'e', b'l'];
+        let mut sp = Splice::new();
+        for scan in [&mut t.client_scan, &mut t.server_scan] {
+            scan.scan(&partial, |_| Need::Stream, |_, _| Ok(()), &mut sp).unwrap();
+            assert!(scan.mid_message());
+        }
+        t.reset();
+        assert_eq!(format!("{t:?}"), format!("{:?}", Track::default()));
+    }
+}
