@@ -62,6 +62,8 @@ count() { # binary protocol N
     valgrind --tool=callgrind --callgrind-out-file="$out" "$1" --config "$work/sluice.toml" \
         > "$work/sluice.log" 2>&1 &
     pid=$!
+    # count runs in a subshell ($(...)): the script's EXIT trap does not cover it.
+    trap '[ -z "$pid" ] || kill "$pid" 2>/dev/null || true' EXIT
     local i
     for i in $(seq 100); do
         pg_isready -q -h 127.0.0.1 -p "$PORT" -U "$DB_USER" -d "$DB_NAME" && break
