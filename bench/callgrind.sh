@@ -18,13 +18,15 @@
 # DB_USER, DB_PASSWORD. CLIENTS (40), N1 (100), N2 (300), PROTOCOLS, PORT (26990).
 set -euo pipefail
 
+BINS=()
+for b in "$@"; do BINS+=("$(realpath "$b")"); done
 cd "$(dirname "$0")/.."
+[ ${#BINS[@]} -gt 0 ] || BINS=("$PWD/target/release/sluice")
 PG_HOST=${PG_HOST:-127.0.0.1} PG_PORT=${PG_PORT:-5432}
 DB_NAME=${DB_NAME:-bench} DB_USER=${DB_USER:-bench} DB_PASSWORD=${DB_PASSWORD:-bench}
 CLIENTS=${CLIENTS:-40} N1=${N1:-100} N2=${N2:-300} PORT=${PORT:-26990}
 PROTOCOLS=${PROTOCOLS:-simple extended prepared}
-BINS=("$@")
-[ ${#BINS[@]} -gt 0 ] || BINS=(target/release/sluice)
+[ "$N2" -gt "$N1" ] || { echo "callgrind.sh: N2 ($N2) must exceed N1 ($N1)" >&2; exit 1; }
 
 command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
 for b in "${BINS[@]}"; do [ -x "$b" ] || { echo "callgrind.sh: $b is not an executable (cargo build --release)" >&2; exit 1; }; done
@@ -35,6 +37,7 @@ work=$(mktemp -d)
 pid=
 cleanup() { [ -z "$pid" ] || kill "$pid" 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
+trap "exit 130" INT TERM
 cat > "$work/select.sql" <<'SQL'
 \set aid random(1, 100000)
 SELECT abalance FROM pgbench_accounts WHERE aid = :aid;
@@ -46,7 +49,8 @@ listen_port = $PORT
 unix_socket_dir = ""
 workers = 1
 auth_type = "trust"
-default_pool_size = 40
+default_pool_size = $CLIENTS
+max_client_conn = $((CLIENTS + 10))
 log_level = "warn"
 [databases.$DB_NAME]
 host = "$PG_HOST"
@@ -55,22 +59,21 @@ port = $PG_PORT
 password = "$DB_PASSWORD"
 TOML
 
-# Total instructions of one Sluice process: warm-up (20 per client), then N per client.
+# Total instructions of one Sluice process, into COUNT: warm-up (20 per client), then N
+# per client. Runs in this shell (not in $(...)), so the EXIT trap and -e cover it.
+COUNT=
 count() { # binary protocol N
-    local out="$work/cg.out"
+    local out="$work/cg.out" i t
     rm -f "$out"*
     valgrind --tool=callgrind --callgrind-out-file="$out" "$1" --config "$work/sluice.toml" \
         > "$work/sluice.log" 2>&1 &
     pid=$!
-    # count runs in a subshell ($(...)): the script's EXIT trap does not cover it.
-    trap '[ -z "$pid" ] || kill "$pid" 2>/dev/null || true' EXIT
-    local i
     for i in $(seq 100); do
         pg_isready -q -h 127.0.0.1 -p "$PORT" -U "$DB_USER" -d "$DB_NAME" && break
         kill -0 "$pid" 2>/dev/null || { cat "$work/sluice.log" >&2; exit 1; }
         sleep 0.1
     done
-    local t
+    pg_isready -q -h 127.0.0.1 -p "$PORT" || { echo "callgrind.sh: Sluice did not start listening" >&2; exit 1; }
     for t in 20 "$3"; do
         pgbench -n -h 127.0.0.1 -p "$PORT" -U "$DB_USER" -c "$CLIENTS" -j 2 -t "$t" -M "$2" \
             -f "$work/select.sql" "$DB_NAME" > "$work/pgbench.out" 2>&1 \
@@ -80,14 +83,16 @@ count() { # binary protocol N
     kill -INT "$pid"
     wait "$pid" || true
     pid=
-    awk '/^summary:/ {s += $2} END {print s}' "$out"*
+    # printf, not print: mawk prints sums of 2^31 and more in exponent notation.
+    COUNT=$(awk '/^summary:/ {s += $2} END {printf "%.0f\n", s}' "$out"*)
 }
 
 printf '%-40s %-9s %12s\n' binary protocol "Ir/tx"
 for b in "${BINS[@]}"; do
     for p in $PROTOCOLS; do
-        a=$(count "$b" "$p" "$N1")
-        z=$(count "$b" "$p" "$N2")
-        printf '%-40s %-9s %12d\n' "$b" "$p" $(((z - a) / (CLIENTS * (N2 - N1))))
+        count "$b" "$p" "$N1"
+        a=$COUNT
+        count "$b" "$p" "$N2"
+        printf '%-40s %-9s %12d\n' "$b" "$p" $(((COUNT - a) / (CLIENTS * (N2 - N1))))
     done
 done

@@ -33,7 +33,7 @@ impl CoarseInstant {
 pub fn coarse_wall_us() -> u64 {
     match read(libc::CLOCK_REALTIME_COARSE) {
         // Not `as_micros`: its u128 arithmetic runs on every state change.
-        Some(d) => d.as_secs() * 1_000_000 + u64::from(d.subsec_micros()),
+        Some(d) => d.as_secs().saturating_mul(1_000_000).saturating_add(u64::from(d.subsec_micros())),
         None => crate::stats::now_us(),
     }
 }
