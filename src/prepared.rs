@@ -30,11 +30,8 @@ pub struct Statement {
     /// The pool's schema epoch when the client parsed it: copies prepared before that
     /// are older than the client's Parse and must not stand in for it.
     pub epoch: u64,
-    /// DEALLOCATE ALL / DISCARD ALL prepared as a statement: its execution empties the
-    /// server's (and the client's) statements.
-    pub command: Option<SqlCommand>,
-    /// Executing it may change what later statements parse to (`may_change_parsing`).
-    pub sets_parsing: bool,
+    /// What executing it does beyond its result.
+    pub effects: TextEffects,
     /// The reply (RowDescription or NoData frame) the client got when it described
     /// the statement, and the statement generation it was seen at; a copy on another
     /// server, or of a later generation, is checked against it before use.
@@ -79,9 +76,7 @@ pub fn statement(p: &ParseView, epoch: u64) -> Statement {
     out.put_slice(p.types);
     let len = (out.len() - 1) as u32;
     out[1..5].copy_from_slice(&len.to_be_bytes());
-    let command = sql_command(p.query).filter(SqlCommand::empties);
-    let sets_parsing = may_change_parsing(p.query);
-    Statement { id, name, parse: out.freeze(), epoch, command, sets_parsing, shape: Default::default() }
+    Statement { id, name, parse: out.freeze(), epoch, effects: TextEffects::of(p.query), shape: Default::default() }
 }
 
 /// The statement name field of a Bind (after the portal name) or a Describe/Close
@@ -156,14 +151,14 @@ impl ClientStatements {
 
     /// Keeps `frame` as the client's unnamed-statement Parse, in a reused buffer (an
     /// unnamed Parse comes with nearly every extended-protocol query).
-    pub fn set_unnamed(&mut self, frame: &[u8], id: u64, command: Option<SqlCommand>, sets_parsing: bool) {
+    pub fn set_unnamed(&mut self, frame: &[u8], id: u64, effects: TextEffects) {
         let mut parse = match self.unnamed.take() {
             Some(u) => u.parse,
             None => std::mem::take(&mut self.spare),
         };
         parse.clear();
         parse.extend_from_slice(frame);
-        self.unnamed = Some(Unnamed { parse, id, command, sets_parsing });
+        self.unnamed = Some(Unnamed { parse, id, effects });
     }
 
     pub fn forget_unnamed(&mut self) {
@@ -305,15 +300,28 @@ pub struct Unnamed {
     pub parse: Vec<u8>,
     /// Tells this Parse apart from others (a server remembers which one it holds).
     pub id: u64,
+    pub effects: TextEffects,
+}
+
+/// What executing a statement text does beyond its result, worked out once at Parse
+/// (a statement is bound far more often than parsed).
+#[derive(Debug, Clone, Default)]
+pub struct TextEffects {
+    /// DEALLOCATE ALL / DISCARD ALL: empties the server's (and the client's) statements.
     pub command: Option<SqlCommand>,
-    /// Executing it may change what later statements parse to (`may_change_parsing`).
+    /// May change what later statements parse to (`may_change_parsing`).
     pub sets_parsing: bool,
+}
+
+impl TextEffects {
+    pub fn of(sql: &[u8]) -> TextEffects {
+        TextEffects { command: sql_command(sql).filter(SqlCommand::empties), sets_parsing: may_change_parsing(sql) }
+    }
 }
 
 /// The first word of a statement text (letters only), without allocating.
 fn first_word(sql: &[u8]) -> &[u8] {
-    let start = sql.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(sql.len());
-    let word = &sql[start..];
+    let word = sql.trim_ascii_start();
     &word[..word.iter().position(|b| !b.is_ascii_alphabetic()).unwrap_or(word.len())]
 }
 
@@ -358,15 +366,13 @@ pub fn may_change_parsing(sql: &[u8]) -> bool {
 
 /// What follows the first word.
 fn after_word(sql: &[u8]) -> &[u8] {
-    let start = sql.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(sql.len());
-    let len = first_word(sql).len();
-    &sql[start + len..]
+    let sql = sql.trim_ascii_start();
+    &sql[first_word(sql).len()..]
 }
 
 /// A setting name at the start of `sql` (unquoted identifier); empty otherwise.
 fn setting_name(sql: &[u8]) -> &[u8] {
-    let start = sql.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(sql.len());
-    let name = &sql[start..];
+    let name = sql.trim_ascii_start();
     let end = name.iter().position(|b| !(b.is_ascii_alphanumeric() || *b == b'_' || *b == b'.')).unwrap_or(name.len());
     let (name, rest) = name.split_at(end);
     // Followed by `=`, `TO`, a value or the end: anything else (a quoted name) counts.

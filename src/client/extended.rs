@@ -12,7 +12,9 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::prepared::{self, ClientStatements, Generations, Presence, ServerStatements, SqlCommand, Statement};
+use crate::prepared::{
+    self, ClientStatements, Generations, Presence, ServerStatements, SqlCommand, Statement, TextEffects,
+};
 use crate::protocol::build;
 use crate::protocol::fields::ErrorFields;
 use crate::protocol::scan::{Msg, Splice};
@@ -239,8 +241,7 @@ impl Extended {
         let p = prepared::parse_view(frame)?;
         if p.name.is_empty() {
             let id = rand::random::<u64>() | 1;
-            let command = prepared::sql_command(p.query).filter(SqlCommand::empties);
-            cx.stmts.set_unnamed(frame, id, command, prepared::may_change_parsing(p.query));
+            cx.stmts.set_unnamed(frame, id, TextEffects::of(p.query));
             cx.server.unnamed = id;
             self.server_parses += 1;
             self.push(Kind::Parse, Reply::Forward, None);
@@ -336,8 +337,7 @@ impl Extended {
         let (_, name) = prepared::name_field(prefix, m.tag)?;
         let mut stmt = None;
         let mut effect = Effect::None;
-        let mut command = None;
-        let mut sets_parsing = false;
+        let mut effects = TextEffects::default();
         if name.is_empty() {
             if let Some(u) = cx.stmts.unnamed.as_ref() {
                 if cx.server.unnamed != u.id {
@@ -348,12 +348,10 @@ impl Extended {
                     self.push(Kind::Parse, Reply::Swallow, None);
                     cx.server.unnamed = u.id;
                 }
-                command = u.command.clone();
-                sets_parsing = u.sets_parsing;
+                effects = u.effects.clone();
             }
         } else if let Some(st) = cx.stmts.get(name).cloned() {
-            command = st.command.clone();
-            sets_parsing = st.sets_parsing;
+            effects = st.effects.clone();
             if kind == Kind::Describe {
                 effect = Effect::Capture(st.clone(), cx.generation(st.id));
             }
@@ -366,9 +364,9 @@ impl Extended {
         }
         if kind == Kind::Bind {
             self.last_bind = stmt;
-            self.last_bind_command = command;
+            self.last_bind_command = effects.command;
             // Its execution in this exchange may SET what later statements parse to.
-            self.parsing_set |= sets_parsing;
+            self.parsing_set |= effects.sets_parsing;
         }
         self.queue.push_back(Expect::new(kind, Reply::Forward, stmt).with(effect));
         Ok(())
