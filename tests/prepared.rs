@@ -305,13 +305,8 @@ fn sets_that_leave_parsing_alone_keep_statements_shared() {
     // SHOW PREPARED_STATEMENTS: cache_hits, the client Parses given a statement the
     // server already held.
     let hits = || -> u64 {
-        let out = common::psql_cmd(s.port, "127.0.0.1", "u_trust", "", "pgbouncer")
-            .args(["-c", "show prepared_statements"])
-            .output()
-            .expect("psql");
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let row = text.lines().find(|l| l.starts_with("app|")).unwrap_or_else(|| panic!("no app row: {text}"));
-        row.split('|').nth(4).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("bad row: {row}"))
+        let cell = common::console_cell(s.port, "u_trust", "", "show prepared_statements", "app", 4);
+        cell.as_deref().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("cache_hits: {cell:?}"))
     };
     let sql = "select 1 + $1::int";
     let mut first = login(&s);

@@ -144,19 +144,25 @@ pub fn has_ipv6_loopback() -> bool {
     })
 }
 
-/// Clients of database `db` waiting for a server connection, as the admin console's
-/// `SHOW POOLS` counts them (`cl_waiting`); `user` must be in `admin_users`.
-pub fn clients_waiting(port: u16, user: &str, password: &str, db: &str) -> usize {
+/// Column `column` (0-based) of the row for database `db` in the admin console's reply to
+/// `show` (SHOW POOLS, SHOW PREPARED_STATEMENTS...), read with psql as `user`, who must be in
+/// `admin_users` or `stats_users`; None without such a row.
+pub fn console_cell(port: u16, user: &str, password: &str, show: &str, db: &str, column: usize) -> Option<String> {
     let out = psql_cmd(port, "127.0.0.1", user, password, "pgbouncer")
-        .args(["-F", "|", "-c", "SHOW POOLS"])
+        .args(["-F", "|", "-c", show])
         .output()
         .expect("psql runs");
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines()
         .map(|l| l.split('|').collect::<Vec<_>>())
         .find(|f| f.first() == Some(&db))
-        .and_then(|f| f.get(3)?.parse().ok())
-        .unwrap_or(0)
+        .and_then(|f| Some(f.get(column)?.to_string()))
+}
+
+/// Clients of database `db` waiting for a server connection, as the admin console's
+/// `SHOW POOLS` counts them (`cl_waiting`); `user` must be in `admin_users`.
+pub fn clients_waiting(port: u16, user: &str, password: &str, db: &str) -> usize {
+    console_cell(port, user, password, "SHOW POOLS", db, 3).and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
 /// The one polling loop of the tests: calls `condition` until it holds (true) or `timeout`

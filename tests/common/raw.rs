@@ -169,6 +169,11 @@ pub fn field(body: &[u8], kind: u8) -> String {
 /// The first column of the first DataRow in `msgs`, as text.
 pub fn first_value(msgs: &[(u8, Vec<u8>)]) -> String {
     let (_, row) = msgs.iter().find(|(t, _)| *t == b'D').expect("a DataRow");
+    first_column(row)
+}
+
+/// The first column of a DataRow body, as text.
+pub fn first_column(row: &[u8]) -> String {
     let len = i32::from_be_bytes(row[2..6].try_into().unwrap());
     String::from_utf8_lossy(&row[6..6 + len as usize]).into_owned()
 }

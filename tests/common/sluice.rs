@@ -75,7 +75,12 @@ impl Sluice {
 
     /// Polls the log until it contains `needle` (true) or `timeout` passes (false).
     pub fn wait_log(&self, needle: &str, timeout: Duration) -> bool {
-        wait_until(timeout, || self.log().contains(needle))
+        self.wait_log_times(needle, 1, timeout)
+    }
+
+    /// Polls the log until `needle` appears at least `n` times (true) or `timeout` passes.
+    pub fn wait_log_times(&self, needle: &str, n: usize, timeout: Duration) -> bool {
+        wait_until(timeout, || self.log().matches(needle).count() >= n)
     }
 
     /// Replaces the config file atomically (write a sibling, then rename); follow with `reload`.

@@ -11,8 +11,8 @@ use std::time::Duration;
 use rustls::{AlertDescription, InvalidMessage};
 
 use crate::client::{self, GSSENC_REQUEST, NO_ALPN, Opts, PG_ALPN, SSL_REQUEST};
-use crate::common::{PgCluster, Sluice, TestCerts, psql_cmd, wait_until};
-use crate::raw::{self, Raw, sqlstate};
+use crate::common::{PgCluster, Sluice, TestCerts, psql_cmd};
+use crate::raw::{self, Raw, first_column, sqlstate};
 use crate::{client_tls, run_sql};
 
 fn trust_sluice(pg: &PgCluster, certs: &TestCerts, mode: &str) -> Sluice {
@@ -23,11 +23,6 @@ fn trust_sluice(pg: &PgCluster, certs: &TestCerts, mode: &str) -> Sluice {
 /// The rustls error behind a failed handshake or read; None for plain I/O errors (EOF).
 fn rustls_error(e: &std::io::Error) -> Option<&rustls::Error> {
     e.get_ref()?.downcast_ref()
-}
-
-/// Polls Sluice's log until `needle` appears `n` times; false after 10 s.
-fn wait_log_count(s: &Sluice, needle: &str, n: usize) -> bool {
-    wait_until(Duration::from_secs(10), || s.log().matches(needle).count() >= n)
 }
 
 #[test]
@@ -49,7 +44,12 @@ fn direct_tls_needs_alpn_postgresql() {
         let e = e.unwrap_or_else(|| panic!("direct TLS with ALPN {:?} must be refused", alpn.alpn));
         assert_eq!(e.kind(), ErrorKind::UnexpectedEof, "ALPN {:?}: {e}", alpn.alpn);
         assert!(rustls_error(&e).is_none(), "no alert, just a close: {e}");
-        assert!(wait_log_count(&s, no_alpn, i + 1), "ALPN {:?}: no {no_alpn:?} in the log:\n{}", alpn.alpn, s.log());
+        assert!(
+            s.wait_log_times(no_alpn, i + 1, Duration::from_secs(10)),
+            "ALPN {:?}: no {no_alpn:?} in the log:\n{}",
+            alpn.alpn,
+            s.log()
+        );
     }
     // With client TLS disabled, a ClientHello is no startup packet: its first bytes read
     // as a length out of range, answered by a plaintext FATAL that rustls cannot parse.
@@ -60,7 +60,7 @@ fn direct_tls_needs_alpn_postgresql() {
         "{e:?}"
     );
     let fatal = "client disconnected: invalid startup packet length";
-    assert!(wait_log_count(&plain, fatal, 1), "no {fatal:?} in the log:\n{}", plain.log());
+    assert!(plain.wait_log(fatal, Duration::from_secs(10)), "no {fatal:?} in the log:\n{}", plain.log());
     let log = plain.log();
     let line = log.lines().find(|l| l.contains(fatal)).unwrap_or_default();
     assert!(line.contains(" (08P01)"), "a protocol violation: {line}");
@@ -83,7 +83,7 @@ fn ssl_request_with_and_without_alpn() {
     let alert = rustls::Error::AlertReceived(AlertDescription::NoApplicationProtocol);
     assert_eq!(rustls_error(&e), Some(&alert), "{e:?}");
     let line = "client disconnected: TLS handshake failed: peer doesn't support any known protocol";
-    assert!(wait_log_count(&s, line, 1), "no {line:?} in the log:\n{}", s.log());
+    assert!(s.wait_log(line, Duration::from_secs(10)), "no {line:?} in the log:\n{}", s.log());
     // TLS 1.2 works by default...
     let tls12 = Opts { alpn: &[], tls12_only: true };
     let mut sock = client::negotiated(s.port, &client::config(&certs.ca, &tls12)).expect("TLS 1.2");
@@ -96,7 +96,7 @@ fn ssl_request_with_and_without_alpn() {
     let alert = rustls::Error::AlertReceived(AlertDescription::ProtocolVersion);
     assert_eq!(rustls_error(&e), Some(&alert), "{e:?}");
     let line = "client disconnected: TLS handshake failed: peer is incompatible: Tls12NotOfferedOrEnabled";
-    assert!(wait_log_count(&only13, line, 1), "no {line:?} in the log:\n{}", only13.log());
+    assert!(only13.wait_log(line, Duration::from_secs(10)), "no {line:?} in the log:\n{}", only13.log());
 }
 
 #[test]
@@ -205,12 +205,6 @@ fn large_messages_stream_both_ways_over_tls() {
     assert_eq!(tags, "TDCZ");
     assert_eq!(row_len, 2 + 4 + 30_000_000);
     assert_eq!(client::query_value(&mut sock, "select 'after'"), "after");
-}
-
-/// The first column of a DataRow.
-fn first_column(row: &[u8]) -> String {
-    let len = i32::from_be_bytes(row[2..6].try_into().unwrap());
-    String::from_utf8_lossy(&row[6..6 + len as usize]).into_owned()
 }
 
 #[test]
