@@ -2,7 +2,9 @@
 //! real server's), registered here with a slot naming the server currently running
 //! that client's query. A CancelRequest is forwarded to that server only.
 
-use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -48,9 +50,10 @@ pub struct CancelKey {
 
 impl Drop for CancelKey {
     fn drop(&mut self) {
-        let mut map = self.registry.map.lock();
-        if map.get(&(self.pid, self.secret)).is_some_and(|s| Arc::ptr_eq(s, &self.slot)) {
-            map.remove(&(self.pid, self.secret));
+        if let Entry::Occupied(e) = self.registry.map.lock().entry((self.pid, self.secret))
+            && Arc::ptr_eq(e.get(), &self.slot)
+        {
+            e.remove();
         }
     }
 }
@@ -78,12 +81,11 @@ impl CancelRegistry {
     }
 
     fn try_register(self: &Arc<Self>, pid: u32, secret: u32) -> Option<CancelKey> {
-        let mut map = self.map.lock();
-        if map.contains_key(&(pid, secret)) {
-            return None;
-        }
         let slot = Arc::new(CancelSlot::default());
-        map.insert((pid, secret), slot.clone());
+        match self.map.lock().entry((pid, secret)) {
+            Entry::Occupied(_) => return None,
+            Entry::Vacant(v) => v.insert(slot.clone()),
+        };
         Some(CancelKey { registry: self.clone(), pid, secret, slot })
     }
 

@@ -2,7 +2,7 @@
 //! the server reported while lent to it), kept so any server lent to the client can
 //! be made to match with SET/RESET before the client's first message.
 
-use std::hash::{Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 /// Parameters PostgreSQL reports with ParameterStatus and a pooler must keep per client.
@@ -21,7 +21,7 @@ pub const NOT_SETTINGS: &[&str] = &["user", "database", "options", "replication"
 
 /// A client's settings: lowercase names, sorted, with a hash for a cheap comparison
 /// on every checkout. The list is shared: clones are cheap, and clients of a pool with
-/// the same settings share one list (`Pool::intern_params`), so the comparison on
+/// the same settings share one list (`Learned::intern`), so the comparison on
 /// checkout is usually a pointer comparison.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClientParams {
@@ -45,9 +45,7 @@ impl ClientParams {
     }
 
     fn rehash(&mut self) {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.list.hash(&mut h);
-        self.hash = h.finish();
+        self.hash = foldhash::fast::FixedState::default().hash_one(&*self.list);
     }
 
     pub fn hash(&self) -> u64 {
@@ -105,6 +103,12 @@ impl ClientParams {
             self.list = other.list.clone();
         }
         same
+    }
+
+    /// Whether both are the one shared list.
+    #[cfg(test)]
+    pub fn is_shared_with(&self, other: &ClientParams) -> bool {
+        Arc::ptr_eq(&self.list, &other.list)
     }
 
     /// The SQL that turns a server whose settings are `from` into one with `self`'s.

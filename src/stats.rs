@@ -179,8 +179,8 @@ pub struct ClientInfo {
     pub id: u64,
     pub user: String,
     pub database: String,
-    pub addr: String,
-    pub port: u16,
+    /// Where the client connected from; formatted only when shown.
+    pub peer: crate::net::listener::Peer,
     pub connect_time_us: u64,
     pub application_name: Mutex<String>,
     pub tls: bool,
@@ -201,26 +201,30 @@ pub struct ClientInfo {
 impl ClientInfo {
     #[allow(clippy::too_many_arguments)]
     pub fn new(id: u64, user: &str, database: &str, peer: &crate::net::listener::Peer, tls: bool) -> Self {
-        let (addr, port) = match peer {
-            crate::net::listener::Peer::Tcp(a) => (a.ip().to_string(), a.port()),
-            crate::net::listener::Peer::Unix => ("unix".to_string(), 0),
-        };
+        let now = now_us();
         ClientInfo {
             id,
             user: user.to_string(),
             database: database.to_string(),
-            addr,
-            port,
-            connect_time_us: now_us(),
+            peer: peer.clone(),
+            connect_time_us: now,
             application_name: Mutex::new(String::new()),
             tls,
             state: AtomicU8::new(ClientState::Login as u8),
-            request_time_us: AtomicU64::new(now_us()),
+            request_time_us: AtomicU64::new(now),
             server_id: AtomicU64::new(0),
             prepared_statements: AtomicU64::new(0),
             interrupt: tokio::sync::Notify::new(),
             interrupts: AtomicU64::new(0),
             killed: Default::default(),
+        }
+    }
+
+    /// The client's address and port as SHOW CLIENTS lists them ("unix", 0 for a Unix socket).
+    pub fn addr_port(&self) -> (String, u16) {
+        match &self.peer {
+            crate::net::listener::Peer::Tcp(a) => (a.ip().to_string(), a.port()),
+            crate::net::listener::Peer::Unix => ("unix".to_string(), 0),
         }
     }
 
@@ -312,12 +316,12 @@ impl ServerInfo {
 /// Live entries by id; an entry is removed when its guard drops.
 #[derive(Debug)]
 pub struct Registry<T> {
-    map: Mutex<HashMap<u64, Arc<T>>>,
+    map: Mutex<foldhash::HashMap<u64, Arc<T>>>,
 }
 
 impl<T> Default for Registry<T> {
     fn default() -> Self {
-        Registry { map: Mutex::new(HashMap::new()) }
+        Registry { map: Mutex::new(Default::default()) }
     }
 }
 

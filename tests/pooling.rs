@@ -4,8 +4,10 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
+use common::raw::{Raw, first_value, query, startup};
 use common::{PgCluster, Role, Sluice, clients_waiting, code, connect, try_connect, value, wait_until};
 use futures_util::StreamExt;
 use tokio_postgres::{AsyncMessage, NoTls};
@@ -130,6 +132,51 @@ async fn parameters_are_isolated_between_clients() {
     let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     assert_eq!(value(&c, "select current_setting('application_name')").await, "");
     assert_ne!(value(&c, "show TimeZone").await, "Asia/Tokyo");
+}
+
+/// In transaction mode a login is answered from what the pool learned: the reply for
+/// one set of startup settings is worked out once (through a server, which checks the
+/// values) and reused, and every client still hears its own values in the server's
+/// spelling and runs with them.
+#[test]
+fn login_replies_are_reused_per_settings() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .general("pool_mode", "\"transaction\"")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let login = |tz: &str, app: &str| {
+        let mut r = Raw::open(s.port);
+        let params = [("user", "u_trust"), ("database", "app"), ("TimeZone", tz), ("application_name", app)];
+        r.send(&startup(&params, 3 << 16));
+        let reported: BTreeMap<String, String> = r
+            .until_ready()
+            .iter()
+            .filter(|(tag, _)| *tag == b'S')
+            .map(|(_, body)| {
+                let mut parts = body.split(|&b| b == 0).map(|p| String::from_utf8_lossy(p).into_owned());
+                (parts.next().unwrap(), parts.next().unwrap())
+            })
+            .collect();
+        (r, reported)
+    };
+    let (mut a, first) = login("asia/tokyo", "same");
+    let (mut b, again) = login("asia/tokyo", "same");
+    assert_eq!(first["TimeZone"], "Asia/Tokyo", "the server's spelling: {first:?}");
+    assert_eq!(first["application_name"], "same");
+    assert_eq!(first, again, "equal settings, equal reply");
+    let (mut c, other) = login("UTC", "other");
+    assert_eq!(other["TimeZone"], "UTC");
+    assert_eq!(other["application_name"], "other");
+    assert_eq!(other.keys().collect::<Vec<_>>(), first.keys().collect::<Vec<_>>());
+    // One server for all three: each checkout sets the client's own values.
+    for _ in 0..2 {
+        for (r, tz, app) in [(&mut a, "Asia/Tokyo", "same"), (&mut c, "UTC", "other"), (&mut b, "Asia/Tokyo", "same")] {
+            r.send(&query("select current_setting('TimeZone') || ' ' || current_setting('application_name')"));
+            assert_eq!(first_value(&r.until_ready()), format!("{tz} {app}"));
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

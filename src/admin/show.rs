@@ -250,6 +250,7 @@ fn clients(app: &App) -> Table {
             if state == ClientState::Waiting { now.saturating_sub(c.request_time_us.load(Relaxed)) } else { 0 };
         let server = c.server_id.load(Relaxed);
         let app_name = c.application_name.lock().clone();
+        let (addr, port) = c.addr_port();
         t.push(vec![
             text("C"),
             text(&c.user),
@@ -260,8 +261,8 @@ fn clients(app: &App) -> Table {
                 ClientState::Login => "login",
                 ClientState::Idle | ClientState::Active => "active",
             }),
-            text(&c.addr),
-            int(c.port),
+            text(&addr),
+            int(port),
             // local_addr, local_port: not tracked
             text(""),
             int(0),

@@ -168,12 +168,12 @@ pub enum LoginError {
 /// All users by name, rebuilt on reload.
 #[derive(Debug, Default)]
 pub struct UserStore {
-    pub users: HashMap<String, Arc<UserAuth>>,
+    pub users: foldhash::HashMap<String, Arc<UserAuth>>,
 }
 
 impl UserStore {
     pub fn from_config(cfg: &crate::config::Config) -> Result<Self, ScramError> {
-        let mut users = HashMap::new();
+        let mut users = foldhash::HashMap::default();
         for (name, u) in &cfg.users {
             let auth = UserAuth::new(name, u.password.as_deref(), u.server_password.as_deref())?;
             users.insert(name.clone(), Arc::new(auth));

@@ -18,7 +18,7 @@ use crate::config::{Config, PoolMode, secs};
 use crate::net::listener::Peer;
 use crate::net::{ReadError, read_startup};
 use crate::params::{ClientParams, NOT_SETTINGS, is_reported};
-use crate::pool::Pool;
+use crate::pool::{LoginReply, Pool};
 use crate::protocol::startup::{self, StartupMessage, StartupPacket};
 use crate::protocol::{TxStatus, build, sqlstate};
 use crate::server::ServerConn;
@@ -284,50 +284,62 @@ async fn start_session_mode(
 }
 
 /// Transaction and statement mode: the client is told the server defaults overlaid
-/// with its own settings in the server's spelling, learned once per (name, value).
+/// with its own settings in the server's spelling. Worked out once per distinct set
+/// of settings and kept by the pool (`Learned::reply`).
 async fn start_pooled(
     app: &Arc<App>,
     conn: &mut ClientConn,
     pool: Arc<Pool>,
-    mut params: ClientParams,
+    params: ClientParams,
     mode: PoolMode,
     info: Arc<ClientInfo>,
 ) -> Result<Session, Exit> {
-    let mut defaults = pool.defaults();
-    let unknown = params.iter().any(|(k, v)| pool.canonical(k, v).is_none());
-    if defaults.is_none() || unknown {
-        let server = pool.checkout().await.map_err(pool_failure)?;
-        let server = apply_or_fail(&pool, server, &params).await?;
-        for (k, v) in params.iter() {
-            let canon = if is_reported(k) { server.reported(k).unwrap_or(v) } else { v };
-            pool.learn_canonical(k, v, canon);
-        }
-        pool.checkin(server);
-        defaults = pool.defaults();
-    }
-    let defaults = defaults.unwrap_or_default();
-    // Settings equal to the server default need no SET on each checkout.
-    let redundant: Vec<String> = params
-        .iter()
-        .filter(|(k, v)| {
-            let canon = pool.canonical(k, v);
-            defaults.iter().any(|(dk, dv)| dk.eq_ignore_ascii_case(k) && canon.as_deref() == Some(dv.as_str()))
-        })
-        .map(|(k, _)| k.to_string())
-        .collect();
-    let mut out = BytesMut::with_capacity(512);
+    let reply = match pool.learned.reply(&params) {
+        Some(r) => r,
+        None => work_out_reply(&pool, params).await?,
+    };
+    let mut out = BytesMut::with_capacity(reply.status.len() + 64);
     build::auth_ok(&mut out);
-    for (k, v) in defaults.iter() {
-        let mine = params.get_ignore_case(k).and_then(|(lk, cv)| pool.canonical(lk, cv));
-        build::parameter_status(&mut out, k.as_bytes(), mine.as_deref().unwrap_or(v).as_bytes());
-    }
-    for k in redundant {
-        params.remove(&k);
-    }
-    pool.intern_params(&mut params);
+    out.extend_from_slice(&reply.status);
     let key = app.cancel.register();
     build::backend_key_data(&mut out, key.pid, key.secret);
     build::ready_for_query(&mut out, TxStatus::Idle);
     conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;
-    Ok(Session::new(app, info, pool, mode, params, key, None))
+    Ok(Session::new(app, info, pool, mode, reply.kept, key, None))
+}
+
+/// The login reply for a client asking for `asked`: the server spellings of its
+/// values are learned from a server the first time (which also checks them), and
+/// settings equal to a server default are dropped (no SET on each checkout).
+async fn work_out_reply(pool: &Arc<Pool>, asked: ClientParams) -> Result<LoginReply, Exit> {
+    let learned = &pool.learned;
+    let mut defaults = learned.defaults();
+    let unknown = asked.iter().any(|(k, v)| learned.canonical(k, v).is_none());
+    if defaults.is_none() || unknown {
+        let server = pool.checkout().await.map_err(pool_failure)?;
+        let server = apply_or_fail(pool, server, &asked).await?;
+        for (k, v) in asked.iter() {
+            let canon = if is_reported(k) { server.reported(k).unwrap_or(v) } else { v };
+            learned.learn_canonical(k, v, canon);
+        }
+        pool.checkin(server);
+        defaults = learned.defaults();
+    }
+    let defaults = defaults.unwrap_or_default();
+    let mut kept = asked.clone();
+    for (k, v) in asked.iter() {
+        let canon = learned.canonical(k, v);
+        if defaults.iter().any(|(dk, dv)| dk.eq_ignore_ascii_case(k) && canon.as_deref() == Some(dv.as_str())) {
+            kept.remove(k);
+        }
+    }
+    let mut status = BytesMut::with_capacity(512);
+    for (k, v) in defaults.iter() {
+        let mine = asked.get_ignore_case(k).and_then(|(lk, cv)| learned.canonical(lk, cv));
+        build::parameter_status(&mut status, k.as_bytes(), mine.as_deref().unwrap_or(v).as_bytes());
+    }
+    learned.intern(&mut kept);
+    let reply = LoginReply { kept, status: status.freeze() };
+    learned.remember_reply(defaults, asked, &reply);
+    Ok(reply)
 }

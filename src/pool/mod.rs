@@ -4,6 +4,7 @@
 //! step that retires old connections and keeps `min_pool_size` open.
 
 mod control;
+mod learned;
 mod limit;
 mod registry;
 
@@ -21,6 +22,7 @@ use crate::config::PoolMode;
 use crate::server::{ServerConn, ServerError, ServerTarget, connect};
 use crate::stats::{PoolStats, Registry, ServerInfo, ServerState};
 
+pub use learned::{Learned, LoginReply};
 pub use limit::ConnLimit;
 
 /// (name, value) pairs as a server reports them.
@@ -174,14 +176,8 @@ pub struct Pool {
     inner: Mutex<Inner>,
     db_limit: Arc<ConnLimit>,
     user_limit: Arc<ConnLimit>,
-    /// ParameterStatus values of a fresh server connection: what clients are told at
-    /// login before any server is lent to them.
-    defaults: Mutex<Option<Arc<ParamList>>>,
-    /// Server spellings of client-supplied setting values already proven valid:
-    /// name → the client's value → the server's spelling of it.
-    canonical: Mutex<std::collections::HashMap<String, std::collections::HashMap<String, Arc<str>>>>,
-    /// Distinct client settings seen at login (bounded), shared by equal clients.
-    param_sets: Mutex<Vec<crate::params::ClientParams>>,
+    /// Server defaults and client settings learned for logins (see `Learned`).
+    pub learned: Learned,
     pub stats: PoolStats,
     /// Generations of prepared statements (see `prepared::Generations`).
     pub stmt_gens: ArcSwap<crate::prepared::Generations>,
@@ -217,9 +213,7 @@ impl Pool {
             inner: Mutex::new(Inner::default()),
             db_limit,
             user_limit,
-            defaults: Mutex::new(None),
-            canonical: Mutex::new(Default::default()),
-            param_sets: Mutex::new(Vec::new()),
+            learned: Learned::default(),
             stats: PoolStats::default(),
             stmt_gens: ArcSwap::from_pointee(Default::default()),
             schema_epoch: Default::default(),
@@ -244,8 +238,7 @@ impl Pool {
         let new = self.settings.load();
         let moved = old.target.addr != new.target.addr || old.target.database != new.target.database;
         if moved {
-            *self.defaults.lock() = None;
-            self.canonical.lock().clear();
+            self.learned.forget();
         }
         if moved || old.target.tls.mode != new.target.tls.mode {
             let idle = std::mem::take(&mut self.inner.lock().idle);
@@ -259,30 +252,6 @@ impl Pool {
     pub fn counts(&self) -> PoolCounts {
         let i = self.inner.lock();
         PoolCounts { idle: i.idle.len(), total: i.total, waiting: i.waiters.len(), connecting: i.connecting }
-    }
-
-    pub fn defaults(&self) -> Option<Arc<ParamList>> {
-        self.defaults.lock().clone()
-    }
-
-    pub fn canonical(&self, name: &str, value: &str) -> Option<Arc<str>> {
-        self.canonical.lock().get(name)?.get(value).cloned()
-    }
-
-    /// Makes `p` share the list of an earlier client's equal settings, so the check on
-    /// every checkout (does the server carry them?) is a pointer comparison.
-    pub fn intern_params(&self, p: &mut crate::params::ClientParams) {
-        let mut known = self.param_sets.lock();
-        if !known.iter().any(|k| p.share(k)) && known.len() < 64 {
-            known.push(p.clone());
-        }
-    }
-
-    pub fn learn_canonical(&self, name: &str, value: &str, canonical: &str) {
-        let mut c = self.canonical.lock();
-        if c.values().map(|v| v.len()).sum::<usize>() < 10_000 {
-            c.entry(name.to_string()).or_default().insert(value.to_string(), canonical.into());
-        }
     }
 
     /// Lends a server connection: an idle one, a new one if the pool has room, or the
@@ -445,7 +414,7 @@ impl Pool {
             }
         }
         if let Ok(s) = &r {
-            self.defaults.lock().get_or_insert_with(|| Arc::new(s.reported.clone()));
+            self.learned.set_defaults(&s.reported);
         }
         r
     }

@@ -1,7 +1,7 @@
 //! All pools by (database, server user), created on first login and updated or
 //! closed on reload, plus the shared per-database and per-user connection limits.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -22,7 +22,9 @@ pub struct PoolKey {
 
 #[derive(Debug)]
 pub struct Pools {
-    map: Mutex<HashMap<PoolKey, Arc<Pool>>>,
+    /// database → server user → pool (two levels: a login looks a pool up by the
+    /// names it has, without building a key).
+    map: Mutex<HashMap<String, HashMap<String, Arc<Pool>>>>,
     db_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     user_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     server_ids: Arc<std::sync::atomic::AtomicU64>,
@@ -58,12 +60,14 @@ impl Pools {
     /// None when the database is not configured.
     pub fn get(&self, cfg: &Config, users: &UserStore, db: &str, user: &str) -> Option<Arc<Pool>> {
         // Every login comes here: find an existing pool before building its settings.
-        if let Some(p) = self.map.lock().get(&pool_key(cfg, users, db, user)?) {
+        let server_user = server_user(cfg, users, db, user)?;
+        if let Some(p) = self.map.lock().get(db).and_then(|m| m.get(server_user)) {
             return Some(p.clone());
         }
         let (key, settings) = settings_for(cfg, users, &self.server_tls.load_full(), db, user)?;
         let mut map = self.map.lock();
-        if let Some(p) = map.get(&key) {
+        let users_of_db = map.entry(key.database.clone()).or_default();
+        if let Some(p) = users_of_db.get(&key.user) {
             return Some(p.clone());
         }
         let db_limit = self.limit(&self.db_limits, db, db_max(cfg, db));
@@ -72,7 +76,7 @@ impl Pools {
         if self.is_paused(db) {
             pool.pause();
         }
-        map.insert(key, pool.clone());
+        users_of_db.insert(key.user, pool.clone());
         Some(pool)
     }
 
@@ -171,7 +175,7 @@ impl Pools {
     }
 
     pub fn all(&self) -> Vec<Arc<Pool>> {
-        let mut v: Vec<_> = self.map.lock().values().cloned().collect();
+        let mut v: Vec<_> = self.map.lock().values().flat_map(|m| m.values().cloned()).collect();
         v.sort_by(|a, b| a.key.cmp(&b.key));
         v
     }
@@ -191,19 +195,23 @@ impl Pools {
     pub fn reload(&self, cfg: &Config, users: &UserStore) {
         let tls = self.server_tls.load_full();
         let mut map = self.map.lock();
-        map.retain(|key, pool| {
-            let client_user = cfg.databases.get(&key.database).and_then(|d| d.user.clone()).unwrap_or(key.user.clone());
-            match settings_for(cfg, users, &tls, &key.database, &client_user) {
-                Some((k, s)) if k == *key => {
-                    pool.update(s);
-                    true
+        for pools in map.values_mut() {
+            pools.retain(|_, pool| {
+                let key = &pool.key;
+                let client_user = cfg.databases.get(&key.database).and_then(|d| d.user.as_ref()).unwrap_or(&key.user);
+                match settings_for(cfg, users, &tls, &key.database, client_user) {
+                    Some((k, s)) if k == *key => {
+                        pool.update(s);
+                        true
+                    }
+                    _ => {
+                        pool.close();
+                        false
+                    }
                 }
-                _ => {
-                    pool.close();
-                    false
-                }
-            }
-        });
+            });
+        }
+        map.retain(|_, pools| !pools.is_empty());
         for (name, l) in self.db_limits.lock().iter() {
             l.set_max(db_max(cfg, name));
         }
@@ -224,15 +232,16 @@ fn user_max(cfg: &Config, user: &str) -> usize {
 /// The pool a client of `db_name` logged in as `client_user` belongs to: the
 /// database's forced server user, else the client's own (which must be configured).
 fn pool_key(cfg: &Config, users: &UserStore, db_name: &str, client_user: &str) -> Option<PoolKey> {
-    let db = cfg.databases.get(db_name)?;
-    let user = match &db.user {
-        Some(forced) => forced.clone(),
-        None => {
-            users.get(client_user)?;
-            client_user.to_string()
-        }
-    };
+    let user = server_user(cfg, users, db_name, client_user)?.to_string();
     Some(PoolKey { database: db_name.to_string(), user })
+}
+
+/// The user a client of `db_name` logged in as `client_user` reaches the server as.
+fn server_user<'a>(cfg: &'a Config, users: &UserStore, db_name: &str, client_user: &'a str) -> Option<&'a str> {
+    match &cfg.databases.get(db_name)?.user {
+        Some(forced) => Some(forced),
+        None => users.get(client_user).map(|_| client_user),
+    }
 }
 
 /// The pool key and settings for a client of `db_name` logged in as `client_user`.

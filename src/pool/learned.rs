@@ -1,0 +1,156 @@
+//! What a pool learns from its servers about clients' session settings, so logins in
+//! transaction and statement mode need no server: the server defaults (ParameterStatus
+//! of a fresh connection), the server's spelling of setting values clients sent, the
+//! distinct settings lists seen (shared, so the check on each checkout is a pointer
+//! comparison), and the finished login reply for each distinct startup packet.
+
+use foldhash::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use super::ParamList;
+use crate::params::ClientParams;
+
+/// How many distinct settings lists (and login replies) a pool keeps.
+const MAX_SETS: usize = 64;
+/// How many learned value spellings a pool keeps.
+const MAX_SPELLINGS: usize = 10_000;
+
+#[derive(Debug, Default)]
+pub struct Learned {
+    /// ParameterStatus values of a fresh server connection: what clients are told at
+    /// login before any server is lent to them.
+    defaults: Mutex<Option<Arc<ParamList>>>,
+    /// Server spellings of client-supplied setting values already proven valid:
+    /// name → the client's value → the server's spelling of it.
+    canonical: Mutex<HashMap<String, HashMap<String, Arc<str>>>>,
+    /// Distinct client settings seen at login (bounded), shared by equal clients.
+    param_sets: Mutex<Vec<ClientParams>>,
+    /// Login replies already worked out, by the settings the client asked for.
+    replies: Mutex<Vec<Remembered>>,
+}
+
+/// What a client is told at login and the settings its session keeps.
+#[derive(Debug, Clone)]
+pub struct LoginReply {
+    /// The settings asked for less those equal to a server default, interned.
+    pub kept: ClientParams,
+    /// The ParameterStatus messages of the login reply.
+    pub status: Bytes,
+}
+
+#[derive(Debug)]
+struct Remembered {
+    /// The defaults the reply was worked out from: it is used only while they are
+    /// still the pool's.
+    defaults: Arc<ParamList>,
+    asked: ClientParams,
+    reply: LoginReply,
+}
+
+impl Learned {
+    pub fn defaults(&self) -> Option<Arc<ParamList>> {
+        self.defaults.lock().clone()
+    }
+
+    /// Records the parameters of a fresh server connection, unless some are known.
+    pub fn set_defaults(&self, reported: &ParamList) {
+        self.defaults.lock().get_or_insert_with(|| Arc::new(reported.clone()));
+    }
+
+    /// The pool now reaches another server or database: nothing learned holds.
+    pub fn forget(&self) {
+        *self.defaults.lock() = None;
+        self.canonical.lock().clear();
+        self.replies.lock().clear();
+    }
+
+    pub fn canonical(&self, name: &str, value: &str) -> Option<Arc<str>> {
+        self.canonical.lock().get(name)?.get(value).cloned()
+    }
+
+    pub fn learn_canonical(&self, name: &str, value: &str, canonical: &str) {
+        let mut c = self.canonical.lock();
+        if c.values().map(|v| v.len()).sum::<usize>() < MAX_SPELLINGS {
+            c.entry(name.to_string()).or_default().insert(value.to_string(), canonical.into());
+        }
+    }
+
+    /// Makes `p` share the list of an earlier client's equal settings, so the check on
+    /// every checkout (does the server carry them?) is a pointer comparison.
+    pub fn intern(&self, p: &mut ClientParams) {
+        let mut known = self.param_sets.lock();
+        if !known.iter().any(|k| p.share(k)) && known.len() < MAX_SETS {
+            known.push(p.clone());
+        }
+    }
+
+    /// The login reply for a client asking for `asked`, if one was worked out from
+    /// the current defaults.
+    pub fn reply(&self, asked: &ClientParams) -> Option<LoginReply> {
+        let defaults = self.defaults()?;
+        let replies = self.replies.lock();
+        let r = replies.iter().find(|r| Arc::ptr_eq(&r.defaults, &defaults) && r.asked.same(asked))?;
+        Some(r.reply.clone())
+    }
+
+    /// Keeps a login reply worked out from `defaults` (bounded; stale ones are replaced).
+    pub fn remember_reply(&self, defaults: Arc<ParamList>, asked: ClientParams, reply: &LoginReply) {
+        if !self.defaults().is_some_and(|d| Arc::ptr_eq(&d, &defaults)) {
+            return;
+        }
+        let mut replies = self.replies.lock();
+        replies.retain(|r| Arc::ptr_eq(&r.defaults, &defaults));
+        if replies.len() < MAX_SETS && !replies.iter().any(|r| r.asked.same(&asked)) {
+            replies.push(Remembered { defaults, asked, reply: reply.clone() });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(list: &[(&str, &str)]) -> ClientParams {
+        ClientParams::new(list.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+    }
+
+    fn reply(kept: &ClientParams, status: &'static [u8]) -> LoginReply {
+        LoginReply { kept: kept.clone(), status: Bytes::from_static(status) }
+    }
+
+    #[test]
+    fn replies_hold_only_for_the_defaults_they_came_from() {
+        let l = Learned::default();
+        let asked = params(&[("application_name", "a")]);
+        assert!(l.reply(&asked).is_none(), "no defaults yet");
+        l.set_defaults(&vec![("TimeZone".into(), "UTC".into())]);
+        let d = l.defaults().unwrap();
+        l.remember_reply(d.clone(), asked.clone(), &reply(&asked, b"S"));
+        assert_eq!(l.reply(&asked).unwrap().status, Bytes::from_static(b"S"));
+        assert!(l.reply(&params(&[("application_name", "b")])).is_none());
+        // Defaults learned again (another server): the old reply is not used.
+        l.forget();
+        l.set_defaults(&vec![("TimeZone".into(), "UTC".into())]);
+        assert!(l.reply(&asked).is_none());
+        assert!(l.canonical("timezone", "utc").is_none());
+        // A reply worked out from defaults replaced meanwhile is not kept, and does
+        // not displace current ones.
+        let now = l.defaults().unwrap();
+        l.remember_reply(now, asked.clone(), &reply(&asked, b"T"));
+        l.remember_reply(d, asked.clone(), &reply(&asked, b""));
+        assert_eq!(l.reply(&asked).unwrap().status, Bytes::from_static(b"T"));
+    }
+
+    #[test]
+    fn equal_settings_share_one_list() {
+        let l = Learned::default();
+        let mut a = params(&[("search_path", "s")]);
+        let mut b = params(&[("search_path", "s")]);
+        l.intern(&mut a);
+        l.intern(&mut b);
+        assert!(a.is_shared_with(&b));
+    }
+}
