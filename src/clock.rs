@@ -25,7 +25,12 @@ impl CoarseInstant {
     }
 
     pub fn elapsed(&self) -> Duration {
-        CoarseInstant::now().0.saturating_sub(self.0)
+        CoarseInstant::now().since(*self)
+    }
+
+    /// The time from `earlier` to this instant; zero if `earlier` is later.
+    pub fn since(&self, earlier: CoarseInstant) -> Duration {
+        self.0.saturating_sub(earlier.0)
     }
 }
 

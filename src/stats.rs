@@ -238,8 +238,13 @@ impl ClientInfo {
     }
 
     pub fn set_state(&self, s: ClientState) {
+        self.set_state_at(s, crate::clock::coarse_wall_us());
+    }
+
+    /// `set_state` with the time (µs since the epoch) already read.
+    pub fn set_state_at(&self, s: ClientState, now_us: u64) {
         self.state.store(s as u8, Relaxed);
-        self.request_time_us.store(crate::clock::coarse_wall_us(), Relaxed);
+        self.request_time_us.store(now_us, Relaxed);
     }
 
     /// Asks the session to end (admin KILL).
@@ -307,9 +312,14 @@ impl ServerInfo {
     }
 
     pub fn set_state(&self, s: ServerState, client_id: u64) {
+        self.set_state_at(s, client_id, crate::clock::coarse_wall_us());
+    }
+
+    /// `set_state` with the time (µs since the epoch) already read.
+    pub fn set_state_at(&self, s: ServerState, client_id: u64, now_us: u64) {
         self.state.store(s as u8, Relaxed);
         self.client_id.store(client_id, Relaxed);
-        self.request_time_us.store(crate::clock::coarse_wall_us(), Relaxed);
+        self.request_time_us.store(now_us, Relaxed);
     }
 }
 

@@ -167,7 +167,8 @@ impl Session {
     /// Gets a server for the client's transaction and makes it carry the client's
     /// settings. The client's EOF while waiting ends the wait.
     async fn link(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
-        self.info.set_state(ClientState::Waiting);
+        let asked_us = crate::clock::coarse_wall_us();
+        self.info.set_state_at(ClientState::Waiting, asked_us);
         tracing::debug!(client = self.info.id, counts = ?self.pool.counts(), "waiting for a server");
         let mut since = None;
         let mut server = loop {
@@ -203,9 +204,11 @@ impl Session {
         }
         self.pool.stats.waited(since.map_or(Duration::ZERO, |s| s.elapsed()));
         self.key.slot.set(Some(target(&server)));
-        server.info.set_state(ServerState::Active, self.info.id);
+        // A connection taken at once (`since` unset) starts in the tick the wait did.
+        let now_us = if since.is_some() { crate::clock::coarse_wall_us() } else { asked_us };
+        server.info.set_state_at(ServerState::Active, self.info.id, now_us);
         self.info.server_id.store(server.id, Relaxed);
-        self.info.set_state(ClientState::Active);
+        self.info.set_state_at(ClientState::Active, now_us);
         tracing::debug!(client = self.info.id, server = server.id, "linked");
         self.track.reset();
         self.server = Some(server);
@@ -220,9 +223,8 @@ impl Session {
         self.key.slot.set(None);
         self.info.server_id.store(0, Relaxed);
         self.info.set_state(ClientState::Idle);
-        let settings = self.pool.settings();
-        if settings.reset_query_always
-            && !settings.reset_query.is_empty()
+        if self.pool.resets_always()
+            && let settings = self.pool.settings()
             && Box::pin(server.exec(&settings.reset_query)).await.is_ok()
         {
             server.applied = Some(ClientParams::default());

@@ -423,11 +423,12 @@ impl Pool {
     /// stack; anything else is closed.
     pub fn checkin(&self, mut s: Box<ServerConn>) {
         let settings = self.settings.load();
-        let expired = settings.lifetime.is_some_and(|l| s.created.elapsed() >= l);
+        let now = crate::clock::CoarseInstant::now();
+        let expired = settings.lifetime.is_some_and(|l| now.since(s.created) >= l);
         if !s.is_clean() || expired || s.addr != settings.target.addr || self.marked(&s) || self.is_paused() {
             return self.discard(s);
         }
-        s.last_used = crate::clock::CoarseInstant::now();
+        s.last_used = now;
         s.info.set_state(ServerState::Idle, 0);
         let mut inner = self.inner.lock();
         if inner.closed {
@@ -616,6 +617,13 @@ impl Pool {
     pub fn is_unused(&self) -> bool {
         let i = self.inner.lock();
         i.total == 0 && i.waiters.is_empty()
+    }
+
+    /// Whether `server_reset_query_always` applies: a reset query is set and runs
+    /// after every transaction, not only when a session ends.
+    pub fn resets_always(&self) -> bool {
+        let s = self.settings.load();
+        s.reset_query_always && !s.reset_query.is_empty()
     }
 
     pub fn needs_check(&self, s: &ServerConn) -> bool {
