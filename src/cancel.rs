@@ -3,10 +3,9 @@
 //! that client's query. A CancelRequest is forwarded to that server only.
 
 use std::collections::hash_map::Entry;
-
-use foldhash::HashMap;
 use std::sync::Arc;
 
+use foldhash::HashMap;
 use parking_lot::Mutex;
 
 use crate::server::ServerAddr;

@@ -199,7 +199,6 @@ pub struct ClientInfo {
 }
 
 impl ClientInfo {
-    #[allow(clippy::too_many_arguments)]
     pub fn new(id: u64, user: &str, database: &str, peer: &crate::net::listener::Peer, tls: bool) -> Self {
         let now = now_us();
         ClientInfo {

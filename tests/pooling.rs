@@ -137,19 +137,24 @@ async fn parameters_are_isolated_between_clients() {
 /// In transaction mode a login is answered from what the pool learned: the reply for
 /// one set of startup settings is worked out once (through a server, which checks the
 /// values) and reused, and every client still hears its own values in the server's
-/// spelling and runs with them.
+/// spelling and runs with them. Known settings need no server at login.
 #[test]
 fn login_replies_are_reused_per_settings() {
     let pg = PgCluster::start();
     let s = Sluice::builder(&pg)
         .general("auth_type", "\"trust\"")
         .general("pool_mode", "\"transaction\"")
+        .general("query_wait_timeout", "1")
         .database("app", &[("pool_size", "1")])
         .start();
-    let login = |tz: &str, app: &str| {
+    let start = |key: &str, tz: &str, app: &str| {
         let mut r = Raw::open(s.port);
-        let params = [("user", "u_trust"), ("database", "app"), ("TimeZone", tz), ("application_name", app)];
+        let params = [("user", "u_trust"), ("database", "app"), (key, tz), ("application_name", app)];
         r.send(&startup(&params, 3 << 16));
+        r
+    };
+    let login = |key: &str, tz: &str, app: &str| {
+        let mut r = start(key, tz, app);
         let reported: BTreeMap<String, String> = r
             .until_ready()
             .iter()
@@ -161,12 +166,21 @@ fn login_replies_are_reused_per_settings() {
             .collect();
         (r, reported)
     };
-    let (mut a, first) = login("asia/tokyo", "same");
-    let (mut b, again) = login("asia/tokyo", "same");
+    let (mut a, first) = login("TimeZone", "asia/tokyo", "same");
     assert_eq!(first["TimeZone"], "Asia/Tokyo", "the server's spelling: {first:?}");
     assert_eq!(first["application_name"], "same");
-    assert_eq!(first, again, "equal settings, equal reply");
-    let (mut c, other) = login("UTC", "other");
+    // The only server is busy: a login with known settings is answered anyway, one
+    // with new settings waits for a server to check them, and runs out of time.
+    a.send(&query("begin"));
+    a.until_ready();
+    let (mut b, again) = login("timezone", "asia/tokyo", "same");
+    assert_eq!(first, again, "equal settings (names in any case), equal reply");
+    let mut waits = start("TimeZone", "Europe/Paris", "new");
+    let refused = std::iter::from_fn(|| waits.recv()).find(|(tag, _)| *tag == b'E').expect("an error");
+    assert_eq!(common::raw::sqlstate(&refused.1), "57014");
+    a.send(&query("commit"));
+    a.until_ready();
+    let (mut c, other) = login("TimeZone", "UTC", "other");
     assert_eq!(other["TimeZone"], "UTC");
     assert_eq!(other["application_name"], "other");
     assert_eq!(other.keys().collect::<Vec<_>>(), first.keys().collect::<Vec<_>>());

@@ -340,6 +340,10 @@ async fn work_out_reply(pool: &Arc<Pool>, asked: ClientParams) -> Result<LoginRe
     }
     learned.intern(&mut kept);
     let reply = LoginReply { kept, status: status.freeze() };
-    learned.remember_reply(defaults, asked, &reply);
+    // Kept only when every value's spelling is known now: not after a reload moved the
+    // pool meanwhile (spellings forgotten), nor past the cap on spellings.
+    if asked.iter().all(|(k, v)| learned.canonical(k, v).is_some()) {
+        learned.remember_reply(defaults, asked, &reply);
+    }
     Ok(reply)
 }

@@ -171,6 +171,9 @@ impl Session {
         self.info.set_state_at(ClientState::Waiting, asked_us);
         tracing::debug!(client = self.info.id, counts = ?self.pool.counts(), "waiting for a server");
         let mut since = None;
+        // Whether anything took time between the request and the link (a server check
+        // or a SET), so the link's time must be read again.
+        let mut round_trips = false;
         let mut server = loop {
             let server = {
                 let checkout = self.pool.checkout_since(&mut since);
@@ -187,25 +190,30 @@ impl Session {
                 }
             };
             let mut server = server.map_err(pool_failure)?;
-            if self.pool.needs_check(&server) && Box::pin(server.exec("")).await.is_err() {
-                self.pool.discard(server);
-                continue;
+            if self.pool.needs_check(&server) {
+                round_trips = true;
+                if Box::pin(server.exec("")).await.is_err() {
+                    self.pool.discard(server);
+                    continue;
+                }
             }
             break server;
         };
         // Boxed: rarely needed (settings differ), and large enough to double the
         // size of every client task if kept inline.
-        if !server.carries(&self.params)
-            && let Err(e) = Box::pin(server.apply_params(&self.params)).await
-        {
-            let exit = Exit::fatal(e.sqlstate(), format!("cannot apply session settings: {e}"));
-            self.pool.checkin(server);
-            return Err(exit);
+        if !server.carries(&self.params) {
+            round_trips = true;
+            if let Err(e) = Box::pin(server.apply_params(&self.params)).await {
+                let exit = Exit::fatal(e.sqlstate(), format!("cannot apply session settings: {e}"));
+                self.pool.checkin(server);
+                return Err(exit);
+            }
         }
         self.pool.stats.waited(since.map_or(Duration::ZERO, |s| s.elapsed()));
         self.key.slot.set(Some(target(&server)));
-        // A connection taken at once (`since` unset) starts in the tick the wait did.
-        let now_us = if since.is_some() { crate::clock::coarse_wall_us() } else { asked_us };
+        // A connection taken at once (`since` unset) and used as it was starts in the
+        // tick the request did.
+        let now_us = if since.is_some() || round_trips { crate::clock::coarse_wall_us() } else { asked_us };
         server.info.set_state_at(ServerState::Active, self.info.id, now_us);
         self.info.server_id.store(server.id, Relaxed);
         self.info.set_state_at(ClientState::Active, now_us);

@@ -2,12 +2,12 @@
 //! transaction and statement mode need no server: the server defaults (ParameterStatus
 //! of a fresh connection), the server's spelling of setting values clients sent, the
 //! distinct settings lists seen (shared, so the check on each checkout is a pointer
-//! comparison), and the finished login reply for each distinct startup packet.
+//! comparison), and the finished login reply for each distinct set of startup settings.
 
-use foldhash::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use foldhash::HashMap;
 use parking_lot::Mutex;
 
 use super::ParamList;
@@ -55,9 +55,14 @@ impl Learned {
         self.defaults.lock().clone()
     }
 
-    /// Records the parameters of a fresh server connection, unless some are known.
+    /// Records the parameters of a fresh server connection. Other values than those
+    /// known (a restarted or upgraded server) replace them, which retires the login
+    /// replies worked out from the old ones.
     pub fn set_defaults(&self, reported: &ParamList) {
-        self.defaults.lock().get_or_insert_with(|| Arc::new(reported.clone()));
+        let mut defaults = self.defaults.lock();
+        if defaults.as_deref() != Some(reported) {
+            *defaults = Some(Arc::new(reported.clone()));
+        }
     }
 
     /// The pool now reaches another server or database: nothing learned holds.
@@ -131,7 +136,13 @@ mod tests {
         l.remember_reply(d.clone(), asked.clone(), &reply(&asked, b"S"));
         assert_eq!(l.reply(&asked).unwrap().status, Bytes::from_static(b"S"));
         assert!(l.reply(&params(&[("application_name", "b")])).is_none());
-        // Defaults learned again (another server): the old reply is not used.
+        // The same defaults reported again keep the reply; other ones retire it.
+        l.set_defaults(&vec![("TimeZone".into(), "UTC".into())]);
+        assert!(l.reply(&asked).is_some());
+        l.set_defaults(&vec![("TimeZone".into(), "Europe/Paris".into())]);
+        assert!(l.reply(&asked).is_none());
+        l.remember_reply(l.defaults().unwrap(), asked.clone(), &reply(&asked, b"S"));
+        // Forgotten (the pool moved to another server): the old reply is not used.
         l.forget();
         l.set_defaults(&vec![("TimeZone".into(), "UTC".into())]);
         assert!(l.reply(&asked).is_none());
