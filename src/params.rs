@@ -23,10 +23,17 @@ pub const NOT_SETTINGS: &[&str] = &["user", "database", "options", "replication"
 /// on every checkout. The list is shared: clones are cheap, and clients of a pool with
 /// the same settings share one list (`Learned::intern`), so the comparison on
 /// checkout is usually a pointer comparison.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClientParams {
     list: Arc<Vec<(String, String)>>,
     hash: u64,
+}
+
+/// No settings, hashed like any other list: `same` holds between two empty lists.
+impl Default for ClientParams {
+    fn default() -> Self {
+        ClientParams::new(Vec::new())
+    }
 }
 
 impl ClientParams {
@@ -170,6 +177,14 @@ mod tests {
              pg_catalog.set_config(E'timezone', E'UTC', false);RESET \"search_path\";"
         );
         assert_eq!(ClientParams::default().diff_sql(&ClientParams::default()), None);
+    }
+
+    #[test]
+    fn empty_lists_are_the_same_however_made() {
+        assert!(ClientParams::default().same(&p(&[])));
+        let mut a = p(&[("timezone", "UTC")]);
+        a.remove("timezone");
+        assert!(a.same(&ClientParams::default()));
     }
 
     #[test]

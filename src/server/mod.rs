@@ -184,8 +184,9 @@ impl ServerConn {
         if let Some(sql) = sql {
             self.applied = None;
             self.exec(&sql).await?;
-            self.applied = Some(want.clone());
         }
+        // Even when nothing differed: from now on the check is a pointer comparison.
+        self.applied = Some(want.clone());
         Ok(())
     }
 
