@@ -57,10 +57,14 @@ impl From<ReadError> for AuthFailure {
 pub struct Proven {
     /// The ClientKey recovered from a SCRAM proof (for SCRAM pass-through).
     pub client_key: Option<[u8; 32]>,
+    /// Messages the login reply must start with (SCRAM's SASLFinal): not sent here, so
+    /// the whole reply leaves in one write.
+    pub greeting: BytesMut,
 }
 
-/// Runs the authentication exchange. Does not send AuthenticationOk: the caller
-/// batches it with the rest of the login reply. `cert_name` is the common name of the
+/// Runs the authentication exchange. Sends neither SCRAM's last message nor
+/// AuthenticationOk: the caller batches them (`Proven::greeting`) with the rest of the
+/// login reply. `cert_name` is the common name of the
 /// client's verified TLS certificate, if it presented one.
 pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
@@ -87,11 +91,11 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
             let secret = user.and_then(|u| u.scram_secret()).cloned();
             let known = secret.is_some();
             let secret = secret.unwrap_or_else(|| ScramSecret::mock(name, mock_key));
-            let key = scram_exchange(stream, buf, name, secret).await?;
+            let (key, greeting) = scram_exchange(stream, buf, name, secret).await?;
             if !known {
                 return Err(AuthFailure::BadPassword(name.to_string()));
             }
-            Ok(Proven { client_key: Some(key) })
+            Ok(Proven { client_key: Some(key), greeting })
         }
     }
 }
@@ -117,12 +121,14 @@ async fn md5_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// The SCRAM exchange up to the client's proof; gives the ClientKey and the server's
+/// final message (unsent).
 async fn scram_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
     name: &str,
     secret: ScramSecret,
-) -> Result<[u8; 32], AuthFailure> {
+) -> Result<([u8; 32], BytesMut), AuthFailure> {
     let mut out = BytesMut::new();
     build::auth_sasl(&mut out, &[scram::SCRAM_SHA_256]);
     crate::net::send(stream, &out).await?;
@@ -147,8 +153,7 @@ async fn scram_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     let (last, client_key) = server.handle_client_final(body(&frame)).map_err(|e| scram_failure(e, name))?;
     out.clear();
     build::auth_sasl_final(&mut out, &last);
-    crate::net::send(stream, &out).await?;
-    Ok(client_key)
+    Ok((client_key, out))
 }
 
 fn scram_failure(e: ScramError, name: &str) -> AuthFailure {

@@ -62,7 +62,7 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
         ));
     }
     let users = app.users.load_full();
-    prove(app, conn, &cfg, user, database).await?;
+    let greeting = prove(app, conn, &cfg, user, database).await?;
     let pool = app.pools.get(&cfg, &users, database, user).ok_or_else(|| {
         Exit::fatal(sqlstate::INVALID_AUTHORIZATION, format!("no server login configured for user \"{user}\""))
     })?;
@@ -70,8 +70,8 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
     let info = Arc::new(ClientInfo::new(app.client_id(), user, database, &conn.peer, conn.stream.is_tls()));
     *info.application_name.lock() = params.get("application_name").unwrap_or_default().to_string();
     let session = match pool.settings().mode {
-        PoolMode::Session => start_session_mode(app, conn, pool, params, info.clone()).await?,
-        mode => start_pooled(app, conn, pool, params, mode, info.clone()).await?,
+        PoolMode::Session => start_session_mode(app, conn, greeting, pool, params, info.clone()).await?,
+        mode => start_pooled(app, conn, greeting, pool, params, mode, info.clone()).await?,
     };
     app.client_infos.insert(info.id, info);
     if cfg.general.log_connections {
@@ -80,8 +80,15 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
     Ok(LoggedIn::Pool(Box::new(session)))
 }
 
-/// Authenticates the client as `user` per `auth_type`.
-async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, database: &str) -> Result<(), Exit> {
+/// Authenticates the client as `user` per `auth_type`; gives what the login reply
+/// starts with (see `Proven::greeting`).
+async fn prove(
+    app: &Arc<App>,
+    conn: &mut ClientConn,
+    cfg: &Config,
+    user: &str,
+    database: &str,
+) -> Result<BytesMut, Exit> {
     let users = app.users.load_full();
     let auth_user = users.get(user).cloned();
     let cert_name = tls::peer_common_name(&conn.stream);
@@ -110,7 +117,7 @@ async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, 
     if let (Some(key), Some(u)) = (proven.client_key, &auth_user) {
         u.server.learn_client_key(key);
     }
-    Ok(())
+    Ok(proven.greeting)
 }
 
 /// Login to the admin console: the usual authentication, then `admin_users` or
@@ -123,7 +130,7 @@ async fn admin_login(
     database: &str,
     msg: &StartupMessage,
 ) -> Result<AdminSession, Exit> {
-    prove(app, conn, cfg, user, database).await?;
+    let mut out = prove(app, conn, cfg, user, database).await?;
     let Some(role) = admin::role_of(cfg, user) else {
         warn!(peer = %conn.peer, user, "admin console login refused: not in admin_users or stats_users");
         return Err(Exit::fatal(
@@ -132,7 +139,6 @@ async fn admin_login(
         ));
     };
     let app_name = msg.get("application_name").unwrap_or_default();
-    let mut out = BytesMut::new();
     build::auth_ok(&mut out);
     let version = format!("{}/sluice", env!("CARGO_PKG_VERSION"));
     for (k, v) in [
@@ -261,10 +267,11 @@ async fn apply_or_fail(
 }
 
 /// Session mode: the client gets a server for its whole life, and sees that server's
-/// own parameters and cancel key.
+/// own parameters and cancel key. `out` holds what the reply starts with (`prove`).
 async fn start_session_mode(
     app: &Arc<App>,
     conn: &mut ClientConn,
+    mut out: BytesMut,
     pool: Arc<Pool>,
     params: ClientParams,
     info: Arc<ClientInfo>,
@@ -272,7 +279,6 @@ async fn start_session_mode(
     let server = pool.checkout().await.map_err(pool_failure)?;
     let server = apply_or_fail(&pool, server, &params).await?;
     let key = app.cancel.register_key(server.pid, server.secret);
-    let mut out = BytesMut::new();
     build::auth_ok(&mut out);
     for (k, v) in &server.reported {
         build::parameter_status(&mut out, k.as_bytes(), v.as_bytes());
@@ -285,10 +291,12 @@ async fn start_session_mode(
 
 /// Transaction and statement mode: the client is told the server defaults overlaid
 /// with its own settings in the server's spelling. Worked out once per distinct set
-/// of settings and kept by the pool (`Learned::reply`).
+/// of settings and kept by the pool (`Learned::reply`). `out` holds what the reply
+/// starts with (`prove`).
 async fn start_pooled(
     app: &Arc<App>,
     conn: &mut ClientConn,
+    mut out: BytesMut,
     pool: Arc<Pool>,
     params: ClientParams,
     mode: PoolMode,
@@ -298,7 +306,7 @@ async fn start_pooled(
         Some(r) => r,
         None => work_out_reply(&pool, params).await?,
     };
-    let mut out = BytesMut::with_capacity(reply.status.len() + 64);
+    out.reserve(reply.status.len() + 64);
     build::auth_ok(&mut out);
     out.extend_from_slice(&reply.status);
     let key = app.cancel.register();
