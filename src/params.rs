@@ -68,11 +68,6 @@ impl ClientParams {
         Some(&self.list[i].1)
     }
 
-    /// The setting `name` (any case) as (its lowercase name, value), without allocating.
-    pub fn get_ignore_case(&self, name: &str) -> Option<(&str, &str)> {
-        self.list.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(k, v)| (k.as_str(), v.as_str()))
-    }
-
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()
     }

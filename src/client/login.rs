@@ -334,23 +334,27 @@ async fn work_out_reply(pool: &Arc<Pool>, asked: ClientParams) -> Result<LoginRe
         defaults = learned.defaults();
     }
     let defaults = defaults.unwrap_or_default();
+    // Each value's server spelling, looked up once for the reply and for keeping it.
+    let spelled: Vec<(&str, &str, Option<Arc<str>>)> =
+        asked.iter().map(|(k, v)| (k, v, learned.canonical(k, v))).collect();
     let mut kept = asked.clone();
-    for (k, v) in asked.iter() {
-        let canon = learned.canonical(k, v);
+    for (k, _, canon) in &spelled {
         if defaults.iter().any(|(dk, dv)| dk.eq_ignore_ascii_case(k) && canon.as_deref() == Some(dv.as_str())) {
             kept.remove(k);
         }
     }
     let mut status = BytesMut::with_capacity(512);
     for (k, v) in defaults.iter() {
-        let mine = asked.get_ignore_case(k).and_then(|(lk, cv)| learned.canonical(lk, cv));
-        build::parameter_status(&mut status, k.as_bytes(), mine.as_deref().unwrap_or(v).as_bytes());
+        // The client's own value, in the server's spelling when known (not past the
+        // cap on spellings, not after a reload moved the pool meanwhile).
+        let mine = spelled.iter().find(|(lk, ..)| lk.eq_ignore_ascii_case(k));
+        let value = mine.map_or(v.as_str(), |(_, cv, canon)| canon.as_deref().unwrap_or(cv));
+        build::parameter_status(&mut status, k.as_bytes(), value.as_bytes());
     }
     learned.intern(&mut kept);
     let reply = LoginReply { kept, status: status.freeze() };
-    // Kept only when every value's spelling is known now: not after a reload moved the
-    // pool meanwhile (spellings forgotten), nor past the cap on spellings.
-    if asked.iter().all(|(k, v)| learned.canonical(k, v).is_some()) {
+    // Kept only when every spelling was known.
+    if spelled.iter().all(|(.., canon)| canon.is_some()) {
         learned.remember_reply(defaults, asked, &reply);
     }
     Ok(reply)

@@ -413,7 +413,11 @@ impl Pool {
                 self.stats.server_connect_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         }
-        if let Ok(s) = &r {
+        // Not from a connection opened before a reload moved the pool: its server is
+        // no longer the pool's.
+        if let Ok(s) = &r
+            && Arc::ptr_eq(&settings, &self.settings.load())
+        {
             self.learned.set_defaults(&s.reported);
         }
         r
