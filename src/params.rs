@@ -29,10 +29,12 @@ pub struct ClientParams {
     hash: u64,
 }
 
-/// No settings, hashed like any other list: `same` holds between two empty lists.
+/// No settings: one shared empty list, hashed like any other, so `same` holds between
+/// empty lists however made and making one allocates nothing.
 impl Default for ClientParams {
     fn default() -> Self {
-        ClientParams::new(Vec::new())
+        static EMPTY: std::sync::LazyLock<ClientParams> = std::sync::LazyLock::new(|| ClientParams::new(Vec::new()));
+        EMPTY.clone()
     }
 }
 
@@ -177,6 +179,7 @@ mod tests {
     #[test]
     fn empty_lists_are_the_same_however_made() {
         assert!(ClientParams::default().same(&p(&[])));
+        assert!(ClientParams::default().is_shared_with(&ClientParams::default()));
         let mut a = p(&[("timezone", "UTC")]);
         a.remove("timezone");
         assert!(a.same(&ClientParams::default()));

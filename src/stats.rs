@@ -219,14 +219,6 @@ impl ClientInfo {
         }
     }
 
-    /// The client's address and port as SHOW CLIENTS lists them ("unix", 0 for a Unix socket).
-    pub fn addr_port(&self) -> (String, u16) {
-        match &self.peer {
-            crate::net::listener::Peer::Tcp(a) => (a.ip().to_string(), a.port()),
-            crate::net::listener::Peer::Unix => ("unix".to_string(), 0),
-        }
-    }
-
     pub fn state(&self) -> ClientState {
         match self.state.load(Relaxed) {
             1 => ClientState::Idle,

@@ -193,6 +193,28 @@ fn login_replies_are_reused_per_settings() {
     }
 }
 
+/// `server_reset_query_always`: the reset query runs after every transaction in
+/// transaction mode (a temporary table does not outlive it); without it, the server
+/// keeps such state until a session ends.
+#[test]
+fn reset_query_always_runs_after_each_transaction() {
+    let pg = PgCluster::start();
+    for always in [true, false] {
+        let s = Sluice::builder(&pg)
+            .general("auth_type", "\"trust\"")
+            .general("pool_mode", "\"transaction\"")
+            .general("server_reset_query_always", &always.to_string())
+            .database("app", &[("pool_size", "1")])
+            .start();
+        let mut r = Raw::login(s.port, "u_trust", "app");
+        r.send(&query("create temp table t_reset (x int)"));
+        r.until_ready();
+        r.send(&query("select to_regclass('pg_temp.t_reset') is null"));
+        let gone = first_value(&r.until_ready());
+        assert_eq!(gone, if always { "t" } else { "f" }, "server_reset_query_always = {always}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_startup_setting_is_refused_like_postgres() {
     let pg = PgCluster::start();

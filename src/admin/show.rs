@@ -250,7 +250,7 @@ fn clients(app: &App) -> Table {
             if state == ClientState::Waiting { now.saturating_sub(c.request_time_us.load(Relaxed)) } else { 0 };
         let server = c.server_id.load(Relaxed);
         let app_name = c.application_name.lock().clone();
-        let (addr, port) = c.addr_port();
+        let (addr, port) = c.peer.addr_port();
         t.push(vec![
             text("C"),
             text(&c.user),

@@ -231,8 +231,7 @@ impl Session {
         self.key.slot.set(None);
         self.info.server_id.store(0, Relaxed);
         self.info.set_state(ClientState::Idle);
-        if self.pool.resets_always()
-            && let settings = self.pool.settings()
+        if let Some(settings) = self.pool.reset_always()
             && Box::pin(server.exec(&settings.reset_query)).await.is_ok()
         {
             server.applied = Some(ClientParams::default());

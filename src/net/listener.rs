@@ -15,6 +15,16 @@ pub enum Peer {
     Unix,
 }
 
+impl Peer {
+    /// Address and port as the admin console lists them ("unix", 0 for a Unix socket).
+    pub fn addr_port(&self) -> (String, u16) {
+        match self {
+            Peer::Tcp(a) => (a.ip().to_string(), a.port()),
+            Peer::Unix => ("unix".to_string(), 0),
+        }
+    }
+}
+
 impl std::fmt::Display for Peer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

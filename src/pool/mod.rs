@@ -623,11 +623,12 @@ impl Pool {
         i.total == 0 && i.waiters.is_empty()
     }
 
-    /// Whether `server_reset_query_always` applies: a reset query is set and runs
-    /// after every transaction, not only when a session ends.
-    pub fn resets_always(&self) -> bool {
+    /// The settings, when `server_reset_query_always` applies (a reset query is set and
+    /// runs after every transaction, not only when a session ends); one cheap load
+    /// otherwise, as on nearly every release.
+    pub fn reset_always(&self) -> Option<Arc<PoolSettings>> {
         let s = self.settings.load();
-        s.reset_query_always && !s.reset_query.is_empty()
+        (s.reset_query_always && !s.reset_query.is_empty()).then(|| arc_swap::Guard::into_inner(s))
     }
 
     pub fn needs_check(&self, s: &ServerConn) -> bool {

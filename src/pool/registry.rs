@@ -1,10 +1,10 @@
 //! All pools by (database, server user), created on first login and updated or
 //! closed on reload, plus the shared per-database and per-user connection limits.
 
-use foldhash::HashMap;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
+use foldhash::HashMap;
 use parking_lot::Mutex;
 
 use super::{ConnLimit, Pool, PoolSettings};
