@@ -234,8 +234,7 @@ impl Session {
         if let Some(settings) = self.pool.reset_always()
             && Box::pin(server.exec(&settings.reset_query)).await.is_ok()
         {
-            server.applied = Some(ClientParams::default());
-            server.prepared.clear();
+            server.was_reset();
         }
         self.pool.checkin(server);
     }
@@ -264,10 +263,7 @@ impl Session {
         let reset = self.mode == PoolMode::Session || settings.reset_query_always;
         if reset && !settings.reset_query.is_empty() {
             match tokio::time::timeout(step, server.exec(&settings.reset_query)).await {
-                Ok(Ok(())) => {
-                    server.applied = Some(ClientParams::default());
-                    server.prepared.clear();
-                }
+                Ok(Ok(())) => server.was_reset(),
                 _ => return self.pool.discard(server),
             }
         }

@@ -190,6 +190,13 @@ impl ServerConn {
         Ok(())
     }
 
+    /// The reset query ran: the connection carries no client settings and no prepared
+    /// statements.
+    pub fn was_reset(&mut self) {
+        self.applied = Some(ClientParams::default());
+        self.prepared.clear();
+    }
+
     /// Whether the connection is idle at the protocol level with no transaction open.
     pub fn is_clean(&self) -> bool {
         !self.broken && self.tx == TxStatus::Idle && self.buf.is_empty()
