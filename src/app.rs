@@ -206,7 +206,7 @@ pub fn bind(cfg: &Config) -> Result<Vec<Listener>, AppError> {
     let g = &cfg.general;
     let mut out = Vec::new();
     for ip in &cfg.listen {
-        let l = Listener::tcp(*ip, g.listen_port)
+        let l = Listener::tcp(*ip, g.listen_port, g.tcp_keepalive)
             .map_err(|source| AppError::Listen { what: format!("{ip} port {}", g.listen_port), source })?;
         out.push(l);
     }
@@ -326,11 +326,12 @@ async fn signals(app: Arc<App>) {
     }
 }
 
-async fn accept_loop(app: Arc<App>, listener: Listener) {
+async fn accept_loop(app: Arc<App>, mut listener: Listener) {
     let mut phase = app.phase();
     loop {
+        let keepalive = app.config.load().general.tcp_keepalive;
         let accepted = tokio::select! {
-            r = listener.accept() => r,
+            r = listener.accept(keepalive) => r,
             _ = phase.wait_for(|p| *p != Phase::Running) => return,
         };
         match accepted {

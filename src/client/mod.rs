@@ -20,7 +20,7 @@ use tracing::{debug, info};
 use crate::app::{App, ClientGuard};
 use crate::config::secs;
 use crate::net::Stream;
-use crate::net::listener::{Peer, set_keepalive};
+use crate::net::listener::Peer;
 use crate::protocol::build::{self, Severity};
 use crate::protocol::sqlstate;
 
@@ -78,9 +78,6 @@ impl Exit {
 
 /// Serves one client connection from accept to close.
 pub async fn serve(app: Arc<App>, stream: Stream, peer: Peer, _guard: ClientGuard) {
-    if app.config.load().general.tcp_keepalive {
-        set_keepalive(&stream);
-    }
     let mut conn = ClientConn { stream, buf: BytesMut::with_capacity(1024), peer };
     let login_timeout = secs(app.config.load().general.client_login_timeout);
     // Boxed: the login (TLS handshake, SCRAM) is the largest state of a client task and

@@ -35,12 +35,30 @@ impl std::fmt::Display for Peer {
 }
 
 pub enum Listener {
-    Tcp(TcpListener),
+    Tcp(TcpListener, TcpOptions),
     Unix(UnixListener, PathBuf),
 }
 
+/// Where the options of an accepted TCP connection come from. Linux copies
+/// `TCP_NODELAY`, `SO_KEEPALIVE` and `TCP_KEEPIDLE` from the listening socket to each
+/// connection it accepts, so they are set once on the listener instead of with three
+/// system calls per connection; elsewhere they are set on each connection.
+#[derive(Debug)]
+pub struct TcpOptions {
+    /// Whether keepalive is on on the listening socket (Linux) now.
+    keepalive: bool,
+}
+
+/// Accepted connections inherit the listening socket's options (see `TcpOptions`).
+const INHERITS_OPTIONS: bool = cfg!(target_os = "linux");
+
+/// Idle time before the first keepalive probe on client connections.
+const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Listener {
-    pub fn tcp(ip: IpAddr, port: u16) -> std::io::Result<Self> {
+    /// Binds a TCP listener; accepted connections get `TCP_NODELAY`, and keepalive as
+    /// `keepalive` says (changed later through `accept`).
+    pub fn tcp(ip: IpAddr, port: u16, keepalive: bool) -> std::io::Result<Self> {
         let addr = SocketAddr::new(ip, port);
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(addr),
@@ -52,9 +70,13 @@ impl Listener {
             socket.set_only_v6(true)?;
         }
         socket.set_nonblocking(true)?;
+        if INHERITS_OPTIONS {
+            socket.set_nodelay(true)?;
+            set_keepalive(socket2::SockRef::from(&socket), keepalive);
+        }
         socket.bind(&addr.into())?;
         socket.listen(4096)?;
-        Ok(Listener::Tcp(TcpListener::from_std(socket.into())?))
+        Ok(Listener::Tcp(TcpListener::from_std(socket.into())?, TcpOptions { keepalive }))
     }
 
     /// Binds `<dir>/.s.PGSQL.<port>`, replacing a stale socket file left by a crash.
@@ -75,11 +97,21 @@ impl Listener {
         Ok(Listener::Unix(l, path))
     }
 
-    pub async fn accept(&self) -> std::io::Result<(Stream, Peer)> {
+    /// Accepts a connection, with TCP keepalive on it as `keepalive` says (the
+    /// `tcp_keepalive` setting, read by the caller per accept so a reload applies).
+    pub async fn accept(&mut self, keepalive: bool) -> std::io::Result<(Stream, Peer)> {
         match self {
-            Listener::Tcp(l) => {
+            Listener::Tcp(l, opts) => {
+                if INHERITS_OPTIONS && opts.keepalive != keepalive {
+                    // Applies to connections whose handshake completes from now on.
+                    set_keepalive(socket2::SockRef::from(&*l), keepalive);
+                    opts.keepalive = keepalive;
+                }
                 let (s, addr) = l.accept().await?;
-                let _ = s.set_nodelay(true);
+                if !INHERITS_OPTIONS {
+                    let _ = s.set_nodelay(true);
+                    set_keepalive(socket2::SockRef::from(&s), keepalive);
+                }
                 Ok((Stream::Tcp(s), Peer::Tcp(addr)))
             }
             Listener::Unix(l, _) => {
@@ -91,7 +123,7 @@ impl Listener {
 
     pub fn describe(&self) -> String {
         match self {
-            Listener::Tcp(l) => l.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            Listener::Tcp(l, _) => l.local_addr().map(|a| a.to_string()).unwrap_or_default(),
             Listener::Unix(_, p) => p.display().to_string(),
         }
     }
@@ -105,11 +137,43 @@ impl Drop for Listener {
     }
 }
 
-/// Enables TCP keepalive on a connected socket (best effort).
-pub fn set_keepalive(stream: &Stream) {
-    if let Stream::Tcp(s) = stream {
+/// Turns TCP keepalive on (first probe after `KEEPALIVE_IDLE`) or off on a socket
+/// (best effort).
+fn set_keepalive(sock: socket2::SockRef<'_>, on: bool) {
+    let _ = if on {
+        sock.set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(KEEPALIVE_IDLE))
+    } else {
+        sock.set_keepalive(false)
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Accepts one connection made after `accept` starts; gives its socket options
+    /// (nodelay, keepalive, idle time before the first probe when on).
+    async fn accept_one(l: &mut Listener, keepalive: bool) -> (bool, bool, Option<std::time::Duration>) {
+        let Listener::Tcp(tcp, _) = &*l else { panic!("not TCP") };
+        let addr = tcp.local_addr().unwrap();
+        let (accepted, client) = tokio::join!(l.accept(keepalive), tokio::net::TcpStream::connect(addr));
+        let _client = client.unwrap();
+        let (stream, peer) = accepted.unwrap();
+        assert!(matches!(peer, Peer::Tcp(_)));
+        let Stream::Tcp(s) = &stream else { panic!("not a TCP stream") };
         let sock = socket2::SockRef::from(s);
-        let ka = socket2::TcpKeepalive::new().with_time(std::time::Duration::from_secs(60));
-        let _ = sock.set_tcp_keepalive(&ka);
+        let on = sock.keepalive().unwrap();
+        (sock.nodelay().unwrap(), on, on.then(|| sock.keepalive_time().unwrap()))
+    }
+
+    #[tokio::test]
+    async fn accepted_connections_get_nodelay_and_keepalive_as_configured() {
+        let mut l = Listener::tcp("127.0.0.1".parse().unwrap(), 0, true).unwrap();
+        assert_eq!(accept_one(&mut l, true).await, (true, true, Some(KEEPALIVE_IDLE)));
+        // tcp_keepalive turned off by a reload, then on again.
+        assert_eq!(accept_one(&mut l, false).await, (true, false, None));
+        assert_eq!(accept_one(&mut l, true).await, (true, true, Some(KEEPALIVE_IDLE)));
+        let mut off = Listener::tcp("127.0.0.1".parse().unwrap(), 0, false).unwrap();
+        assert_eq!(accept_one(&mut off, false).await, (true, false, None));
     }
 }
