@@ -238,12 +238,12 @@ async fn start_tls(conn: &mut ClientConn, config: Arc<ServerConfig>, how: Negoti
 /// The session settings a client asked for in its startup packet.
 fn client_params(msg: &StartupMessage) -> Result<ClientParams, Exit> {
     let mut list = Vec::new();
-    for (k, v) in &msg.params {
+    for (k, v) in msg.params() {
         if k == "options" {
             let opts = startup::parse_options(v).map_err(|e| Exit::fatal(sqlstate::PROTOCOL_VIOLATION, e))?;
             list.extend(opts);
-        } else if !NOT_SETTINGS.contains(&k.as_str()) && !k.starts_with("_pq_.") {
-            list.push((k.clone(), v.clone()));
+        } else if !NOT_SETTINGS.contains(&k) && !k.starts_with("_pq_.") {
+            list.push((k.to_string(), v.to_string()));
         }
     }
     Ok(ClientParams::new(list))

@@ -51,6 +51,10 @@ impl Session {
         interrupt: &mut Interrupt<'_, '_>,
     ) -> Result<(), Exit> {
         self.forward_client(conn, splice).await?;
+        // Room kept for the client's next read: small (most requests are), bigger once
+        // a read fills it (COPY FROM STDIN, large Bind): no reallocation for the usual
+        // short exchange, few reads for a long stream.
+        let mut client_chunk = 1024;
         loop {
             if self.mode != PoolMode::Session && self.releasable() {
                 self.release().await;
@@ -61,8 +65,9 @@ impl Session {
             }
             self.check_phase()?;
             let server = self.server.as_mut().expect("relay without a server");
-            reserve(&mut conn.buf, 4096);
+            reserve(&mut conn.buf, client_chunk);
             reserve(&mut server.buf, 16 * 1024);
+            let client_room = conn.buf.capacity() - conn.buf.len();
             let t = &self.track;
             let query_deadline = self.timeouts.query.zip(t.busy_since).map(|(d, s)| s + d).filter(|_| t.pending > 0);
             let idle_in_tx = t.pending == 0 && t.tx.is_some_and(|s| s != TxStatus::Idle);
@@ -72,7 +77,12 @@ impl Session {
                 biased;
                 r = conn.stream.read_buf(&mut conn.buf) => match r {
                     Ok(0) | Err(_) => return Err(Exit::Closed),
-                    Ok(_) => self.forward_client(conn, splice).await?,
+                    Ok(n) => {
+                        if n >= client_room {
+                            client_chunk = 8 * 1024;
+                        }
+                        self.forward_client(conn, splice).await?
+                    }
                 },
                 r = server.stream.read_buf(&mut server.buf) => match r {
                     Ok(0) | Err(_) => {

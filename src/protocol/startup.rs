@@ -1,7 +1,9 @@
 //! The untagged packets a client sends first: StartupMessage, SSLRequest,
 //! GSSENCRequest and CancelRequest.
 
-use super::{ProtocolError, read_cstr};
+use std::ops::Range;
+
+use super::ProtocolError;
 
 /// The longest startup packet accepted (PostgreSQL uses the same limit).
 pub const MAX_STARTUP_LEN: usize = 10_000;
@@ -20,21 +22,40 @@ pub enum StartupPacket {
     Startup(StartupMessage),
 }
 
-/// A StartupMessage: the requested protocol minor version and the parameters.
-#[derive(Debug, PartialEq, Eq, Clone)]
+/// A StartupMessage: the requested protocol minor version and the parameters, kept as
+/// the packet's text with the offsets of each name and value (one allocation for all
+/// of them, not two per parameter: a new connection's first work).
+#[derive(PartialEq, Eq, Clone)]
 pub struct StartupMessage {
     pub minor: u16,
-    pub params: Vec<(String, String)>,
+    /// The parameter area: each name and value ended by a NUL.
+    text: Box<str>,
+    /// Where each name and its value are in `text`.
+    spans: Vec<(Range<usize>, Range<usize>)>,
 }
 
 impl StartupMessage {
+    /// The parameters in the order the client sent them.
+    pub fn params(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.spans.iter().map(|(k, v)| (&self.text[k.clone()], &self.text[v.clone()]))
+    }
+
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.params().find(|(k, _)| *k == name).map(|(_, v)| v)
     }
 
     /// Protocol options (`_pq_.*`) the client asked for; Sluice supports none.
     pub fn protocol_options(&self) -> impl Iterator<Item = &str> {
-        self.params.iter().filter(|(k, _)| k.starts_with("_pq_.")).map(|(k, _)| k.as_str())
+        self.params().filter(|(k, _)| k.starts_with("_pq_.")).map(|(k, _)| k)
+    }
+}
+
+impl std::fmt::Debug for StartupMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StartupMessage")
+            .field("minor", &self.minor)
+            .field("params", &self.params().collect::<Vec<_>>())
+            .finish()
     }
 }
 
@@ -67,27 +88,33 @@ pub fn parse(body: &[u8]) -> Result<StartupPacket, ProtocolError> {
             if major != 3 {
                 return Err(ProtocolError::UnsupportedVersion { major, minor });
             }
-            Ok(StartupPacket::Startup(StartupMessage { minor, params: parse_params(rest)? }))
+            let (text, spans) = parse_params(rest)?;
+            Ok(StartupPacket::Startup(StartupMessage { minor, text: text.into(), spans }))
         }
     }
 }
 
-fn parse_params(mut buf: &[u8]) -> Result<Vec<(String, String)>, ProtocolError> {
-    let bad = ProtocolError::Malformed("StartupMessage");
-    let mut params = Vec::new();
+/// Splits the parameter area: name, NUL, value, NUL, ..., and an empty name ending it.
+/// All of it must be UTF-8 (NUL cannot occur inside a multi-byte character, so the
+/// whole area is checked at once).
+#[allow(clippy::type_complexity)]
+fn parse_params(buf: &[u8]) -> Result<(&str, Vec<(Range<usize>, Range<usize>)>), ProtocolError> {
+    let bad = || ProtocolError::Malformed("StartupMessage");
+    let text = std::str::from_utf8(buf).map_err(|_| bad())?;
+    let until_nul = |from: usize| memchr::memchr(0, &buf[from..]).map(|i| from + i).ok_or_else(bad);
+    let mut spans = Vec::new();
+    let mut pos = 0;
     loop {
-        let (name, rest) = read_cstr(buf).ok_or_else(|| bad.clone())?;
-        if name.is_empty() {
-            if !rest.is_empty() {
-                return Err(bad);
+        let name_end = until_nul(pos)?;
+        if name_end == pos {
+            if name_end + 1 != text.len() {
+                return Err(bad());
             }
-            return Ok(params);
+            return Ok((text, spans));
         }
-        let (value, rest) = read_cstr(rest).ok_or_else(|| bad.clone())?;
-        let name = String::from_utf8(name.to_vec()).map_err(|_| bad.clone())?;
-        let value = String::from_utf8(value.to_vec()).map_err(|_| bad.clone())?;
-        params.push((name, value));
-        buf = rest;
+        let value_end = until_nul(name_end + 1)?;
+        spans.push((pos..name_end, name_end + 1..value_end));
+        pos = value_end + 1;
     }
 }
 
@@ -158,6 +185,14 @@ mod tests {
         assert_eq!(m.get("user"), Some("bob"));
         assert_eq!(m.get("database"), Some("db"));
         assert_eq!(m.get("nope"), None);
+        assert_eq!(m.params().collect::<Vec<_>>(), vec![("user", "bob"), ("database", "db")]);
+        let StartupPacket::Startup(m) = parse(&packet(PROTOCOL_3_0, b"\0")).unwrap() else { panic!() };
+        assert_eq!(m.params().count(), 0);
+        // An empty value is a value; the first of a repeated name is the one `get` sees.
+        let StartupPacket::Startup(m) = parse(&packet(PROTOCOL_3_0, b"a\0\0a\0x\0\0")).unwrap() else { panic!() };
+        assert_eq!(m.params().collect::<Vec<_>>(), vec![("a", ""), ("a", "x")]);
+        assert_eq!(m.get("a"), Some(""));
+        assert_eq!(format!("{m:?}"), r#"StartupMessage { minor: 0, params: [("a", ""), ("a", "x")] }"#);
     }
 
     #[test]
@@ -174,6 +209,9 @@ mod tests {
         assert!(parse(&packet(2 << 16, b"\0")).is_err());
         assert!(parse(&packet(PROTOCOL_3_0, b"user\0bob")).is_err());
         assert!(parse(&packet(PROTOCOL_3_0, b"user\0bob\0\0extra")).is_err());
+        assert!(parse(&packet(PROTOCOL_3_0, b"")).is_err());
+        assert!(parse(&packet(PROTOCOL_3_0, b"user\0b\xffb\0\0")).is_err());
+        assert!(parse(&packet(PROTOCOL_3_0, b"us\xc3\0b\0\0")).is_err());
         assert!(parse(b"\0\0").is_err());
         assert!(check_length(7).is_err());
         assert!(check_length(10_001).is_err());
