@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 use rustls::ServerConfig;
+use tokio::io::AsyncReadExt;
 use tracing::{info, warn};
 
 use super::session::{Session, pool_failure};
@@ -16,7 +17,7 @@ use crate::app::{App, Phase};
 use crate::auth::client::{AuthFailure, authenticate};
 use crate::config::{Config, PoolMode, secs};
 use crate::net::listener::Peer;
-use crate::net::{ReadError, read_startup};
+use crate::net::{ReadError, Stream, read_startup};
 use crate::params::{ClientParams, NOT_SETTINGS, is_reported};
 use crate::pool::{LoginReply, Pool};
 use crate::protocol::startup::{self, StartupMessage, StartupPacket};
@@ -218,21 +219,23 @@ async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessa
 }
 
 /// PostgreSQL 17 clients with `sslnegotiation=direct` start with a TLS ClientHello
-/// instead of SSLRequest: peeked at (not read) when client TLS is on.
+/// instead of SSLRequest. When client TLS is on, the connection's first read (which
+/// usually brings the whole startup packet) tells which: no byte is peeked at first.
 async fn direct_tls(conn: &mut ClientConn, tls: &ClientTls) -> Result<(), Exit> {
-    let (Some(config), Some(tcp)) = (tls.config(), conn.stream.tcp()) else {
+    let Some(config) = tls.config().filter(|_| matches!(conn.stream, Stream::Tcp(_))) else {
         return Ok(());
     };
-    let mut first = [0u8; 1];
-    match tcp.peek(&mut first).await {
-        Ok(0) | Err(_) => Err(Exit::Closed),
-        Ok(_) if first[0] == tls::TLS_HANDSHAKE_RECORD => start_tls(conn, config.clone(), Negotiation::Direct).await,
-        Ok(_) => Ok(()),
+    if conn.buf.is_empty() && !matches!(conn.stream.read_buf(&mut conn.buf).await, Ok(1..)) {
+        return Err(Exit::Closed);
     }
+    if conn.buf[0] == tls::TLS_HANDSHAKE_RECORD {
+        start_tls(conn, config.clone(), Negotiation::Direct).await?;
+    }
+    Ok(())
 }
 
 async fn start_tls(conn: &mut ClientConn, config: Arc<ServerConfig>, how: Negotiation) -> Result<(), Exit> {
-    tls::accept(&mut conn.stream, config, how).await.map_err(|e| Exit::Tls(e.to_string()))
+    tls::accept(&mut conn.stream, config, how, &mut conn.buf).await.map_err(|e| Exit::Tls(e.to_string()))
 }
 
 /// The session settings a client asked for in its startup packet.

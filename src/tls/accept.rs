@@ -4,9 +4,14 @@
 
 use std::sync::Arc;
 
+use std::io;
+
+use bytes::{Buf, BytesMut};
 use rustls::ServerConfig;
-use rustls::server::{Acceptor, ClientHello};
-use tokio_rustls::LazyConfigAcceptor;
+use rustls::server::{Accepted, Acceptor, ClientHello};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::StartHandshake;
 
 use super::{ALPN_POSTGRESQL, common_name};
 use crate::net::Stream;
@@ -36,17 +41,56 @@ pub enum AcceptError {
 }
 
 /// Runs the server side of the handshake on `stream` (plain TCP) and replaces it with
-/// the TLS stream. On failure the stream is left `Closed`: nothing more can be said
-/// to a client whose handshake failed.
-pub async fn accept(stream: &mut Stream, config: Arc<ServerConfig>, how: Negotiation) -> Result<(), AcceptError> {
-    let tcp = stream.take_tcp().ok_or(AcceptError::NotTcp)?;
-    let start = LazyConfigAcceptor::new(Acceptor::default(), tcp).await.map_err(AcceptError::Handshake)?;
-    if how == Negotiation::Direct && !offers_postgresql(&start.client_hello()) {
+/// the TLS stream. `buf` holds what was already read from the client (a direct TLS
+/// client's first bytes: the connection's first read tells a ClientHello from a
+/// startup packet, so no byte is peeked at first); it is consumed. On failure the
+/// stream is left `Closed`: nothing more can be said to a client whose handshake failed.
+pub async fn accept(
+    stream: &mut Stream,
+    config: Arc<ServerConfig>,
+    how: Negotiation,
+    buf: &mut BytesMut,
+) -> Result<(), AcceptError> {
+    let mut tcp = stream.take_tcp().ok_or(AcceptError::NotTcp)?;
+    let accepted = read_client_hello(&mut tcp, buf).await?;
+    if how == Negotiation::Direct && !offers_postgresql(&accepted.client_hello()) {
         return Err(AcceptError::NoAlpn);
     }
-    let tls = start.into_stream(config).await.map_err(AcceptError::Handshake)?;
+    let tls = StartHandshake::from_parts(accepted, tcp).into_stream(config).await.map_err(AcceptError::Handshake)?;
     *stream = Stream::TlsAccepted(Box::new(tls));
     Ok(())
+}
+
+/// Feeds rustls what `buf` holds, then what the socket brings, until the whole
+/// ClientHello is in. A ClientHello rustls refuses is answered with its alert.
+async fn read_client_hello(tcp: &mut TcpStream, buf: &mut BytesMut) -> Result<Accepted, AcceptError> {
+    let handshake = |kind: io::ErrorKind, what: &str| AcceptError::Handshake(io::Error::new(kind, what.to_string()));
+    let mut acceptor = Acceptor::default();
+    loop {
+        while !buf.is_empty() {
+            let n = acceptor.read_tls(&mut &buf[..]).map_err(AcceptError::Handshake)?;
+            if n == 0 {
+                return Err(handshake(io::ErrorKind::InvalidData, "TLS record too large"));
+            }
+            buf.advance(n);
+        }
+        match acceptor.accept() {
+            Ok(Some(accepted)) => return Ok(accepted),
+            Ok(None) => {}
+            Err((e, mut alert)) => {
+                let mut out = Vec::new();
+                let _ = alert.write_all(&mut out);
+                let _ = tcp.write_all(&out).await;
+                return Err(AcceptError::Handshake(io::Error::new(io::ErrorKind::InvalidData, e)));
+            }
+        }
+        if tcp.read_buf(buf).await.map_err(AcceptError::Handshake)? == 0 {
+            return Err(handshake(
+                io::ErrorKind::UnexpectedEof,
+                "the client closed the connection during the TLS handshake",
+            ));
+        }
+    }
 }
 
 fn offers_postgresql(hello: &ClientHello<'_>) -> bool {

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use bytes::BytesMut;
 use rcgen::{CertificateParams, DnType, Issuer, KeyPair};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -228,7 +229,7 @@ async fn send_leaves_nothing_inside_rustls() {
         tcp.write_all(b"S").await.unwrap();
         let mut stream = Stream::Tcp(tcp);
         let config = client_side.config().unwrap().clone();
-        accept(&mut stream, config, Negotiation::SslRequest).await.unwrap();
+        accept(&mut stream, config, Negotiation::SslRequest, &mut BytesMut::new()).await.unwrap();
         stream.send(&big).await.unwrap();
         let Stream::TlsAccepted(tls) = &stream else { panic!("not TLS") };
         let pending = tls.get_ref().1.wants_write();
@@ -252,4 +253,50 @@ async fn send_leaves_nothing_inside_rustls() {
     assert!(got == expected);
     done_tx.send(()).unwrap();
     assert!(!writer.await.unwrap(), "send returned with TLS data still inside rustls");
+}
+
+/// Direct TLS: the connection's first read may hold part of the ClientHello (here just
+/// its record header); the handshake takes it from there and reads the rest.
+#[tokio::test]
+async fn direct_tls_continues_from_bytes_already_read() {
+    let pki = Pki::new();
+    pki.leaf("good", &["localhost"], "localhost", false);
+    let cfg = config(
+        pki.dir.path(),
+        "client_tls_sslmode = \"require\"\nclient_tls_cert_file = \"good.crt\"\nclient_tls_key_file = \"good.key\"",
+    );
+    let (client_side, _) = load(&cfg).unwrap();
+    let config = client_side.config().unwrap().clone();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        let (mut tcp, _) = listener.accept().await.unwrap();
+        let mut header = [0u8; 5];
+        tcp.read_exact(&mut header).await.unwrap();
+        assert_eq!(header[0], TLS_HANDSHAKE_RECORD);
+        let mut buf = BytesMut::from(&header[..]);
+        let mut stream = Stream::Tcp(tcp);
+        accept(&mut stream, config, Negotiation::Direct, &mut buf).await.unwrap();
+        assert!(buf.is_empty(), "the bytes read before the handshake were consumed");
+        let mut got = [0u8; 4];
+        stream.read_exact(&mut got).await.unwrap();
+        stream.send(b"pong").await.unwrap();
+        got
+    });
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add_parsable_certificates(files::certs(&pki.path("ca.crt")).unwrap());
+    let mut client = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    client.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(client)).connect(name, tcp).await.unwrap();
+    tls.write_all(b"ping").await.unwrap();
+    let mut answer = [0u8; 4];
+    tls.read_exact(&mut answer).await.unwrap();
+    assert_eq!(&answer, b"pong");
+    assert_eq!(&server.await.unwrap(), b"ping");
 }
