@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use rustls::ServerConfig;
 use tokio::io::AsyncReadExt;
 use tracing::{info, warn};
@@ -19,7 +19,7 @@ use crate::config::{Config, PoolMode, secs};
 use crate::net::listener::Peer;
 use crate::net::{ReadError, Stream, read_startup};
 use crate::params::{ClientParams, NOT_SETTINGS, is_reported};
-use crate::pool::{LoginReply, Pool};
+use crate::pool::{LoginReply, ParamList, Pool};
 use crate::protocol::startup::{self, StartupMessage, StartupPacket};
 use crate::protocol::{TxStatus, build, sqlstate};
 use crate::server::ServerConn;
@@ -338,27 +338,70 @@ async fn work_out_reply(pool: &Arc<Pool>, asked: ClientParams) -> Result<LoginRe
     }
     let defaults = defaults.unwrap_or_default();
     // Each value's server spelling, looked up once for the reply and for keeping it.
-    let spelled: Vec<(&str, &str, Option<Arc<str>>)> =
-        asked.iter().map(|(k, v)| (k, v, learned.canonical(k, v))).collect();
+    let spelled: Vec<Spelled<'_>> = asked.iter().map(|(k, v)| (k, v, learned.canonical(k, v))).collect();
     let mut kept = asked.clone();
     for (k, _, canon) in &spelled {
         if defaults.iter().any(|(dk, dv)| dk.eq_ignore_ascii_case(k) && canon.as_deref() == Some(dv.as_str())) {
             kept.remove(k);
         }
     }
-    let mut status = BytesMut::with_capacity(512);
-    for (k, v) in defaults.iter() {
-        // The client's own value, in the server's spelling when known (not past the
-        // cap on spellings, not after a reload moved the pool meanwhile).
-        let mine = spelled.iter().find(|(lk, ..)| lk.eq_ignore_ascii_case(k));
-        let value = mine.map_or(v.as_str(), |(_, cv, canon)| canon.as_deref().unwrap_or(cv));
-        build::parameter_status(&mut status, k.as_bytes(), value.as_bytes());
-    }
     learned.intern(&mut kept);
-    let reply = LoginReply { kept, status: status.freeze() };
+    let reply = LoginReply { kept, status: reply_status(&defaults, &spelled) };
     // Kept only when every spelling was known.
     if spelled.iter().all(|(.., canon)| canon.is_some()) {
         learned.remember_reply(defaults, asked, &reply);
     }
     Ok(reply)
+}
+
+/// A client's setting as asked for: name, value as sent, and the server's spelling of
+/// the value when known.
+type Spelled<'a> = (&'a str, &'a str, Option<Arc<str>>);
+
+/// The ParameterStatus block of a login reply: each server default, or the client's own
+/// value for it in the server's spelling when known. A value without a known spelling
+/// (past the pool's cap on spellings, or a reload moved the pool meanwhile) is
+/// announced as the client sent it.
+fn reply_status(defaults: &ParamList, spelled: &[Spelled<'_>]) -> Bytes {
+    let mut status = BytesMut::with_capacity(512);
+    for (k, v) in defaults.iter() {
+        let mine = spelled.iter().find(|(lk, ..)| lk.eq_ignore_ascii_case(k));
+        let value = mine.map_or(v.as_str(), |(_, cv, canon)| canon.as_deref().unwrap_or(cv));
+        build::parameter_status(&mut status, k.as_bytes(), value.as_bytes());
+    }
+    status.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::fields::parameter_status;
+    use crate::protocol::{Header, body};
+
+    fn statuses(mut b: &[u8]) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        while let Some(h) = Header::peek(b).unwrap() {
+            let (k, v) = parameter_status(body(&b[..h.frame_len])).unwrap();
+            out.push((String::from_utf8_lossy(k).into_owned(), String::from_utf8_lossy(v).into_owned()));
+            b = &b[h.frame_len..];
+        }
+        out
+    }
+
+    #[test]
+    fn login_status_spells_known_values_and_announces_others_as_sent() {
+        let defaults: ParamList = vec![
+            ("TimeZone".into(), "UTC".into()),
+            ("application_name".into(), "".into()),
+            ("DateStyle".into(), "ISO, MDY".into()),
+        ];
+        let spelled: Vec<Spelled<'_>> = vec![
+            ("timezone", "asia/tokyo", Some("Asia/Tokyo".into())),
+            // Past the cap on spellings: none known, the value goes out as sent.
+            ("application_name", "app 10001", None),
+        ];
+        let got = statuses(&reply_status(&defaults, &spelled));
+        let want = [("TimeZone", "Asia/Tokyo"), ("application_name", "app 10001"), ("DateStyle", "ISO, MDY")];
+        assert_eq!(got, want.map(|(k, v)| (k.to_string(), v.to_string())));
+    }
 }

@@ -156,6 +156,19 @@ mod tests {
     }
 
     #[test]
+    fn spellings_stop_at_the_cap() {
+        let l = Learned::default();
+        for i in 0..MAX_SPELLINGS {
+            l.learn_canonical("application_name", &format!("app {i}"), &format!("app {i}"));
+        }
+        assert_eq!(l.canonical("application_name", "app 0").as_deref(), Some("app 0"));
+        l.learn_canonical("timezone", "utc", "UTC");
+        l.learn_canonical("application_name", "one more", "one more");
+        assert!(l.canonical("timezone", "utc").is_none(), "past the cap nothing is learned");
+        assert!(l.canonical("application_name", "one more").is_none());
+    }
+
+    #[test]
     fn equal_settings_share_one_list() {
         let l = Learned::default();
         let mut a = params(&[("search_path", "s")]);
