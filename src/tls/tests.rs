@@ -201,6 +201,19 @@ async fn a_server_without_tls() {
     assert_eq!(r.unwrap_err(), "received invalid response to SSL negotiation: 'E'");
 }
 
+/// Client TLS required with a "localhost" certificate from `pki`, plus `more` settings:
+/// the loaded client and server sides.
+fn localhost_tls(pki: &Pki, more: &str) -> (ClientTls, ServerTls) {
+    pki.leaf("good", &["localhost"], "localhost", false);
+    let cfg = config(
+        pki.dir.path(),
+        &format!(
+            "client_tls_sslmode = \"require\"\nclient_tls_cert_file = \"good.crt\"\nclient_tls_key_file = \"good.key\"\n{more}"
+        ),
+    );
+    load(&cfg).unwrap()
+}
+
 /// A writer faster than its reader: when `Stream::send` returns, nothing may be left
 /// inside rustls. tokio-rustls keeps the tail of a write there when the socket is full
 /// (write_all alone would return with it), and nothing would send it until the next
@@ -208,13 +221,7 @@ async fn a_server_without_tls() {
 #[tokio::test]
 async fn send_leaves_nothing_inside_rustls() {
     let pki = Pki::new();
-    pki.leaf("good", &["localhost"], "localhost", false);
-    let cfg = config(
-        pki.dir.path(),
-        "client_tls_sslmode = \"require\"\nclient_tls_cert_file = \"good.crt\"\nclient_tls_key_file = \"good.key\"\n\
-         server_tls_sslmode = \"require\"",
-    );
-    let (client_side, server_side) = load(&cfg).unwrap();
+    let (client_side, server_side) = localhost_tls(&pki, "server_tls_sslmode = \"require\"");
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let big: Vec<u8> = (0..4u32 << 20).map(|i| (i % 251) as u8).collect();
@@ -260,12 +267,7 @@ async fn send_leaves_nothing_inside_rustls() {
 #[tokio::test]
 async fn direct_tls_continues_from_bytes_already_read() {
     let pki = Pki::new();
-    pki.leaf("good", &["localhost"], "localhost", false);
-    let cfg = config(
-        pki.dir.path(),
-        "client_tls_sslmode = \"require\"\nclient_tls_cert_file = \"good.crt\"\nclient_tls_key_file = \"good.key\"",
-    );
-    let (client_side, _) = load(&cfg).unwrap();
+    let (client_side, _) = localhost_tls(&pki, "");
     let config = client_side.config().unwrap().clone();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
