@@ -52,6 +52,9 @@ pub struct App {
     clients: AtomicUsize,
     no_clients: Notify,
     phase: watch::Sender<Phase>,
+    /// `tcp_keepalive` as configured now: the accept loops set it on their listening
+    /// sockets as soon as a reload or admin SET changes it.
+    keepalive: watch::Sender<bool>,
     /// The phase as a plain value, read by sessions on every loop turn (they are woken
     /// through `ClientInfo::wake` when it changes).
     phase_now: std::sync::atomic::AtomicU8,
@@ -81,6 +84,7 @@ impl App {
         let (client_tls, server_tls) = tls::load(&cfg)?;
         let pools = Pools::default();
         pools.set_server_tls(Arc::new(server_tls));
+        let keepalive = cfg.general.tcp_keepalive;
         Ok(Arc::new(App {
             config: ArcSwap::from_pointee(cfg),
             users: ArcSwap::from_pointee(users),
@@ -90,6 +94,7 @@ impl App {
             clients: AtomicUsize::new(0),
             no_clients: Notify::new(),
             phase: watch::channel(Phase::Running).0,
+            keepalive: watch::channel(keepalive).0,
             phase_now: std::sync::atomic::AtomicU8::new(Phase::Running as u8),
             mock_key: rand::random(),
             client_infos: Default::default(),
@@ -163,7 +168,7 @@ impl App {
         self.pools.set_server_tls(server_tls);
         self.pools.reload(&cfg, &users);
         self.users.store(Arc::new(users));
-        self.config.store(Arc::new(cfg));
+        self.set_config(cfg);
         info!("configuration reloaded");
         Ok(())
     }
@@ -172,7 +177,13 @@ impl App {
     /// follow at once; the users stay.
     pub fn apply_config(&self, cfg: Config) {
         self.pools.reload(&cfg, &self.users.load());
+        self.set_config(cfg);
+    }
+
+    fn set_config(&self, cfg: Config) {
+        let keepalive = cfg.general.tcp_keepalive;
         self.config.store(Arc::new(cfg));
+        self.keepalive.send_if_modified(|k| std::mem::replace(k, keepalive) != keepalive);
     }
 }
 
@@ -328,10 +339,20 @@ async fn signals(app: Arc<App>) {
 
 async fn accept_loop(app: Arc<App>, mut listener: Listener) {
     let mut phase = app.phase();
+    let mut keepalive = app.keepalive.subscribe();
     loop {
-        let keepalive = app.config.load().general.tcp_keepalive;
+        let on = *keepalive.borrow_and_update();
+        if listener.set_keepalive(on) {
+            info!(
+                "{}: tcp_keepalive {} for connections from now on",
+                listener.describe(),
+                if on { "on" } else { "off" }
+            );
+        }
         let accepted = tokio::select! {
-            r = listener.accept(keepalive) => r,
+            r = listener.accept(on) => r,
+            // tcp_keepalive changed: onto the listening socket before the next handshake.
+            _ = keepalive.changed() => continue,
             _ = phase.wait_for(|p| *p != Phase::Running) => return,
         };
         match accepted {

@@ -67,6 +67,41 @@ async fn sighup_reloads_without_dropping_clients() {
     assert_eq!(value(&d, "select 5").await, "5");
 }
 
+/// Whether Sluice's side of the client connection from local port `client_port` runs
+/// a keepalive timer (/proc/net/tcp: `tr` 2 on an established socket).
+#[cfg(target_os = "linux")]
+fn keepalive_timer(sluice_port: u16, client_port: u16) -> bool {
+    let (local, remote) = (format!(":{sluice_port:04X}"), format!(":{client_port:04X}"));
+    let text = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    let line = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() > 5 && f[1].ends_with(&local) && f[2].ends_with(&remote) && f[3] == "01")
+        .expect("Sluice's side of the connection");
+    line[5].starts_with("02:")
+}
+
+/// tcp_keepalive is on for client connections by default; a reload turning it off
+/// applies from the next connection on (the listening socket is changed at once), and
+/// connections made before keep theirs.
+#[cfg(target_os = "linux")]
+#[test]
+fn tcp_keepalive_follows_a_reload() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).start();
+    let connect = || std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    let before = connect();
+    assert!(keepalive_timer(s.port, before.local_addr().unwrap().port()));
+    let cfg = s.config().replacen("[general]\n", "[general]\ntcp_keepalive = false\n", 1);
+    assert!(cfg.contains("tcp_keepalive = false"), "config layout changed:\n{cfg}");
+    s.write_config(&cfg);
+    s.reload();
+    assert!(s.wait_log("tcp_keepalive off for connections from now on", Duration::from_secs(10)), "{}", s.log());
+    let after = connect();
+    assert!(!keepalive_timer(s.port, after.local_addr().unwrap().port()));
+    assert!(keepalive_timer(s.port, before.local_addr().unwrap().port()));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_waits_for_transactions_then_exits() {
     let pg = PgCluster::start();

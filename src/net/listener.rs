@@ -45,7 +45,7 @@ pub enum Listener {
 /// system calls per connection; elsewhere they are set on each connection.
 #[derive(Debug)]
 pub struct TcpOptions {
-    /// Whether keepalive is on on the listening socket (Linux) now.
+    /// Whether keepalive is on on the listening socket (Linux).
     keepalive: bool,
 }
 
@@ -97,20 +97,32 @@ impl Listener {
         Ok(Listener::Unix(l, path))
     }
 
-    /// Accepts a connection, with TCP keepalive on it as `keepalive` says (the
-    /// `tcp_keepalive` setting, read by the caller per accept so a reload applies).
+    /// Makes connections accepted from now on carry TCP keepalive or not (`tcp_keepalive`
+    /// changed by a reload). On Linux it is set on the listening socket, so it applies to
+    /// connections whose handshake completes afterwards; elsewhere `accept` sets it.
+    /// Returns whether the listening socket changed.
+    pub fn set_keepalive(&mut self, on: bool) -> bool {
+        match self {
+            Listener::Tcp(l, opts) if INHERITS_OPTIONS && opts.keepalive != on => {
+                set_keepalive(socket2::SockRef::from(&*l), on);
+                opts.keepalive = on;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Accepts a connection. `keepalive` (the `tcp_keepalive` setting) is set on it
+    /// where accepted connections do not inherit the listening socket's options.
     pub async fn accept(&mut self, keepalive: bool) -> std::io::Result<(Stream, Peer)> {
         match self {
-            Listener::Tcp(l, opts) => {
-                if INHERITS_OPTIONS && opts.keepalive != keepalive {
-                    // Applies to connections whose handshake completes from now on.
-                    set_keepalive(socket2::SockRef::from(&*l), keepalive);
-                    opts.keepalive = keepalive;
-                }
+            Listener::Tcp(l, _) => {
                 let (s, addr) = l.accept().await?;
                 if !INHERITS_OPTIONS {
                     let _ = s.set_nodelay(true);
-                    set_keepalive(socket2::SockRef::from(&s), keepalive);
+                    if keepalive {
+                        set_keepalive(socket2::SockRef::from(&s), true);
+                    }
                 }
                 Ok((Stream::Tcp(s), Peer::Tcp(addr)))
             }
@@ -156,6 +168,7 @@ mod tests {
     async fn accept_one(l: &mut Listener, keepalive: bool) -> (bool, bool, Option<std::time::Duration>) {
         let Listener::Tcp(tcp, _) = &*l else { panic!("not TCP") };
         let addr = tcp.local_addr().unwrap();
+        l.set_keepalive(keepalive);
         let (accepted, client) = tokio::join!(l.accept(keepalive), tokio::net::TcpStream::connect(addr));
         let _client = client.unwrap();
         let (stream, peer) = accepted.unwrap();
