@@ -2,14 +2,13 @@
 //! when the connection starts with a TLS record (PostgreSQL 17's
 //! `sslnegotiation=direct`), which must offer the ALPN protocol "postgresql".
 
-use std::sync::Arc;
-
 use std::io;
+use std::sync::Arc;
 
 use bytes::{Buf, BytesMut};
 use rustls::ServerConfig;
 use rustls::server::{Accepted, Acceptor, ClientHello};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio_rustls::StartHandshake;
 
@@ -61,19 +60,19 @@ pub async fn accept(
     Ok(())
 }
 
-/// Feeds rustls what `buf` holds, then what the socket brings, until the whole
-/// ClientHello is in. A ClientHello rustls refuses is answered with its alert.
+/// Feeds rustls what `buf` holds, then reads the socket straight into it, until the
+/// whole ClientHello is in. A ClientHello rustls refuses is answered with its alert.
 async fn read_client_hello(tcp: &mut TcpStream, buf: &mut BytesMut) -> Result<Accepted, AcceptError> {
-    let handshake = |kind: io::ErrorKind, what: &str| AcceptError::Handshake(io::Error::new(kind, what.to_string()));
+    let err = |kind: io::ErrorKind, what: &str| AcceptError::Handshake(io::Error::new(kind, what.to_string()));
     let mut acceptor = Acceptor::default();
-    loop {
-        while !buf.is_empty() {
-            let n = acceptor.read_tls(&mut &buf[..]).map_err(AcceptError::Handshake)?;
-            if n == 0 {
-                return Err(handshake(io::ErrorKind::InvalidData, "TLS record too large"));
-            }
-            buf.advance(n);
+    while !buf.is_empty() {
+        let n = acceptor.read_tls(&mut &buf[..]).map_err(AcceptError::Handshake)?;
+        if n == 0 {
+            return Err(err(io::ErrorKind::InvalidData, "rustls took no bytes"));
         }
+        buf.advance(n);
+    }
+    loop {
         match acceptor.accept() {
             Ok(Some(accepted)) => return Ok(accepted),
             Ok(None) => {}
@@ -84,12 +83,27 @@ async fn read_client_hello(tcp: &mut TcpStream, buf: &mut BytesMut) -> Result<Ac
                 return Err(AcceptError::Handshake(io::Error::new(io::ErrorKind::InvalidData, e)));
             }
         }
-        if tcp.read_buf(buf).await.map_err(AcceptError::Handshake)? == 0 {
-            return Err(handshake(
-                io::ErrorKind::UnexpectedEof,
-                "the client closed the connection during the TLS handshake",
-            ));
+        tcp.readable().await.map_err(AcceptError::Handshake)?;
+        match acceptor.read_tls(&mut TryRead(tcp)) {
+            Ok(0) => {
+                return Err(err(
+                    io::ErrorKind::UnexpectedEof,
+                    "the client closed the connection during the TLS handshake",
+                ));
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(AcceptError::Handshake(e)),
         }
+    }
+}
+
+/// A non-blocking read of the socket for rustls' `read_tls` (after `readable()`).
+struct TryRead<'a>(&'a TcpStream);
+
+impl io::Read for TryRead<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.try_read(buf)
     }
 }
 

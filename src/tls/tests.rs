@@ -302,3 +302,42 @@ async fn direct_tls_continues_from_bytes_already_read() {
     assert_eq!(&answer, b"pong");
     assert_eq!(&server.await.unwrap(), b"ping");
 }
+
+/// Runs the direct-TLS accept on a connection whose client sends `client_sends` and
+/// then shuts down its sending side; gives the accept's outcome and what the client got.
+async fn direct_accept_of(client_sends: &'static [u8]) -> (Result<(), String>, Vec<u8>) {
+    let pki = Pki::new();
+    let (client_side, _) = localhost_tls(&pki, "");
+    let config = client_side.config().unwrap().clone();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(async move {
+        let (mut tcp, _) = listener.accept().await.unwrap();
+        let mut first = [0u8; 1];
+        tcp.read_exact(&mut first).await.unwrap();
+        let mut buf = BytesMut::from(&first[..]);
+        let mut stream = Stream::Tcp(tcp);
+        let r = accept(&mut stream, config, Negotiation::Direct, &mut buf).await.map_err(|e| e.to_string());
+        assert!(matches!(stream, Stream::Closed), "a failed handshake leaves the stream closed");
+        r
+    });
+    let mut tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    tcp.write_all(client_sends).await.unwrap();
+    tcp.shutdown().await.unwrap();
+    let mut got = Vec::new();
+    let _ = tcp.read_to_end(&mut got).await;
+    (server.await.unwrap(), got)
+}
+
+/// A ClientHello record holding something else (a ServerHello) is refused with a TLS
+/// alert to the client; a client that closes in the middle of its ClientHello ends
+/// the handshake with an error, not a hang.
+#[tokio::test]
+async fn refused_and_unfinished_client_hellos() {
+    let (r, got) = direct_accept_of(&[0x16, 0x03, 0x01, 0x00, 0x05, 0x02, 0x00, 0x00, 0x01, 0x00]).await;
+    assert!(r.is_err(), "{r:?}");
+    assert_eq!(got.first(), Some(&0x15), "an alert record: {got:?}");
+    let (r, got) = direct_accept_of(&[0x16, 0x03, 0x01, 0x00, 0x40, 0x01]).await;
+    assert!(r.unwrap_err().contains("closed the connection during the TLS handshake"));
+    assert!(got.is_empty(), "{got:?}");
+}
