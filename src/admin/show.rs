@@ -478,7 +478,8 @@ fn mem(app: &App) -> Table {
     let samples = app.monitor.samples();
     let sample_size = 64 + views.len() as u64 * 560;
     let rows: [(&str, u64, u64); 6] = [
-        ("client", (std::mem::size_of::<crate::stats::ClientInfo>() + 1024 + 4096) as u64, clients),
+        // The read buffer: 1 KB, grown in 8 KB steps only for clients that stream.
+        ("client", (std::mem::size_of::<crate::stats::ClientInfo>() + 1024) as u64, clients),
         ("server", (std::mem::size_of::<crate::server::ServerConn>() + 16 * 1024) as u64, servers),
         ("client_prepared_statement", 64, client_stmts),
         ("server_prepared_statement", 160, server_stmts),

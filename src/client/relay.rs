@@ -78,7 +78,8 @@ impl Session {
                 r = conn.stream.read_buf(&mut conn.buf) => match r {
                     Ok(0) | Err(_) => return Err(Exit::Closed),
                     Ok(n) => {
-                        if n >= client_room {
+                        // A full read of at least 1 KB: a stream, not a short request.
+                        if n >= client_room && n >= 1024 {
                             client_chunk = 8 * 1024;
                         }
                         self.forward_client(conn, splice).await?
