@@ -162,6 +162,8 @@ mod tests {
             l.learn_canonical("application_name", &format!("app {i}"), &format!("app {i}"));
         }
         assert_eq!(l.canonical("application_name", "app 0").as_deref(), Some("app 0"));
+        let last = format!("app {}", MAX_SPELLINGS - 1);
+        assert_eq!(l.canonical("application_name", &last).as_deref(), Some(last.as_str()));
         l.learn_canonical("timezone", "utc", "UTC");
         l.learn_canonical("application_name", "one more", "one more");
         assert!(l.canonical("timezone", "utc").is_none(), "past the cap nothing is learned");

@@ -31,7 +31,7 @@ pub struct StartupMessage {
     /// The parameter area: each name and value ended by a NUL.
     text: Box<str>,
     /// Where each name and its value are in `text`.
-    spans: Vec<(Range<usize>, Range<usize>)>,
+    spans: Spans,
 }
 
 impl StartupMessage {
@@ -94,11 +94,13 @@ pub fn parse(body: &[u8]) -> Result<StartupPacket, ProtocolError> {
     }
 }
 
+/// Where each parameter's name and value are in the parameter area.
+type Spans = Vec<(Range<usize>, Range<usize>)>;
+
 /// Splits the parameter area: name, NUL, value, NUL, ..., and an empty name ending it.
 /// All of it must be UTF-8 (NUL cannot occur inside a multi-byte character, so the
 /// whole area is checked at once).
-#[allow(clippy::type_complexity)]
-fn parse_params(buf: &[u8]) -> Result<(&str, Vec<(Range<usize>, Range<usize>)>), ProtocolError> {
+fn parse_params(buf: &[u8]) -> Result<(&str, Spans), ProtocolError> {
     let bad = || ProtocolError::Malformed("StartupMessage");
     let text = std::str::from_utf8(buf).map_err(|_| bad())?;
     let until_nul = |from: usize| memchr::memchr(0, &buf[from..]).map(|i| from + i).ok_or_else(bad);
