@@ -2,8 +2,8 @@
 //! signals (SIGHUP reload, SIGTERM graceful shutdown, SIGINT immediate exit) and the
 //! shutdown sequence. No globals: each `App` is self-contained, so tests build their own.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -13,7 +13,7 @@ use tracing::{error, info, warn};
 use crate::auth::UserStore;
 use crate::cancel::CancelRegistry;
 use crate::config::{Config, secs};
-use crate::net::listener::Listener;
+use crate::net::listener::{Listener, set_listener_keepalive};
 use crate::pool::Pools;
 use crate::tls::{self, ClientTls, ServerTls};
 
@@ -52,9 +52,9 @@ pub struct App {
     clients: AtomicUsize,
     no_clients: Notify,
     phase: watch::Sender<Phase>,
-    /// `tcp_keepalive` as configured now: the accept loops set it on their listening
-    /// sockets as soon as a reload or admin SET changes it.
-    keepalive: watch::Sender<bool>,
+    /// The TCP listening sockets and the `tcp_keepalive` set on them: a reload or admin
+    /// SET that changes it changes them at once (accepted connections inherit it).
+    listeners: parking_lot::Mutex<(bool, Vec<Weak<tokio::net::TcpListener>>)>,
     /// The phase as a plain value, read by sessions on every loop turn (they are woken
     /// through `ClientInfo::wake` when it changes).
     phase_now: std::sync::atomic::AtomicU8,
@@ -94,7 +94,7 @@ impl App {
             clients: AtomicUsize::new(0),
             no_clients: Notify::new(),
             phase: watch::channel(Phase::Running).0,
-            keepalive: watch::channel(keepalive).0,
+            listeners: parking_lot::Mutex::new((keepalive, Vec::new())),
             phase_now: std::sync::atomic::AtomicU8::new(Phase::Running as u8),
             mock_key: rand::random(),
             client_infos: Default::default(),
@@ -181,9 +181,18 @@ impl App {
     }
 
     fn set_config(&self, cfg: Config) {
-        let keepalive = cfg.general.tcp_keepalive;
         self.config.store(Arc::new(cfg));
-        self.keepalive.send_if_modified(|k| std::mem::replace(k, keepalive) != keepalive);
+        // Under the lock, from the config now in place: the last of two racing reloads
+        // leaves its value on the sockets.
+        let mut listeners = self.listeners.lock();
+        let on = self.config.load().general.tcp_keepalive;
+        if std::mem::replace(&mut listeners.0, on) != on {
+            for l in listeners.1.iter().filter_map(Weak::upgrade) {
+                set_listener_keepalive(&l, on);
+                let addr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
+                info!("{addr}: tcp_keepalive {} for connections from now on", if on { "on" } else { "off" });
+            }
+        }
     }
 }
 
@@ -234,6 +243,7 @@ pub fn bind(cfg: &Config) -> Result<Vec<Listener>, AppError> {
 pub async fn run(app: Arc<App>, listeners: Vec<Listener>) {
     for l in listeners {
         info!("listening on {}", l.describe());
+        app.listeners.lock().1.extend(l.tcp_socket());
         tokio::spawn(accept_loop(app.clone(), l));
     }
     tokio::spawn(janitor(app.clone()));
@@ -337,22 +347,11 @@ async fn signals(app: Arc<App>) {
     }
 }
 
-async fn accept_loop(app: Arc<App>, mut listener: Listener) {
+async fn accept_loop(app: Arc<App>, listener: Listener) {
     let mut phase = app.phase();
-    let mut keepalive = app.keepalive.subscribe();
     loop {
-        let on = *keepalive.borrow_and_update();
-        if listener.set_keepalive(on) {
-            info!(
-                "{}: tcp_keepalive {} for connections from now on",
-                listener.describe(),
-                if on { "on" } else { "off" }
-            );
-        }
         let accepted = tokio::select! {
-            r = listener.accept(on) => r,
-            // tcp_keepalive changed: onto the listening socket before the next handshake.
-            _ = keepalive.changed() => continue,
+            r = listener.accept(|| app.config.load().general.tcp_keepalive) => r,
             _ = phase.wait_for(|p| *p != Phase::Running) => return,
         };
         match accepted {

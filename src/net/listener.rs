@@ -3,6 +3,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::{Arc, Weak};
 
 use tokio::net::{TcpListener, UnixListener};
 
@@ -34,8 +35,10 @@ impl std::fmt::Display for Peer {
     }
 }
 
+/// A listening socket. The TCP one is shared (`tcp_socket`) so a reload can change its
+/// options while its accept loop waits.
 pub enum Listener {
-    Tcp(TcpListener, TcpOptions),
+    Tcp(Arc<TcpListener>),
     Unix(UnixListener, PathBuf),
 }
 
@@ -43,13 +46,6 @@ pub enum Listener {
 /// `TCP_NODELAY`, `SO_KEEPALIVE` and `TCP_KEEPIDLE` from the listening socket to each
 /// connection it accepts, so they are set once on the listener instead of with three
 /// system calls per connection; elsewhere they are set on each connection.
-#[derive(Debug)]
-pub struct TcpOptions {
-    /// Whether keepalive is on on the listening socket (Linux).
-    keepalive: bool,
-}
-
-/// Accepted connections inherit the listening socket's options (see `TcpOptions`).
 const INHERITS_OPTIONS: bool = cfg!(target_os = "linux");
 
 /// Idle time before the first keepalive probe on client connections.
@@ -57,7 +53,7 @@ const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl Listener {
     /// Binds a TCP listener; accepted connections get `TCP_NODELAY`, and keepalive as
-    /// `keepalive` says (changed later through `accept`).
+    /// `keepalive` says (changed later with `set_listener_keepalive`).
     pub fn tcp(ip: IpAddr, port: u16, keepalive: bool) -> std::io::Result<Self> {
         let addr = SocketAddr::new(ip, port);
         let socket = socket2::Socket::new(
@@ -76,7 +72,7 @@ impl Listener {
         }
         socket.bind(&addr.into())?;
         socket.listen(4096)?;
-        Ok(Listener::Tcp(TcpListener::from_std(socket.into())?, TcpOptions { keepalive }))
+        Ok(Listener::Tcp(Arc::new(TcpListener::from_std(socket.into())?)))
     }
 
     /// Binds `<dir>/.s.PGSQL.<port>`, replacing a stale socket file left by a crash.
@@ -97,30 +93,23 @@ impl Listener {
         Ok(Listener::Unix(l, path))
     }
 
-    /// Makes connections accepted from now on carry TCP keepalive or not (`tcp_keepalive`
-    /// changed by a reload). On Linux it is set on the listening socket, so it applies to
-    /// connections whose handshake completes afterwards; elsewhere `accept` sets it.
-    /// Returns whether the listening socket changed.
-    pub fn set_keepalive(&mut self, on: bool) -> bool {
+    /// The listening TCP socket, for changing its options later (`set_listener_keepalive`).
+    pub fn tcp_socket(&self) -> Option<Weak<TcpListener>> {
         match self {
-            Listener::Tcp(l, opts) if INHERITS_OPTIONS && opts.keepalive != on => {
-                set_keepalive(socket2::SockRef::from(&*l), on);
-                opts.keepalive = on;
-                true
-            }
-            _ => false,
+            Listener::Tcp(l) => Some(Arc::downgrade(l)),
+            Listener::Unix(..) => None,
         }
     }
 
-    /// Accepts a connection. `keepalive` (the `tcp_keepalive` setting) is set on it
-    /// where accepted connections do not inherit the listening socket's options.
-    pub async fn accept(&mut self, keepalive: bool) -> std::io::Result<(Stream, Peer)> {
+    /// Accepts a connection. `keepalive` (the `tcp_keepalive` setting, asked only where
+    /// accepted connections do not inherit the listening socket's options) is set on it.
+    pub async fn accept(&self, keepalive: impl FnOnce() -> bool) -> std::io::Result<(Stream, Peer)> {
         match self {
-            Listener::Tcp(l, _) => {
+            Listener::Tcp(l) => {
                 let (s, addr) = l.accept().await?;
                 if !INHERITS_OPTIONS {
                     let _ = s.set_nodelay(true);
-                    if keepalive {
+                    if keepalive() {
                         set_keepalive(socket2::SockRef::from(&s), true);
                     }
                 }
@@ -135,7 +124,7 @@ impl Listener {
 
     pub fn describe(&self) -> String {
         match self {
-            Listener::Tcp(l, _) => l.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            Listener::Tcp(l) => l.local_addr().map(|a| a.to_string()).unwrap_or_default(),
             Listener::Unix(_, p) => p.display().to_string(),
         }
     }
@@ -146,6 +135,14 @@ impl Drop for Listener {
         if let Listener::Unix(_, path) = self {
             let _ = std::fs::remove_file(path);
         }
+    }
+}
+
+/// Makes connections whose handshake completes from now on carry TCP keepalive or not
+/// (`tcp_keepalive` changed by a reload). Linux only: elsewhere `accept` sets it.
+pub fn set_listener_keepalive(l: &TcpListener, on: bool) {
+    if INHERITS_OPTIONS {
+        set_keepalive(socket2::SockRef::from(l), on);
     }
 }
 
@@ -165,11 +162,11 @@ mod tests {
 
     /// Accepts one connection made after `accept` starts; gives its socket options
     /// (nodelay, keepalive, idle time before the first probe when on).
-    async fn accept_one(l: &mut Listener, keepalive: bool) -> (bool, bool, Option<std::time::Duration>) {
-        let Listener::Tcp(tcp, _) = &*l else { panic!("not TCP") };
+    async fn accept_one(l: &Listener, keepalive: bool) -> (bool, bool, Option<std::time::Duration>) {
+        let Listener::Tcp(tcp) = l else { panic!("not TCP") };
         let addr = tcp.local_addr().unwrap();
-        l.set_keepalive(keepalive);
-        let (accepted, client) = tokio::join!(l.accept(keepalive), tokio::net::TcpStream::connect(addr));
+        set_listener_keepalive(tcp, keepalive);
+        let (accepted, client) = tokio::join!(l.accept(|| keepalive), tokio::net::TcpStream::connect(addr));
         let _client = client.unwrap();
         let (stream, peer) = accepted.unwrap();
         assert!(matches!(peer, Peer::Tcp(_)));
@@ -181,12 +178,12 @@ mod tests {
 
     #[tokio::test]
     async fn accepted_connections_get_nodelay_and_keepalive_as_configured() {
-        let mut l = Listener::tcp("127.0.0.1".parse().unwrap(), 0, true).unwrap();
-        assert_eq!(accept_one(&mut l, true).await, (true, true, Some(KEEPALIVE_IDLE)));
+        let l = Listener::tcp("127.0.0.1".parse().unwrap(), 0, true).unwrap();
+        assert_eq!(accept_one(&l, true).await, (true, true, Some(KEEPALIVE_IDLE)));
         // tcp_keepalive turned off by a reload, then on again.
-        assert_eq!(accept_one(&mut l, false).await, (true, false, None));
-        assert_eq!(accept_one(&mut l, true).await, (true, true, Some(KEEPALIVE_IDLE)));
-        let mut off = Listener::tcp("127.0.0.1".parse().unwrap(), 0, false).unwrap();
-        assert_eq!(accept_one(&mut off, false).await, (true, false, None));
+        assert_eq!(accept_one(&l, false).await, (true, false, None));
+        assert_eq!(accept_one(&l, true).await, (true, true, Some(KEEPALIVE_IDLE)));
+        let off = Listener::tcp("127.0.0.1".parse().unwrap(), 0, false).unwrap();
+        assert_eq!(accept_one(&off, false).await, (true, false, None));
     }
 }
