@@ -262,45 +262,53 @@ async fn send_leaves_nothing_inside_rustls() {
     assert!(!writer.await.unwrap(), "send returned with TLS data still inside rustls");
 }
 
-/// Direct TLS: the connection's first read may hold part of the ClientHello (here just
-/// its record header); the handshake takes it from there and reads the rest.
-#[tokio::test]
-async fn direct_tls_continues_from_bytes_already_read() {
-    let pki = Pki::new();
-    let (client_side, _) = localhost_tls(&pki, "");
+/// A listener whose first connection goes through the direct-TLS accept once its
+/// first `pre_read` bytes (a TLS record's first byte) were read the usual way. The
+/// task gives the stream after the accept (TLS, or closed), the accept's outcome and
+/// how many of the bytes read before it were left unconsumed.
+async fn direct_tls_server(
+    client_side: &ClientTls,
+    pre_read: usize,
+) -> (u16, tokio::task::JoinHandle<(Stream, Result<(), String>, usize)>) {
     let config = client_side.config().unwrap().clone();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let server = tokio::spawn(async move {
         let (mut tcp, _) = listener.accept().await.unwrap();
-        let mut header = [0u8; 5];
-        tcp.read_exact(&mut header).await.unwrap();
-        assert_eq!(header[0], TLS_HANDSHAKE_RECORD);
-        let mut buf = BytesMut::from(&header[..]);
+        let mut first = vec![0u8; pre_read];
+        tcp.read_exact(&mut first).await.unwrap();
+        assert_eq!(first[0], TLS_HANDSHAKE_RECORD);
+        let mut buf = BytesMut::from(&first[..]);
         let mut stream = Stream::Tcp(tcp);
-        accept(&mut stream, config, Negotiation::Direct, &mut buf).await.unwrap();
-        assert!(buf.is_empty(), "the bytes read before the handshake were consumed");
-        let mut got = [0u8; 4];
-        stream.read_exact(&mut got).await.unwrap();
-        stream.send(b"pong").await.unwrap();
-        got
+        let r = accept(&mut stream, config, Negotiation::Direct, &mut buf).await.map_err(|e| e.to_string());
+        (stream, r, buf.len())
     });
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add_parsable_certificates(files::certs(&pki.path("ca.crt")).unwrap());
-    let mut client = rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    client.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
+    (port, server)
+}
+
+/// Direct TLS: the connection's first read may hold part of the ClientHello (here just
+/// its record header); the handshake takes it from there and reads the rest.
+#[tokio::test]
+async fn direct_tls_continues_from_bytes_already_read() {
+    let pki = Pki::new();
+    // Sluice's own client side (ALPN "postgresql", verify-full) plays the client.
+    let (client_side, server_side) =
+        localhost_tls(&pki, "server_tls_sslmode = \"verify-full\"\nserver_tls_ca_file = \"ca.crt\"");
+    let (port, server) = direct_tls_server(&client_side, 5).await;
     let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(client)).connect(name, tcp).await.unwrap();
+    let connector = tokio_rustls::TlsConnector::from(server_side.config().unwrap().clone());
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    let (mut stream, r, left) = server.await.unwrap();
+    r.unwrap();
+    assert_eq!(left, 0, "the bytes read before the handshake were consumed");
     tls.write_all(b"ping").await.unwrap();
-    let mut answer = [0u8; 4];
-    tls.read_exact(&mut answer).await.unwrap();
-    assert_eq!(&answer, b"pong");
-    assert_eq!(&server.await.unwrap(), b"ping");
+    let mut got = [0u8; 4];
+    stream.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"ping");
+    stream.send(b"pong").await.unwrap();
+    tls.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"pong");
 }
 
 /// Runs the direct-TLS accept on a connection whose client sends `client_sends` and
@@ -308,25 +316,15 @@ async fn direct_tls_continues_from_bytes_already_read() {
 async fn direct_accept_of(client_sends: &'static [u8]) -> (Result<(), String>, Vec<u8>) {
     let pki = Pki::new();
     let (client_side, _) = localhost_tls(&pki, "");
-    let config = client_side.config().unwrap().clone();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let server = tokio::spawn(async move {
-        let (mut tcp, _) = listener.accept().await.unwrap();
-        let mut first = [0u8; 1];
-        tcp.read_exact(&mut first).await.unwrap();
-        let mut buf = BytesMut::from(&first[..]);
-        let mut stream = Stream::Tcp(tcp);
-        let r = accept(&mut stream, config, Negotiation::Direct, &mut buf).await.map_err(|e| e.to_string());
-        assert!(matches!(stream, Stream::Closed), "a failed handshake leaves the stream closed");
-        r
-    });
+    let (port, server) = direct_tls_server(&client_side, 1).await;
     let mut tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     tcp.write_all(client_sends).await.unwrap();
     tcp.shutdown().await.unwrap();
     let mut got = Vec::new();
     let _ = tcp.read_to_end(&mut got).await;
-    (server.await.unwrap(), got)
+    let (stream, r, _) = server.await.unwrap();
+    assert!(matches!(stream, Stream::Closed), "a failed handshake leaves the stream closed");
+    (r, got)
 }
 
 /// A ClientHello record holding something else (a ServerHello) is refused with a TLS
