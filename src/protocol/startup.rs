@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use super::ProtocolError;
+use super::{ProtocolError, read_cstr};
 
 /// The longest startup packet accepted (PostgreSQL uses the same limit).
 pub const MAX_STARTUP_LEN: usize = 10_000;
@@ -103,21 +103,24 @@ type Spans = Vec<(Range<usize>, Range<usize>)>;
 fn parse_params(buf: &[u8]) -> Result<(&str, Spans), ProtocolError> {
     let bad = || ProtocolError::Malformed("StartupMessage");
     let text = std::str::from_utf8(buf).map_err(|_| bad())?;
-    let until_nul = |from: usize| memchr::memchr(0, &buf[from..]).map(|i| from + i).ok_or_else(bad);
     let mut spans = Vec::new();
     let mut pos = 0;
     loop {
-        let name_end = until_nul(pos)?;
-        if name_end == pos {
-            if name_end + 1 != text.len() {
-                return Err(bad());
-            }
-            return Ok((text, spans));
+        let name = next_cstr(text, &mut pos).ok_or_else(bad)?;
+        if name.is_empty() {
+            return if pos == text.len() { Ok((text, spans)) } else { Err(bad()) };
         }
-        let value_end = until_nul(name_end + 1)?;
-        spans.push((pos..name_end, name_end + 1..value_end));
-        pos = value_end + 1;
+        let value = next_cstr(text, &mut pos).ok_or_else(bad)?;
+        spans.push((name, value));
     }
+}
+
+/// The NUL-terminated string at `pos` in `text`, as its range; moves `pos` past its NUL.
+fn next_cstr(text: &str, pos: &mut usize) -> Option<Range<usize>> {
+    let (s, _) = read_cstr(&text.as_bytes()[*pos..])?;
+    let range = *pos..*pos + s.len();
+    *pos = range.end + 1;
+    Some(range)
 }
 
 impl Clone for ProtocolError {
