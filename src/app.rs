@@ -52,9 +52,9 @@ pub struct App {
     clients: AtomicUsize,
     no_clients: Notify,
     phase: watch::Sender<Phase>,
-    /// The TCP listening sockets and the `tcp_keepalive` set on them: a reload or admin
-    /// SET that changes it changes them at once (accepted connections inherit it).
-    listeners: parking_lot::Mutex<(bool, Vec<Weak<tokio::net::TcpListener>>)>,
+    /// The TCP listening sockets: a reload or admin SET that changes `tcp_keepalive`
+    /// changes them at once (accepted connections inherit it).
+    listeners: parking_lot::Mutex<TcpListeners>,
     /// The phase as a plain value, read by sessions on every loop turn (they are woken
     /// through `ClientInfo::wake` when it changes).
     phase_now: std::sync::atomic::AtomicU8,
@@ -65,6 +65,13 @@ pub struct App {
     next_client_id: std::sync::atomic::AtomicU64,
     /// Per-second samples and stats_period averages (admin console, metrics, live view).
     pub monitor: crate::metrics::Monitor,
+}
+
+/// The TCP listening sockets and the `tcp_keepalive` now set on them.
+#[derive(Debug)]
+struct TcpListeners {
+    keepalive: bool,
+    sockets: Vec<Weak<tokio::net::TcpListener>>,
 }
 
 /// Counts a connected client for as long as it lives.
@@ -94,7 +101,7 @@ impl App {
             clients: AtomicUsize::new(0),
             no_clients: Notify::new(),
             phase: watch::channel(Phase::Running).0,
-            listeners: parking_lot::Mutex::new((keepalive, Vec::new())),
+            listeners: parking_lot::Mutex::new(TcpListeners { keepalive, sockets: Vec::new() }),
             phase_now: std::sync::atomic::AtomicU8::new(Phase::Running as u8),
             mock_key: rand::random(),
             client_infos: Default::default(),
@@ -186,8 +193,8 @@ impl App {
         // leaves its value on the sockets.
         let mut listeners = self.listeners.lock();
         let on = self.config.load().general.tcp_keepalive;
-        if std::mem::replace(&mut listeners.0, on) != on {
-            for l in listeners.1.iter().filter_map(Weak::upgrade) {
+        if std::mem::replace(&mut listeners.keepalive, on) != on {
+            for l in listeners.sockets.iter().filter_map(Weak::upgrade) {
                 set_listener_keepalive(&l, on);
                 let addr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
                 info!("{addr}: tcp_keepalive {} for connections from now on", if on { "on" } else { "off" });
@@ -243,7 +250,7 @@ pub fn bind(cfg: &Config) -> Result<Vec<Listener>, AppError> {
 pub async fn run(app: Arc<App>, listeners: Vec<Listener>) {
     for l in listeners {
         info!("listening on {}", l.describe());
-        app.listeners.lock().1.extend(l.tcp_socket());
+        app.listeners.lock().sockets.extend(l.tcp_socket());
         tokio::spawn(accept_loop(app.clone(), l));
     }
     tokio::spawn(janitor(app.clone()));
