@@ -1,14 +1,19 @@
 //! Cancel keys: every client gets a BackendKeyData from Sluice (in session mode, the
-//! real server's), registered here with a slot naming the server currently running
-//! that client's query. A CancelRequest is forwarded to that server only.
+//! real server's), registered here with the client and its pool. A CancelRequest is
+//! forwarded only to the server that client is linked to when the request arrives,
+//! found through the client's `server_id` and the pool's server list: linking and
+//! unlinking a server (every transaction) touches nothing here.
 
 use std::collections::hash_map::Entry;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Acquire;
 
 use foldhash::HashMap;
 use parking_lot::Mutex;
 
+use crate::pool::Pool;
 use crate::server::ServerAddr;
+use crate::stats::ClientInfo;
 
 /// The server a client's cancel would go to right now.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,24 +23,17 @@ pub struct CancelTarget {
     pub secret: u32,
 }
 
-#[derive(Debug, Default)]
-pub struct CancelSlot {
-    target: Mutex<Option<CancelTarget>>,
-}
-
-impl CancelSlot {
-    pub fn set(&self, target: Option<CancelTarget>) {
-        *self.target.lock() = target;
-    }
-
-    pub fn get(&self) -> Option<CancelTarget> {
-        self.target.lock().clone()
-    }
+/// Whose key it is: the client (its `server_id` names the linked server) and the pool
+/// its servers come from.
+#[derive(Clone, Debug)]
+struct Owner {
+    client: Arc<ClientInfo>,
+    pool: Arc<Pool>,
 }
 
 #[derive(Debug, Default)]
 pub struct CancelRegistry {
-    map: Mutex<HashMap<(u32, u32), Arc<CancelSlot>>>,
+    map: Mutex<HashMap<(u32, u32), Owner>>,
 }
 
 /// A registered key; unregisters itself when dropped.
@@ -44,13 +42,13 @@ pub struct CancelKey {
     registry: Arc<CancelRegistry>,
     pub pid: u32,
     pub secret: u32,
-    pub slot: Arc<CancelSlot>,
+    client_id: u64,
 }
 
 impl Drop for CancelKey {
     fn drop(&mut self) {
         if let Entry::Occupied(e) = self.registry.map.lock().entry((self.pid, self.secret))
-            && Arc::ptr_eq(e.get(), &self.slot)
+            && e.get().client.id == self.client_id
         {
             e.remove();
         }
@@ -58,40 +56,48 @@ impl Drop for CancelKey {
 }
 
 impl CancelRegistry {
-    /// Registers a fresh random key (transaction and statement mode).
-    pub fn register(self: &Arc<Self>) -> CancelKey {
+    /// Registers a fresh random key for `client` (transaction and statement mode).
+    pub fn register(self: &Arc<Self>, client: &Arc<ClientInfo>, pool: &Arc<Pool>) -> CancelKey {
         loop {
             let pid = rand::random::<u32>() & 0x7fff_ffff;
             let secret = rand::random::<u32>();
             if pid == 0 {
                 continue;
             }
-            if let Some(k) = self.try_register(pid, secret) {
-                return k;
+            let owner = Owner { client: client.clone(), pool: pool.clone() };
+            if let Entry::Vacant(v) = self.map.lock().entry((pid, secret)) {
+                v.insert(owner);
+                return CancelKey { registry: self.clone(), pid, secret, client_id: client.id };
             }
         }
     }
 
     /// Registers a given key (session mode: the server's own), replacing a stale entry.
-    pub fn register_key(self: &Arc<Self>, pid: u32, secret: u32) -> CancelKey {
-        let slot = Arc::new(CancelSlot::default());
-        self.map.lock().insert((pid, secret), slot.clone());
-        CancelKey { registry: self.clone(), pid, secret, slot }
+    pub fn register_key(
+        self: &Arc<Self>,
+        pid: u32,
+        secret: u32,
+        client: &Arc<ClientInfo>,
+        pool: &Arc<Pool>,
+    ) -> CancelKey {
+        let owner = Owner { client: client.clone(), pool: pool.clone() };
+        self.map.lock().insert((pid, secret), owner);
+        CancelKey { registry: self.clone(), pid, secret, client_id: client.id }
     }
 
-    fn try_register(self: &Arc<Self>, pid: u32, secret: u32) -> Option<CancelKey> {
-        let slot = Arc::new(CancelSlot::default());
-        match self.map.lock().entry((pid, secret)) {
-            Entry::Occupied(_) => return None,
-            Entry::Vacant(v) => v.insert(slot.clone()),
-        };
-        Some(CancelKey { registry: self.clone(), pid, secret, slot })
-    }
-
-    /// Where a CancelRequest for this key should go, if its client is running a query.
+    /// Where a CancelRequest for this key should go: the server its client is linked
+    /// to now, if any.
     pub fn target(&self, pid: u32, secret: u32) -> Option<CancelTarget> {
-        let slot = self.map.lock().get(&(pid, secret)).cloned()?;
-        slot.get()
+        let owner = self.map.lock().get(&(pid, secret)).cloned()?;
+        // Acquire: pairs with the session's Release store, so the server's key, written
+        // at its login, is seen.
+        let id = owner.client.server_id.load(Acquire);
+        if id == 0 {
+            return None;
+        }
+        let server = owner.pool.servers.get(id)?;
+        let (pid, secret) = server.cancel_key();
+        Some(CancelTarget { addr: server.addr.clone(), pid, secret })
     }
 
     pub fn len(&self) -> usize {
@@ -106,29 +112,66 @@ impl CancelRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::net::listener::Peer;
+    use crate::stats::ServerInfo;
+    use std::sync::atomic::Ordering::Release;
+
+    fn pool() -> Arc<Pool> {
+        let text = "[databases.db]\nhost = \"127.0.0.1\"\nport = 5\n[users.u]\npassword = \"p\"\n";
+        let cfg = crate::config::Config::parse(text, std::path::Path::new("t.toml")).unwrap();
+        let users = crate::auth::UserStore::from_config(&cfg).unwrap();
+        crate::pool::Pools::default().get(&cfg, &users, "db", "u").unwrap()
+    }
+
+    fn client(id: u64) -> Arc<ClientInfo> {
+        Arc::new(ClientInfo::new(id, "u", "db", &Peer::Unix, false))
+    }
+
+    /// A server connection of `pool` with backend key (`pid`, `secret`), as a pool
+    /// lists it once logged in.
+    fn server(pool: &Pool, id: u64, pid: u32, secret: u32) {
+        let info = ServerInfo::new(id, ServerAddr { host: "h".into(), port: 1 });
+        info.set_cancel_key(pid, secret);
+        pool.servers.insert(id, Arc::new(info));
+    }
 
     #[test]
-    fn keys_register_and_unregister() {
+    fn cancel_goes_to_the_linked_server_only() {
         let r = Arc::new(CancelRegistry::default());
-        let k = r.register();
-        assert_eq!(r.target(k.pid, k.secret), None);
+        let (p, c) = (pool(), client(1));
+        server(&p, 7, 9, 8);
+        server(&p, 8, 19, 18);
+        let k = r.register(&c, &p);
+        assert_eq!(r.target(k.pid, k.secret), None, "idle client");
+        c.server_id.store(7, Release);
         let t = CancelTarget { addr: ServerAddr { host: "h".into(), port: 1 }, pid: 9, secret: 8 };
-        k.slot.set(Some(t.clone()));
         assert_eq!(r.target(k.pid, k.secret), Some(t));
-        assert_eq!(r.target(k.pid, k.secret ^ 1), None);
+        assert_eq!(r.target(k.pid, k.secret ^ 1), None, "wrong secret");
+        c.server_id.store(8, Release);
+        assert_eq!(r.target(k.pid, k.secret).map(|t| t.pid), Some(19));
+        p.servers.remove(8);
+        assert_eq!(r.target(k.pid, k.secret), None, "server closed meanwhile");
+        c.server_id.store(0, Release);
+        assert_eq!(r.target(k.pid, k.secret), None, "unlinked");
         let (pid, secret) = (k.pid, k.secret);
         drop(k);
-        assert_eq!(r.target(pid, secret), None);
+        c.server_id.store(7, Release);
+        assert_eq!(r.target(pid, secret), None, "key dropped");
         assert!(r.is_empty());
     }
 
     #[test]
     fn replaced_key_survives_old_guard() {
         let r = Arc::new(CancelRegistry::default());
-        let a = r.register_key(5, 6);
-        let b = r.register_key(5, 6);
+        let p = pool();
+        let (c1, c2) = (client(1), client(2));
+        server(&p, 3, 5, 6);
+        let a = r.register_key(5, 6, &c1, &p);
+        let b = r.register_key(5, 6, &c2, &p);
         drop(a);
         assert_eq!(r.len(), 1);
+        c2.server_id.store(3, Release);
+        assert_eq!(r.target(5, 6).map(|t| t.pid), Some(5), "the new owner's entry stays");
         drop(b);
         assert!(r.is_empty());
     }

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
@@ -268,9 +268,10 @@ pub enum ServerState {
 #[derive(Debug)]
 pub struct ServerInfo {
     pub id: u64,
-    pub pid: AtomicU64,
-    pub addr: String,
-    pub port: u16,
+    pub addr: crate::server::ServerAddr,
+    /// The server's backend key (BackendKeyData), 0 until it has logged in.
+    pid: AtomicU32,
+    secret: AtomicU32,
     pub connect_time_us: u64,
     state: AtomicU8,
     pub request_time_us: AtomicU64,
@@ -280,18 +281,30 @@ pub struct ServerInfo {
 }
 
 impl ServerInfo {
-    pub fn new(id: u64, addr: &str, port: u16) -> Self {
+    pub fn new(id: u64, addr: crate::server::ServerAddr) -> Self {
         ServerInfo {
             id,
-            pid: AtomicU64::new(0),
-            addr: addr.to_string(),
-            port,
+            addr,
+            pid: AtomicU32::new(0),
+            secret: AtomicU32::new(0),
             connect_time_us: now_us(),
             state: AtomicU8::new(ServerState::Login as u8),
             request_time_us: AtomicU64::new(now_us()),
             client_id: AtomicU64::new(0),
             prepared_statements: AtomicU64::new(0),
         }
+    }
+
+    /// Records the backend key once the server has logged in. Published to a cancel
+    /// by the linking session's Release store of its `server_id` (see `cancel`).
+    pub fn set_cancel_key(&self, pid: u32, secret: u32) {
+        self.pid.store(pid, Relaxed);
+        self.secret.store(secret, Relaxed);
+    }
+
+    /// The backend key: (pid, secret).
+    pub fn cancel_key(&self) -> (u32, u32) {
+        (self.pid.load(Relaxed), self.secret.load(Relaxed))
     }
 
     pub fn state(&self) -> ServerState {

@@ -290,8 +290,19 @@ async fn session_mode_resets_servers_between_clients() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_in_transaction_mode_hits_only_that_client() {
+    cancel_hits_only_that_client("transaction").await;
+}
+
+/// In session mode the client holds the server's own key, and the cancel still goes
+/// through Sluice to that server only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_in_session_mode_hits_only_that_client() {
+    cancel_hits_only_that_client("session").await;
+}
+
+async fn cancel_hits_only_that_client(mode: &str) {
     let pg = PgCluster::start();
-    let s = pooled(&pg, "transaction", 2);
+    let s = pooled(&pg, mode, 2);
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     // Cancelling an idle client does nothing.

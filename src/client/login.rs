@@ -281,7 +281,7 @@ async fn start_session_mode(
 ) -> Result<Session, Exit> {
     let server = pool.checkout().await.map_err(pool_failure)?;
     let server = apply_or_fail(&pool, server, &params).await?;
-    let key = app.cancel.register_key(server.pid, server.secret);
+    let key = app.cancel.register_key(server.pid, server.secret, &info, &pool);
     build::auth_ok(&mut out);
     for (k, v) in &server.reported {
         build::parameter_status(&mut out, k.as_bytes(), v.as_bytes());
@@ -312,7 +312,7 @@ async fn start_pooled(
     out.reserve(reply.status.len() + 64);
     build::auth_ok(&mut out);
     out.extend_from_slice(&reply.status);
-    let key = app.cancel.register();
+    let key = app.cancel.register(&info, &pool);
     build::backend_key_data(&mut out, key.pid, key.secret);
     build::ready_for_query(&mut out, TxStatus::Idle);
     conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;

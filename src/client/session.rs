@@ -3,7 +3,7 @@
 //! ends, until the client leaves. Cleans up the server on every way out.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Relaxed, Release};
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
@@ -12,7 +12,7 @@ use super::interrupt::Interrupt;
 use super::track::Track;
 use super::{ClientConn, Exit};
 use crate::app::{App, Phase};
-use crate::cancel::{CancelKey, CancelTarget};
+use crate::cancel::CancelKey;
 use crate::config::{PoolMode, secs};
 use crate::params::ClientParams;
 use crate::pool::{Pool, PoolError};
@@ -36,7 +36,9 @@ pub struct Session {
     pub(super) pool: Arc<Pool>,
     pub(super) mode: PoolMode,
     pub(super) params: ClientParams,
-    pub(super) key: CancelKey,
+    /// Kept for its `Drop`, which unregisters the client's cancel key; a cancel finds
+    /// the linked server through `info.server_id`.
+    _cancel_key: CancelKey,
     pub(super) server: Option<Box<ServerConn>>,
     pub(super) track: Track,
     pub(super) timeouts: Timeouts,
@@ -89,14 +91,13 @@ impl Session {
             pool,
             mode,
             params,
-            key,
+            _cancel_key: key,
             server,
             track: Track::default(),
             timeouts,
         };
         if let Some(server) = &s.server {
-            s.key.slot.set(Some(target(server)));
-            s.info.server_id.store(server.id, Relaxed);
+            s.info.server_id.store(server.id, Release);
             server.info.set_state(ServerState::Active, s.info.id);
         }
         s.info.set_state(if s.server.is_some() { ClientState::Active } else { ClientState::Idle });
@@ -210,12 +211,12 @@ impl Session {
             }
         }
         self.pool.stats.waited(since.map_or(Duration::ZERO, |s| s.elapsed()));
-        self.key.slot.set(Some(target(&server)));
         // A connection taken at once (`since` unset) and used as it was starts in the
         // tick the request did.
         let now_us = if since.is_some() || round_trips { crate::clock::coarse_wall_us() } else { asked_us };
         server.info.set_state_at(ServerState::Active, self.info.id, now_us);
-        self.info.server_id.store(server.id, Relaxed);
+        // Release: a cancel that reads this id sees the server's key (`cancel`).
+        self.info.server_id.store(server.id, Release);
         self.info.set_state_at(ClientState::Active, now_us);
         tracing::debug!(client = self.info.id, server = server.id, "linked");
         self.track.reset();
@@ -228,8 +229,7 @@ impl Session {
         self.flush_stats();
         let Some(mut server) = self.server.take() else { return };
         tracing::debug!(client = self.info.id, server = server.id, "released");
-        self.key.slot.set(None);
-        self.info.server_id.store(0, Relaxed);
+        self.info.server_id.store(0, Release);
         self.info.set_state(ClientState::Idle);
         if let Some(settings) = self.pool.reset_always()
             && Box::pin(server.exec(&settings.reset_query)).await.is_ok()
@@ -243,7 +243,8 @@ impl Session {
     async fn cleanup(&mut self) {
         self.flush_stats();
         let Some(mut server) = self.server.take() else { return };
-        self.key.slot.set(None);
+        // No cancel may reach the server once it is on its way back to the pool.
+        self.info.server_id.store(0, Release);
         if server.broken || !self.track.protocol_idle() {
             // A query is still running or the protocol state is unknown.
             let (addr, pid, secret) = (server.addr.clone(), server.pid, server.secret);
@@ -280,10 +281,6 @@ impl Session {
             s.info.prepared_statements.store(s.prepared.len() as u64, Relaxed);
         }
     }
-}
-
-fn target(server: &ServerConn) -> CancelTarget {
-    CancelTarget { addr: server.addr.clone(), pid: server.pid, secret: server.secret }
 }
 
 pub(super) fn pool_failure(e: PoolError) -> Exit {

@@ -101,7 +101,7 @@ async fn connect_inner(target: &ServerTarget, login: &ServerLogin, id: u64) -> R
             }
             be::READY_FOR_QUERY => {
                 conn.tx = TxStatus::Idle;
-                conn.info.pid.store(conn.pid as u64, std::sync::atomic::Ordering::Relaxed);
+                conn.info.set_cancel_key(conn.pid, conn.secret);
                 return Ok(conn);
             }
             be::ERROR_RESPONSE => return Err(ServerError::Server(ErrorFields::parse(body(&frame))?)),

@@ -92,7 +92,7 @@ pub struct ServerConn {
 impl ServerConn {
     pub(crate) fn new(stream: Stream, addr: ServerAddr, id: u64) -> Self {
         let now = CoarseInstant::now();
-        let info = Arc::new(crate::stats::ServerInfo::new(id, &addr.host, addr.port));
+        let info = Arc::new(crate::stats::ServerInfo::new(id, addr.clone()));
         ServerConn {
             info,
             id,
