@@ -187,7 +187,8 @@ pub struct ClientInfo {
     state: AtomicU8,
     /// When the current request or wait began (µs since epoch).
     pub request_time_us: AtomicU64,
-    /// The id of the linked server connection, 0 when none.
+    /// The id of the linked server connection, 0 when none. A CancelRequest for this
+    /// client goes to that server (`cancel`): stored with Release when it changes.
     pub server_id: AtomicU64,
     pub prepared_statements: AtomicU64,
     /// Wakes the session: the console killed it (`killed`), or the pooler's phase

@@ -267,3 +267,30 @@ async fn shared_connection_limits_queue_then_rebalance() {
     let Err(e) = a.simple_query("select 1").await else { panic!("max_user_connections = 1 was exceeded") };
     assert_eq!(code(&e), "57014", "{e}");
 }
+
+/// Session-mode clients that reset their connection right after the startup packet:
+/// the server checked out and set up for each is closed when the login reply cannot be
+/// written, not left counted in the pool, so the only slot is free for the next client.
+#[test]
+fn client_gone_before_its_session_mode_login_reply_frees_the_server() {
+    use std::io::Write;
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .general("pool_mode", "\"session\"")
+        .general("query_wait_timeout", "5")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let hello =
+        common::raw::startup(&[("user", "u_trust"), ("database", "app"), ("application_name", "gone")], 3 << 16);
+    for _ in 0..3 {
+        let sock = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+        (&sock).write_all(&hello).unwrap();
+        // Linger 0: the close sends a reset, so Sluice's write of the login reply fails.
+        socket2::SockRef::from(&sock).set_linger(Some(Duration::ZERO)).unwrap();
+        drop(sock);
+    }
+    let mut b = Raw::login(s.port, "u_trust", "app");
+    b.send(&query("select 1"));
+    assert_eq!(first_value(&b.until_ready()), "1");
+}

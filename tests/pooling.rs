@@ -300,14 +300,34 @@ async fn cancel_in_session_mode_hits_only_that_client() {
     cancel_hits_only_that_client("session").await;
 }
 
+/// A client that has given its server back cannot cancel the query the next client
+/// runs on that server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_after_release_does_not_reach_the_next_client() {
+    let pg = PgCluster::start();
+    let s = pooled(&pg, "transaction", 1);
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let pid = value(&a, "select pg_backend_pid()").await;
+    let slow_b = tokio::spawn(async move { b.simple_query("select pg_sleep(3)").await.map(|_| ()) });
+    assert!(active(&pg, "pg_sleep(3)"), "the query never started");
+    assert_eq!(pg.backends(&format!("pid = {pid} and query like '%pg_sleep(3)%'")), 1, "not on A's former server");
+    a.cancel_token().cancel_query(NoTls).await.unwrap();
+    let rb = tokio::time::timeout(Duration::from_secs(10), slow_b).await.unwrap().unwrap();
+    assert!(rb.is_ok(), "A's cancel reached B's query: {rb:?}");
+}
+
 async fn cancel_hits_only_that_client(mode: &str) {
     let pg = PgCluster::start();
     let s = pooled(&pg, mode, 2);
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
-    // Cancelling an idle client does nothing.
-    a.cancel_token().cancel_query(NoTls).await.unwrap();
-    assert_eq!(value(&a, "select 1").await, "1");
+    if mode != "session" {
+        // Cancelling a client between transactions sends nothing (in session mode the
+        // client's own server would get it, and the signal could land on the next query).
+        a.cancel_token().cancel_query(NoTls).await.unwrap();
+        assert_eq!(value(&a, "select 1").await, "1");
+    }
     let token = a.cancel_token();
     let slow_a = tokio::spawn(async move { a.simple_query("select pg_sleep(30)").await.map(|_| ()) });
     let slow_b = tokio::spawn(async move { b.simple_query("select pg_sleep(1)").await.map(|_| ()) });

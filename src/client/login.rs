@@ -19,10 +19,9 @@ use crate::config::{Config, PoolMode, secs};
 use crate::net::listener::Peer;
 use crate::net::{ReadError, Stream, read_startup};
 use crate::params::{ClientParams, NOT_SETTINGS, is_reported};
-use crate::pool::{LoginReply, ParamList, Pool};
+use crate::pool::{Borrowed, LoginReply, ParamList, Pool};
 use crate::protocol::startup::{self, StartupMessage, StartupPacket};
 use crate::protocol::{TxStatus, build, sqlstate};
-use crate::server::ServerConn;
 use crate::stats::ClientInfo;
 use crate::tls::{self, ClientTls, Negotiation};
 
@@ -254,16 +253,12 @@ fn client_params(msg: &StartupMessage) -> Result<ClientParams, Exit> {
 
 /// Applies the client's settings to a server; a value the server rejects ends the
 /// login with the server's own error, as a direct connection would.
-async fn apply_or_fail(
-    pool: &Pool,
-    mut server: Box<ServerConn>,
-    params: &ClientParams,
-) -> Result<Box<ServerConn>, Exit> {
+async fn apply_or_fail<'a>(mut server: Borrowed<'a>, params: &ClientParams) -> Result<Borrowed<'a>, Exit> {
     match server.apply_params(params).await {
         Ok(()) => Ok(server),
         Err(e) => {
             let exit = Exit::fatal(e.sqlstate(), e.to_string());
-            pool.checkin(server);
+            server.checkin();
             Err(exit)
         }
     }
@@ -279,8 +274,8 @@ async fn start_session_mode(
     params: ClientParams,
     info: Arc<ClientInfo>,
 ) -> Result<Session, Exit> {
-    let server = pool.checkout().await.map_err(pool_failure)?;
-    let server = apply_or_fail(&pool, server, &params).await?;
+    let server = Borrowed::new(&pool, pool.checkout().await.map_err(pool_failure)?);
+    let server = apply_or_fail(server, &params).await?;
     let key = app.cancel.register_key(server.pid, server.secret, &info, &pool);
     build::auth_ok(&mut out);
     for (k, v) in &server.reported {
@@ -288,7 +283,9 @@ async fn start_session_mode(
     }
     build::backend_key_data(&mut out, server.pid, server.secret);
     build::ready_for_query(&mut out, TxStatus::Idle);
+    // A client gone before its reply: the borrowed server is closed on the way out.
     conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;
+    let server = server.take();
     Ok(Session::new(app, info, pool, PoolMode::Session, params, key, Some(server)))
 }
 
@@ -327,13 +324,13 @@ async fn work_out_reply(pool: &Arc<Pool>, asked: ClientParams) -> Result<LoginRe
     let mut defaults = learned.defaults();
     let unknown = asked.iter().any(|(k, v)| learned.canonical(k, v).is_none());
     if defaults.is_none() || unknown {
-        let server = pool.checkout().await.map_err(pool_failure)?;
-        let server = apply_or_fail(pool, server, &asked).await?;
+        let server = Borrowed::new(pool, pool.checkout().await.map_err(pool_failure)?);
+        let server = apply_or_fail(server, &asked).await?;
         for (k, v) in asked.iter() {
             let canon = if is_reported(k) { server.reported(k).unwrap_or(v) } else { v };
             learned.learn_canonical(k, v, canon);
         }
-        pool.checkin(server);
+        server.checkin();
         defaults = learned.defaults();
     }
     let defaults = defaults.unwrap_or_default();

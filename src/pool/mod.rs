@@ -137,6 +137,51 @@ impl Drop for ConnectingSlot<'_> {
     }
 }
 
+/// A server connection lent for a login's round trips (checking settings, a
+/// session-mode login): closed and its slot freed if the holder is dropped before it
+/// hands the connection on (`take`) or back (`checkin`), e.g. by `client_login_timeout`
+/// or a client that left before its login reply.
+pub struct Borrowed<'a> {
+    pool: &'a Pool,
+    server: Option<Box<ServerConn>>,
+}
+
+impl<'a> Borrowed<'a> {
+    pub fn new(pool: &'a Pool, server: Box<ServerConn>) -> Self {
+        Borrowed { pool, server: Some(server) }
+    }
+
+    /// Hands the connection on; the holder now answers for it.
+    pub fn take(mut self) -> Box<ServerConn> {
+        self.server.take().expect("a borrowed server")
+    }
+
+    pub fn checkin(self) {
+        self.pool.checkin(self.take());
+    }
+}
+
+impl std::ops::Deref for Borrowed<'_> {
+    type Target = ServerConn;
+    fn deref(&self) -> &ServerConn {
+        self.server.as_ref().expect("a borrowed server")
+    }
+}
+
+impl std::ops::DerefMut for Borrowed<'_> {
+    fn deref_mut(&mut self) -> &mut ServerConn {
+        self.server.as_mut().expect("a borrowed server")
+    }
+}
+
+impl Drop for Borrowed<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.server.take() {
+            self.pool.discard(s);
+        }
+    }
+}
+
 /// A client waiting for a connection. If it goes away, a connection that was handed
 /// to it in the meantime goes back to the pool.
 struct Waiter<'a> {
@@ -184,7 +229,8 @@ pub struct Pool {
     /// Bumped when a DDL completes through this pool: new Parses do not reuse
     /// server-side statements prepared before it.
     pub schema_epoch: std::sync::atomic::AtomicU64,
-    /// Open server connections, for the admin console.
+    /// Open server connections, for the admin console and for forwarding cancels
+    /// (`cancel`): a connection must leave it when it is closed (`discard`).
     pub servers: Registry<ServerInfo>,
     /// Source of connection ids, shared by all pools.
     ids: Arc<std::sync::atomic::AtomicU64>,

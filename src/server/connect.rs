@@ -17,9 +17,9 @@ use crate::protocol::fields::ErrorFields;
 use crate::protocol::{ProtocolError, TxStatus, auth_code, be, body, build, read_i32};
 use crate::tls::{self, ServerTls};
 
-/// Where a server lives; also what a CancelRequest is sent to. Cloned per transaction
-/// (the cancel target), hence the shared host name (whose comparison checks the
-/// pointer first).
+/// Where a server lives; also what a CancelRequest is sent to. Cloned per server
+/// connection and per forwarded cancel, hence the shared host name (whose comparison
+/// checks the pointer first).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerAddr {
     /// A host name / IP, or a directory holding the Unix socket when it starts with '/'.
