@@ -268,6 +268,44 @@ async fn shared_connection_limits_queue_then_rebalance() {
     assert_eq!(code(&e), "57014", "{e}");
 }
 
+/// Room freed under a shared limit by a connection another pool closed (here: past
+/// `server_lifetime` when it came back) reaches this pool's waiting clients, not only
+/// the closing pool's own queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn room_freed_under_a_shared_limit_reaches_another_pools_queue() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"md5\"")
+        .general("max_db_connections", "1")
+        .general("server_lifetime", "1")
+        .general("query_wait_timeout", "30")
+        .general("admin_users", r#"["u_scram"]"#)
+        .database("app", &[("pool_size", "5")])
+        .start();
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let b = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
+    // a holds the database's only server while it ages past server_lifetime; b queues.
+    a.simple_query("begin").await.unwrap();
+    let b_query = tokio::spawn(async move { value(&b, "select current_user").await });
+    let port = s.port;
+    // SHOW POOLS: database|user|cl_active|cl_waiting|...
+    let waiting = || {
+        let out = common::psql_cmd(port, "127.0.0.1", Role::SCRAM.name, Role::SCRAM.password, "pgbouncer")
+            .args(["-F", "|", "-c", "SHOW POOLS"])
+            .output()
+            .expect("psql runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let row = text.lines().map(|l| l.split('|').collect::<Vec<_>>()).find(|f| f[..2] == ["app", "u_md5"]);
+        row.is_some_and(|f| f.get(3).is_some_and(|w| *w != "0"))
+    };
+    assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), waiting)), "b never queued");
+    a.simple_query("select pg_sleep(1.2)").await.unwrap();
+    // The server comes back too old and is closed: the limit has room for b's pool.
+    a.simple_query("commit").await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), b_query).await;
+    assert_eq!(got.expect("b still waits though the limit has room").unwrap(), Role::MD5.name);
+}
+
 /// Session-mode clients that reset their connection right after the startup packet:
 /// the server checked out and set up for each is closed when the login reply cannot be
 /// written, not left counted in the pool, so the only slot is free for the next client.

@@ -67,6 +67,27 @@ async fn sighup_reloads_without_dropping_clients() {
     assert_eq!(value(&d, "select 5").await, "5");
 }
 
+/// A reload that points a database at another server database replaces its server
+/// connections: one lent out during the reload is closed when its client gives it back,
+/// not kept for the next transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_moving_a_database_replaces_lent_server_connections() {
+    let pg = PgCluster::start();
+    pg.psql("create database other; grant all on database other to u_scram");
+    let s = Sluice::builder(&pg).database("app", &[("pool_size", "1")]).start();
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    a.simple_query("begin").await.unwrap();
+    assert_eq!(value(&a, "select current_database()").await, "app");
+    let cfg = s.config().replace("dbname = \"app\"", "dbname = \"other\"");
+    assert!(cfg.contains("dbname = \"other\""), "config layout changed:\n{cfg}");
+    s.write_config(&cfg);
+    s.reload();
+    assert!(s.wait_log("configuration reloaded", Duration::from_secs(10)));
+    assert_eq!(value(&a, "select current_database()").await, "app", "the open transaction keeps its server");
+    a.simple_query("commit").await.unwrap();
+    assert_eq!(value(&a, "select current_database()").await, "other");
+}
+
 /// Whether Sluice's side of the client connection from local port `client_port` runs
 /// a keepalive timer (/proc/net/tcp: `tr` 2 on an established socket).
 #[cfg(target_os = "linux")]

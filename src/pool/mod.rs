@@ -276,9 +276,10 @@ impl Pool {
         self.settings.load_full()
     }
 
-    /// Applies reloaded settings. Connections to a changed server address or user are
-    /// retired as they come back; idle ones are also closed when `server_tls_sslmode`
-    /// changed (new certificates alone keep existing connections).
+    /// Applies reloaded settings. When the server address, database name or
+    /// `server_tls_sslmode` changed, every connection opened before is closed: idle ones
+    /// at once, lent ones as they come back (new certificates alone keep existing
+    /// connections).
     pub fn update(&self, settings: PoolSettings) {
         let old = self.settings.swap(Arc::new(settings));
         let new = self.settings.load();
@@ -287,10 +288,9 @@ impl Pool {
             self.learned.forget();
         }
         if moved || old.target.tls.mode != new.target.tls.mode {
-            let idle = std::mem::take(&mut self.inner.lock().idle);
-            for s in idle {
-                self.discard(s);
-            }
+            // Every connection opened so far is closed: idle ones now, lent ones when
+            // they come back (as after RECONNECT).
+            self.reconnect();
         }
         self.wake_waiters();
     }

@@ -87,11 +87,17 @@ impl Pools {
         l.clone()
     }
 
-    /// Pools starved by a shared connection limit get room by closing an idle
-    /// connection of another pool under the same limit (run by the janitor).
+    /// Pools starved by a shared connection limit get room (run by the janitor, once a
+    /// second): first any room already free under the limit, left by a connection
+    /// another pool closed (which wakes only its own queue), then by closing an idle
+    /// connection of another pool under the same limit.
     pub fn rebalance(&self) {
         let pools = self.all();
         for starved in pools.iter().filter(|p| p.is_starved()) {
+            starved.retry_waiters();
+            if !starved.is_starved() {
+                continue;
+            }
             let freed =
                 pools.iter().any(|p| !Arc::ptr_eq(p, starved) && p.shares_limit_with(starved) && p.evict_one_idle());
             if freed {

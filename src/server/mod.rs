@@ -136,9 +136,20 @@ impl ServerConn {
     }
 
     /// Runs Sluice's own simple query (SET, DISCARD ALL, ROLLBACK...) and consumes its
-    /// whole response. A server error is returned after the response is drained, so
-    /// the connection stays usable.
+    /// whole response. A server's ERROR is returned after the response is drained, so
+    /// the connection stays usable; any other failure (lost connection, FATAL, garbled
+    /// reply) marks it broken, so it is closed rather than lent again.
     pub async fn exec(&mut self, sql: &str) -> Result<(), ServerError> {
+        let r = self.exec_drained(sql).await;
+        if let Err(e) = &r
+            && !matches!(e, ServerError::Server(f) if !f.is_fatal())
+        {
+            self.broken = true;
+        }
+        r
+    }
+
+    async fn exec_drained(&mut self, sql: &str) -> Result<(), ServerError> {
         let mut out = BytesMut::new();
         build::query(&mut out, sql);
         self.stream.send(&out).await?;
@@ -160,7 +171,6 @@ impl ServerConn {
                 be::ERROR_RESPONSE => {
                     let f = ErrorFields::parse(body(&frame))?;
                     if f.is_fatal() {
-                        self.broken = true;
                         return Err(ServerError::Server(f));
                     }
                     error.get_or_insert(f);
