@@ -102,6 +102,37 @@ fn keepalive_timer(sluice_port: u16, client_port: u16) -> bool {
     line[5].starts_with("02:")
 }
 
+/// Whether each of Sluice's established TCP connections to the server on `pg_port`
+/// runs a keepalive timer (/proc/net/tcp).
+#[cfg(target_os = "linux")]
+fn server_keepalive_timers(pg_port: u16) -> Vec<bool> {
+    let remote = format!(":{pg_port:04X}");
+    let text = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    text.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f.len() > 5 && f[2].ends_with(&remote) && f[3] == "01")
+        .map(|f| f[5].starts_with("02:"))
+        .collect()
+}
+
+/// Server connections follow tcp_keepalive too, so a server lost without a reset is
+/// noticed.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_connections_follow_tcp_keepalive() {
+    let pg = PgCluster::start();
+    for on in [true, false] {
+        let s = Sluice::builder(&pg).general("tcp_keepalive", &on.to_string()).start();
+        let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+        assert_eq!(value(&c, "select 1").await, "1");
+        let timers = server_keepalive_timers(pg.port);
+        assert!(!timers.is_empty(), "no server connection over TCP");
+        assert!(timers.iter().all(|&t| t == on), "tcp_keepalive = {on}: {timers:?}");
+        drop(c);
+        drop(s);
+    }
+}
+
 /// tcp_keepalive is on for client connections by default; a reload turning it off
 /// applies from the next connection on (the listening socket is changed at once), and
 /// connections made before keep theirs.

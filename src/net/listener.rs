@@ -148,7 +148,7 @@ pub fn set_listener_keepalive(l: &TcpListener, on: bool) {
 
 /// Turns TCP keepalive on (first probe after `KEEPALIVE_IDLE`) or off on a socket
 /// (best effort).
-fn set_keepalive(sock: socket2::SockRef<'_>, on: bool) {
+pub fn set_keepalive(sock: socket2::SockRef<'_>, on: bool) {
     let _ = if on {
         sock.set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(KEEPALIVE_IDLE))
     } else {

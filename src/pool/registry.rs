@@ -272,6 +272,7 @@ pub fn settings_for(
             addr: ServerAddr { host: db.host.as_str().into(), port: db.port },
             database: db.dbname.clone().unwrap_or_else(|| db_name.to_string()),
             user: server_user.clone(),
+            keepalive: g.tcp_keepalive,
             tls: tls.clone(),
         },
         login,

@@ -61,6 +61,9 @@ pub struct ServerTarget {
     pub addr: ServerAddr,
     pub database: String,
     pub user: String,
+    /// TCP keepalive on the connection (`tcp_keepalive`, as on client connections), so
+    /// a server lost without a reset is noticed.
+    pub keepalive: bool,
     /// TLS towards the server (`server_tls_*`); used for TCP hosts only.
     pub tls: Arc<ServerTls>,
 }
@@ -81,6 +84,9 @@ pub async fn connect(
 
 async fn connect_inner(target: &ServerTarget, login: &ServerLogin, id: u64) -> Result<Box<ServerConn>, ServerError> {
     let stream = target.addr.open().await?;
+    if let Some(tcp) = stream.tcp() {
+        crate::net::listener::set_keepalive(socket2::SockRef::from(tcp), target.keepalive);
+    }
     let stream = tls::negotiate(stream, &target.tls, &target.addr.host).await?;
     let mut conn = Box::new(ServerConn::new(stream, target.addr.clone(), id));
     let mut out = BytesMut::new();
