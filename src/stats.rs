@@ -296,8 +296,8 @@ impl ServerInfo {
         }
     }
 
-    /// Records the backend key once the server has logged in. Published to a cancel
-    /// by the linking session's Release store of its `server_id` (see `cancel`).
+    /// Records the backend key (the server's BackendKeyData at login). Published to a
+    /// cancel by the linking session's Release store of its `server_id` (see `cancel`).
     pub fn set_cancel_key(&self, pid: u32, secret: u32) {
         self.pid.store(pid, Relaxed);
         self.secret.store(secret, Relaxed);

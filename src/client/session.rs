@@ -247,7 +247,7 @@ impl Session {
         self.info.server_id.store(0, Release);
         if server.broken || !self.track.protocol_idle() {
             // A query is still running or the protocol state is unknown.
-            let (addr, pid, secret) = (server.addr.clone(), server.pid, server.secret);
+            let (addr, (pid, secret)) = (server.addr().clone(), server.cancel_key());
             self.pool.discard(server);
             if !self.track.protocol_idle() {
                 tokio::spawn(async move { addr.cancel(pid, secret).await });

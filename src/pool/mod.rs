@@ -475,7 +475,7 @@ impl Pool {
         let settings = self.settings.load();
         let now = crate::clock::CoarseInstant::now();
         let expired = settings.lifetime.is_some_and(|l| now.since(s.created) >= l);
-        if !s.is_clean() || expired || s.addr != settings.target.addr || self.marked(&s) || self.is_paused() {
+        if !s.is_clean() || expired || *s.addr() != settings.target.addr || self.marked(&s) || self.is_paused() {
             return self.discard(s);
         }
         s.last_used = now;

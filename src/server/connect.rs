@@ -103,11 +103,10 @@ async fn connect_inner(target: &ServerTarget, login: &ServerLogin, id: u64) -> R
                 let b = body(&frame);
                 let (pid, rest) = read_i32(b).ok_or(ProtocolError::Malformed("BackendKeyData"))?;
                 let (secret, _) = read_i32(rest).ok_or(ProtocolError::Malformed("BackendKeyData"))?;
-                (conn.pid, conn.secret) = (pid as u32, secret as u32);
+                conn.info.set_cancel_key(pid as u32, secret as u32);
             }
             be::READY_FOR_QUERY => {
                 conn.tx = TxStatus::Idle;
-                conn.info.set_cancel_key(conn.pid, conn.secret);
                 return Ok(conn);
             }
             be::ERROR_RESPONSE => return Err(ServerError::Server(ErrorFields::parse(body(&frame))?)),

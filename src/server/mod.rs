@@ -70,9 +70,6 @@ pub struct ServerConn {
     pub stream: Stream,
     /// Bytes read from the server and not yet forwarded.
     pub buf: BytesMut,
-    pub addr: ServerAddr,
-    pub pid: u32,
-    pub secret: u32,
     /// Parameters as the server last reported them (server spelling of names).
     pub reported: Vec<(String, String)>,
     /// The client settings this connection currently carries; None when unknown
@@ -85,22 +82,20 @@ pub struct ServerConn {
     pub broken: bool,
     /// Prepared statements this connection holds (pooled modes).
     pub prepared: crate::prepared::ServerStatements,
-    /// What the admin console shows of this connection.
+    /// What the admin console shows of this connection, and where a cancel for it goes:
+    /// its address and backend key live there (`addr`, `cancel_key`).
     pub info: Arc<crate::stats::ServerInfo>,
 }
 
 impl ServerConn {
     pub(crate) fn new(stream: Stream, addr: ServerAddr, id: u64) -> Self {
         let now = CoarseInstant::now();
-        let info = Arc::new(crate::stats::ServerInfo::new(id, addr.clone()));
+        let info = Arc::new(crate::stats::ServerInfo::new(id, addr));
         ServerConn {
             info,
             id,
             stream,
             buf: BytesMut::with_capacity(16 * 1024),
-            addr,
-            pid: 0,
-            secret: 0,
             reported: Vec::new(),
             applied: Some(ClientParams::default()),
             tx: TxStatus::Idle,
@@ -109,6 +104,16 @@ impl ServerConn {
             broken: false,
             prepared: Default::default(),
         }
+    }
+
+    /// Where this connection goes.
+    pub fn addr(&self) -> &ServerAddr {
+        &self.info.addr
+    }
+
+    /// The server's backend key (pid, secret), from its BackendKeyData.
+    pub fn cancel_key(&self) -> (u32, u32) {
+        self.info.cancel_key()
     }
 
     /// Records a ParameterStatus the server sent.
