@@ -84,8 +84,9 @@ pub async fn connect(
 
 async fn connect_inner(target: &ServerTarget, login: &ServerLogin, id: u64) -> Result<Box<ServerConn>, ServerError> {
     let stream = target.addr.open().await?;
-    if let Some(tcp) = stream.tcp() {
-        crate::net::listener::set_keepalive(socket2::SockRef::from(tcp), target.keepalive);
+    // A new socket has no keepalive: only turning it on takes a system call.
+    if let Some(tcp) = stream.tcp().filter(|_| target.keepalive) {
+        crate::net::listener::set_keepalive(socket2::SockRef::from(tcp), true);
     }
     let stream = tls::negotiate(stream, &target.tls, &target.addr.host).await?;
     let mut conn = Box::new(ServerConn::new(stream, target.addr.clone(), id));
