@@ -319,6 +319,9 @@ fn client_gone_before_its_session_mode_login_reply_frees_the_server() {
         .general("query_wait_timeout", "5")
         .database("app", &[("pool_size", "1")])
         .start();
+    // Sessions PostgreSQL counted on `app` (read from another database), as they end.
+    let sessions = || pg.psql_db("postgres", "select sessions from pg_stat_database where datname = 'app'");
+    let before: u64 = sessions().parse().unwrap();
     let hello =
         common::raw::startup(&[("user", "u_trust"), ("database", "app"), ("application_name", "gone")], 3 << 16);
     for _ in 0..3 {
@@ -328,6 +331,10 @@ fn client_gone_before_its_session_mode_login_reply_frees_the_server() {
         socket2::SockRef::from(&sock).set_linger(Some(Duration::ZERO)).unwrap();
         drop(sock);
     }
+    // The logins got as far as a server (a session on `app` that has ended), so the
+    // failed write of the reply was met; the pool must not count those servers still.
+    let ended = wait_until(Duration::from_secs(10), || sessions().parse::<u64>().unwrap() > before);
+    assert!(ended, "no vanished client's login reached a server: the case was not exercised");
     let mut b = Raw::login(s.port, "u_trust", "app");
     b.send(&query("select 1"));
     assert_eq!(first_value(&b.until_ready()), "1");
