@@ -339,3 +339,62 @@ fn client_gone_before_its_session_mode_login_reply_frees_the_server() {
     b.send(&query("select 1"));
     assert_eq!(first_value(&b.until_ready()), "1");
 }
+
+/// A reset query that does not finish within `internal_query_timeout` closes the
+/// server instead of holding its slot: the next client gets a new server at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_query_past_internal_query_timeout_closes_the_server() {
+    let pg = PgCluster::start();
+    let extra = [
+        ("server_reset_query", "\"select pg_sleep(30)\""),
+        ("server_reset_query_always", "true"),
+        ("internal_query_timeout", "1"),
+        ("query_wait_timeout", "20"),
+    ];
+    let s = sluice(&pg, &extra, 1);
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let first = value(&a, "select pg_backend_pid()").await;
+    // Without the limit the only server stays in its reset for 30 s, then comes back.
+    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let started = std::time::Instant::now();
+    assert_ne!(value(&b, "select pg_backend_pid()").await, first, "the server was kept after its reset timed out");
+    assert!(started.elapsed() < Duration::from_secs(15), "waited {:?} for the reset", started.elapsed());
+}
+
+/// Resumes a stopped backend however the test ends, so the cluster can shut down.
+struct Stopped(i32);
+
+impl Stopped {
+    fn new(pid: &str) -> Self {
+        let pid: i32 = pid.parse().expect("a backend pid");
+        // SAFETY: kill(2) on a PostgreSQL backend of this test's own cluster.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "cannot stop backend {pid}");
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// A server that stops answering (its backend frozen with SIGSTOP) fails its check
+/// query within `internal_query_timeout`: it is closed, and the client is served by a
+/// new server instead of hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_fails_its_check_within_internal_query_timeout() {
+    let pg = PgCluster::start();
+    let extra = [("server_check_delay", "0.05"), ("internal_query_timeout", "1")];
+    let s = sluice(&pg, &extra, 1);
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let first = value(&a, "select pg_backend_pid()").await;
+    let _frozen = Stopped::new(&first);
+    // Ages the idle server past server_check_delay, so the next loan checks it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let next = tokio::time::timeout(Duration::from_secs(15), value(&a, "select pg_backend_pid()"))
+        .await
+        .expect("the client hung on a frozen server");
+    assert_ne!(next, first);
+}

@@ -254,7 +254,8 @@ fn client_params(msg: &StartupMessage) -> Result<ClientParams, Exit> {
 /// Applies the client's settings to a server; a value the server rejects ends the
 /// login with the server's own error, as a direct connection would.
 async fn apply_or_fail<'a>(mut server: Borrowed<'a>, params: &ClientParams) -> Result<Borrowed<'a>, Exit> {
-    match server.apply_params(params).await {
+    let limit = server.pool().internal_timeout();
+    match server.apply_params(params, limit).await {
         Ok(()) => Ok(server),
         Err(e) => {
             let exit = Exit::fatal(e.sqlstate(), e.to_string());

@@ -216,7 +216,7 @@ impl Session {
     async fn statement_violation(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
         self.track.violation = false;
         let server = self.server.as_mut().expect("relay without a server");
-        if Box::pin(server.exec("ROLLBACK")).await.is_err() {
+        if Box::pin(server.exec("ROLLBACK", self.pool.internal_timeout())).await.is_err() {
             server.broken = true;
             return Err(server_lost(None));
         }

@@ -193,7 +193,7 @@ impl Session {
             let mut server = server.map_err(pool_failure)?;
             if self.pool.needs_check(&server) {
                 round_trips = true;
-                if Box::pin(server.exec("")).await.is_err() {
+                if Box::pin(server.exec("", self.pool.internal_timeout())).await.is_err() {
                     self.pool.discard(server);
                     continue;
                 }
@@ -204,7 +204,7 @@ impl Session {
         // size of every client task if kept inline.
         if !server.carries(&self.params) {
             round_trips = true;
-            if let Err(e) = Box::pin(server.apply_params(&self.params)).await {
+            if let Err(e) = Box::pin(server.apply_params(&self.params, self.pool.internal_timeout())).await {
                 let exit = Exit::fatal(e.sqlstate(), format!("cannot apply session settings: {e}"));
                 self.pool.checkin(server);
                 return Err(exit);
@@ -232,7 +232,7 @@ impl Session {
         self.info.server_id.store(0, Release);
         self.info.set_state(ClientState::Idle);
         if let Some(settings) = self.pool.reset_always()
-            && Box::pin(server.exec(&settings.reset_query)).await.is_ok()
+            && Box::pin(server.exec(&settings.reset_query, settings.internal_timeout)).await.is_ok()
         {
             server.was_reset();
         }
@@ -254,18 +254,16 @@ impl Session {
             }
             return;
         }
-        let step = Duration::from_secs(5);
-        if server.tx != TxStatus::Idle
-            && !matches!(tokio::time::timeout(step, server.exec("ROLLBACK")).await, Ok(Ok(())))
-        {
+        let settings = self.pool.settings();
+        let limit = settings.internal_timeout;
+        if server.tx != TxStatus::Idle && server.exec("ROLLBACK", limit).await.is_err() {
             return self.pool.discard(server);
         }
-        let settings = self.pool.settings();
         let reset = self.mode == PoolMode::Session || settings.reset_query_always;
         if reset && !settings.reset_query.is_empty() {
-            match tokio::time::timeout(step, server.exec(&settings.reset_query)).await {
-                Ok(Ok(())) => server.was_reset(),
-                _ => return self.pool.discard(server),
+            match server.exec(&settings.reset_query, limit).await {
+                Ok(()) => server.was_reset(),
+                Err(_) => return self.pool.discard(server),
             }
         }
         self.pool.checkin(server);

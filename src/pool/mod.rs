@@ -44,6 +44,8 @@ pub struct PoolSettings {
     pub check_delay: Option<Duration>,
     pub reset_query: String,
     pub reset_query_always: bool,
+    /// Limit for each of Sluice's own queries on a server (`internal_query_timeout`).
+    pub internal_timeout: Option<Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -158,6 +160,11 @@ impl<'a> Borrowed<'a> {
 
     pub fn checkin(self) {
         self.pool.checkin(self.take());
+    }
+
+    /// The pool the connection belongs to.
+    pub fn pool(&self) -> &'a Pool {
+        self.pool
     }
 }
 
@@ -675,6 +682,11 @@ impl Pool {
     pub fn reset_always(&self) -> Option<Arc<PoolSettings>> {
         let s = self.settings.load();
         (s.reset_query_always && !s.reset_query.is_empty()).then(|| arc_swap::Guard::into_inner(s))
+    }
+
+    /// The limit for Sluice's own queries on this pool's servers.
+    pub fn internal_timeout(&self) -> Option<Duration> {
+        self.settings.load().internal_timeout
     }
 
     pub fn needs_check(&self, s: &ServerConn) -> bool {

@@ -286,6 +286,7 @@ pub fn settings_for(
         check_delay: secs(g.server_check_delay),
         reset_query: g.server_reset_query.clone(),
         reset_query_always: g.server_reset_query_always,
+        internal_timeout: secs(g.internal_query_timeout),
     };
     Some((key, settings))
 }

@@ -5,6 +5,7 @@
 pub mod connect;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::clock::CoarseInstant;
 
@@ -28,6 +29,8 @@ pub enum ServerError {
     Protocol(#[from] ProtocolError),
     #[error("timed out connecting to the server")]
     ConnectTimeout,
+    #[error("server did not answer within internal_query_timeout")]
+    InternalTimeout,
     #[error("{0}")]
     Login(#[from] crate::auth::LoginError),
     #[error("server login failed: {0}")]
@@ -143,9 +146,15 @@ impl ServerConn {
     /// Runs Sluice's own simple query (SET, DISCARD ALL, ROLLBACK...) and consumes its
     /// whole response. A server's ERROR is returned after the response is drained, so
     /// the connection stays usable; any other failure (lost connection, FATAL, garbled
-    /// reply) marks it broken, so it is closed rather than lent again.
-    pub async fn exec(&mut self, sql: &str) -> Result<(), ServerError> {
-        let r = self.exec_drained(sql).await;
+    /// reply, no answer within `limit`) marks it broken, so it is closed rather than
+    /// lent again.
+    pub async fn exec(&mut self, sql: &str, limit: Option<Duration>) -> Result<(), ServerError> {
+        let r = match limit {
+            Some(t) => {
+                tokio::time::timeout(t, self.exec_drained(sql)).await.unwrap_or(Err(ServerError::InternalTimeout))
+            }
+            None => self.exec_drained(sql).await,
+        };
         if let Err(e) = &r
             && !matches!(e, ServerError::Server(f) if !f.is_fatal())
         {
@@ -190,15 +199,15 @@ impl ServerConn {
         self.applied.as_ref().is_some_and(|a| want.same(a))
     }
 
-    /// Makes this connection carry `want`'s settings.
-    pub async fn apply_params(&mut self, want: &ClientParams) -> Result<(), ServerError> {
+    /// Makes this connection carry `want`'s settings; `limit` as for `exec`.
+    pub async fn apply_params(&mut self, want: &ClientParams, limit: Option<Duration>) -> Result<(), ServerError> {
         let sql = match &self.applied {
             Some(applied) => want.diff_sql(applied),
             None => Some(format!("RESET ALL;{}", want.diff_sql(&ClientParams::default()).unwrap_or_default())),
         };
         if let Some(sql) = sql {
             self.applied = None;
-            self.exec(&sql).await?;
+            self.exec(&sql, limit).await?;
         }
         // Even when nothing differed: from now on the check is a pointer comparison.
         self.applied = Some(want.clone());
