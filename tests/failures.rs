@@ -9,6 +9,22 @@ use std::time::Duration;
 use common::raw::{Raw, first_value, query};
 use common::{PgCluster, Role, Sluice, code, connect, eventually, try_connect, value, wait_until};
 
+/// Polls the admin console (as `u_scram`, an admin user) until the pool of `db` and
+/// `user` has a client waiting; false after 10 s.
+fn queued(port: u16, db: &str, user: &str) -> bool {
+    let waiting = || {
+        let out = common::psql_cmd(port, "127.0.0.1", Role::SCRAM.name, Role::SCRAM.password, "pgbouncer")
+            .args(["-F", "|", "-c", "SHOW POOLS"])
+            .output()
+            .expect("psql runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        // SHOW POOLS: database|user|cl_active|cl_waiting|...
+        let row = text.lines().map(|l| l.split('|').collect::<Vec<_>>()).find(|f| f.len() > 3 && f[..2] == [db, user]);
+        row.is_some_and(|f| f[3] != "0")
+    };
+    tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), waiting))
+}
+
 fn sluice(pg: &PgCluster, extra: &[(&str, &str)], pool_size: usize) -> Sluice {
     let mut b = Sluice::builder(pg).database("app", &[("pool_size", &pool_size.to_string())]);
     for (k, v) in extra {
@@ -287,18 +303,7 @@ async fn room_freed_under_a_shared_limit_reaches_another_pools_queue() {
     // a holds the database's only server while it ages past server_lifetime; b queues.
     a.simple_query("begin").await.unwrap();
     let b_query = tokio::spawn(async move { value(&b, "select current_user").await });
-    let port = s.port;
-    // SHOW POOLS: database|user|cl_active|cl_waiting|...
-    let waiting = || {
-        let out = common::psql_cmd(port, "127.0.0.1", Role::SCRAM.name, Role::SCRAM.password, "pgbouncer")
-            .args(["-F", "|", "-c", "SHOW POOLS"])
-            .output()
-            .expect("psql runs");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let row = text.lines().map(|l| l.split('|').collect::<Vec<_>>()).find(|f| f[..2] == ["app", "u_md5"]);
-        row.is_some_and(|f| f.get(3).is_some_and(|w| *w != "0"))
-    };
-    assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), waiting)), "b never queued");
+    assert!(queued(s.port, "app", Role::MD5.name), "b never queued");
     a.simple_query("select pg_sleep(1.2)").await.unwrap();
     // The server comes back too old and is closed: the limit has room for b's pool.
     a.simple_query("commit").await.unwrap();
@@ -397,4 +402,25 @@ async fn a_frozen_server_fails_its_check_within_internal_query_timeout() {
         .await
         .expect("the client hung on a frozen server");
     assert_ne!(next, first);
+}
+
+/// A reload that raises `max_db_connections` lets a client queued behind the old limit
+/// in at once, without waiting for any connection to close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raised_shared_limit_lets_queued_clients_in() {
+    let pg = PgCluster::start();
+    let extra = [("max_db_connections", "1"), ("query_wait_timeout", "30"), ("admin_users", r#"["u_scram"]"#)];
+    let s = sluice(&pg, &extra, 5);
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    a.simple_query("begin").await.unwrap();
+    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let b_query = tokio::spawn(async move { value(&b, "select 2").await });
+    assert!(queued(s.port, "app", Role::SCRAM.name), "b never queued");
+    let cfg = s.config();
+    assert!(cfg.contains("max_db_connections = 1"), "config layout changed:\n{cfg}");
+    s.write_config(&cfg.replace("max_db_connections = 1", "max_db_connections = 2"));
+    s.reload();
+    assert!(s.wait_log("configuration reloaded", Duration::from_secs(10)));
+    let got = tokio::time::timeout(Duration::from_secs(10), b_query).await;
+    assert_eq!(got.expect("b still waits though the limit was raised").unwrap(), "2");
 }

@@ -119,7 +119,7 @@ impl ConnectingSlot<'_> {
         }
         drop(inner);
         if r.is_err() {
-            self.pool.wake_waiters();
+            self.pool.room_freed();
         }
         r
     }
@@ -134,7 +134,7 @@ impl Drop for ConnectingSlot<'_> {
                 inner.total -= 1;
             }
             self.pool.release_limits();
-            self.pool.wake_waiters();
+            self.pool.room_freed();
         }
     }
 }
@@ -513,14 +513,22 @@ impl Pool {
             inner.total -= 1;
             self.release_limits();
         }
-        self.wake_waiters();
+        self.room_freed();
         self.notify_changed();
+    }
+
+    /// Room for a connection was freed: this pool's oldest waiters first, then the
+    /// pools sharing a limit that one of them found full.
+    fn room_freed(&self) {
+        self.wake_waiters();
+        self.wake_sharing();
     }
 
     /// Gives the oldest waiters the room there now is to open connections: each gets
     /// a slot already counted, so FIFO order holds.
     fn wake_waiters(&self) {
         let size = self.settings.load().size;
+        let mut gave_back = false;
         let mut inner = self.inner.lock();
         while !inner.waiters.is_empty() && inner.total < size && self.acquire_limits() {
             let w = inner.waiters.pop_front().expect("not empty");
@@ -529,6 +537,23 @@ impl Pool {
                 inner.connecting += 1;
             } else {
                 self.release_limits();
+                gave_back = true;
+            }
+        }
+        drop(inner);
+        // Room a departed waiter did not use may be another pool's (each such step
+        // drops a waiter, so the wake-ups it starts end).
+        if gave_back {
+            self.wake_sharing();
+        }
+    }
+
+    /// Wakes the queues of the pools that found a shared limit full (`ConnLimit`); never
+    /// called with a pool's lock held.
+    fn wake_sharing(&self) {
+        for limit in [&self.db_limit, &self.user_limit] {
+            for pool in limit.take_contended() {
+                pool.wake_waiters();
             }
         }
     }
@@ -541,23 +566,27 @@ impl Pool {
             inner.connecting -= 1;
         }
         self.release_limits();
-        self.wake_waiters();
+        self.room_freed();
     }
 
     fn acquire_limits(&self) -> bool {
-        if !self.db_limit.try_acquire() {
-            return false;
-        }
-        if !self.user_limit.try_acquire() {
-            self.db_limit.release();
-            return false;
-        }
-        true
+        ConnLimit::acquire_pair(&self.db_limit, &self.user_limit)
     }
 
     fn release_limits(&self) {
-        self.db_limit.release();
-        self.user_limit.release();
+        ConnLimit::release_pair(&self.db_limit, &self.user_limit);
+    }
+
+    /// Counts this pool among those its limits wake (`ConnLimit::join`).
+    pub(super) fn join_limits(self: &Arc<Self>) {
+        self.db_limit.join(self);
+        self.user_limit.join(self);
+    }
+
+    /// Wakes the pools that found one of this pool's limits full (after a reload
+    /// raised it).
+    pub(super) fn limits_changed(&self) {
+        self.wake_sharing();
     }
 
     /// One janitor pass: closes connections idle past `server_idle_timeout` or older
@@ -651,11 +680,6 @@ impl Pool {
             }
             None => false,
         }
-    }
-
-    /// Lets waiters retry opening a connection.
-    pub fn retry_waiters(&self) {
-        self.wake_waiters();
     }
 
     /// A server reported statement `id` (held at generation `seen`) stale: copies of

@@ -73,6 +73,7 @@ impl Pools {
         let db_limit = self.limit(&self.db_limits, db, db_max(cfg, db));
         let user_limit = self.limit(&self.user_limits, &key.user, user_max(cfg, &key.user));
         let pool = Arc::new(Pool::new(key.clone(), settings, db_limit, user_limit, self.server_ids.clone()));
+        pool.join_limits();
         if self.is_paused(db) {
             pool.pause();
         }
@@ -88,21 +89,16 @@ impl Pools {
     }
 
     /// Pools starved by a shared connection limit get room (run by the janitor, once a
-    /// second): first any room already free under the limit, left by a connection
-    /// another pool closed (which wakes only its own queue), then by closing an idle
-    /// connection of another pool under the same limit.
+    /// second) by closing an idle connection of another pool under the same limit; the
+    /// close wakes the starved queue (`ConnLimit`), as any connection closed under the
+    /// limit does at once.
     pub fn rebalance(&self) {
         let pools = self.all();
         for starved in pools.iter().filter(|p| p.is_starved()) {
-            starved.retry_waiters();
-            if !starved.is_starved() {
-                continue;
-            }
-            let freed =
+            // One connection a pass per starved pool: its queue takes it before the
+            // next pass looks again.
+            let _ =
                 pools.iter().any(|p| !Arc::ptr_eq(p, starved) && p.shares_limit_with(starved) && p.evict_one_idle());
-            if freed {
-                starved.retry_waiters();
-            }
         }
     }
 
@@ -224,6 +220,9 @@ impl Pools {
         for (name, l) in self.user_limits.lock().iter() {
             l.set_max(user_max(cfg, name));
         }
+        drop(map);
+        // A raised limit lets queued clients in now.
+        self.all().iter().for_each(|p| p.limits_changed());
     }
 }
 
