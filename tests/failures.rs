@@ -346,7 +346,8 @@ fn client_gone_before_its_session_mode_login_reply_frees_the_server() {
 }
 
 /// A reset query that does not finish within `internal_query_timeout` closes the
-/// server instead of holding its slot: the next client gets a new server at once.
+/// server instead of holding its slot (the next client gets a new server at once), and
+/// is cancelled on PostgreSQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_query_past_internal_query_timeout_closes_the_server() {
     let pg = PgCluster::start();
@@ -364,6 +365,9 @@ async fn a_reset_query_past_internal_query_timeout_closes_the_server() {
     let started = std::time::Instant::now();
     assert_ne!(value(&b, "select pg_backend_pid()").await, first, "the server was kept after its reset timed out");
     assert!(started.elapsed() < Duration::from_secs(15), "waited {:?} for the reset", started.elapsed());
+    // The reset was cancelled on the server, not left running there.
+    let sleeping = || pg.backends("query = 'select pg_sleep(30)' and state = 'active'");
+    assert!(wait_until(Duration::from_secs(10), || sleeping() == 0), "the timed-out reset query still runs");
 }
 
 /// Resumes a stopped backend however the test ends, so the cluster can shut down.

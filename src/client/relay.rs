@@ -216,9 +216,9 @@ impl Session {
     async fn statement_violation(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
         self.track.violation = false;
         let server = self.server.as_mut().expect("relay without a server");
-        if Box::pin(server.exec("ROLLBACK", self.pool.internal_timeout())).await.is_err() {
+        if let Err(e) = Box::pin(server.exec("ROLLBACK", self.pool.internal_timeout())).await {
             server.broken = true;
-            return Err(server_lost(None));
+            return Err(server_lost(Some(e.to_string())));
         }
         self.track.tx = Some(TxStatus::Idle);
         let mut out = BytesMut::new();

@@ -48,6 +48,11 @@ impl ConnLimit {
         self.count.lock().current
     }
 
+    /// Whether the limit is set and reached.
+    pub fn is_full(&self) -> bool {
+        !has_room(self.max(), self.current())
+    }
+
     /// Counts `pool` among those to wake when room is freed.
     pub fn join(&self, pool: &Arc<Pool>) {
         let mut pools = self.pools.lock();

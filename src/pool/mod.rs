@@ -665,9 +665,13 @@ impl Pool {
         !i.waiters.is_empty() && i.total < size && i.connecting == 0
     }
 
-    /// Whether this pool counts against the same limit as `other`.
-    pub fn shares_limit_with(&self, other: &Pool) -> bool {
-        Arc::ptr_eq(&self.db_limit, &other.db_limit) || Arc::ptr_eq(&self.user_limit, &other.user_limit)
+    /// Whether closing one of this pool's connections gives `starved` room: `starved`
+    /// finds a shared limit full, and this pool counts against every one it finds full.
+    pub fn can_make_room_for(&self, starved: &Pool) -> bool {
+        let (db_full, user_full) = (starved.db_limit.is_full(), starved.user_limit.is_full());
+        (db_full || user_full)
+            && (!db_full || Arc::ptr_eq(&self.db_limit, &starved.db_limit))
+            && (!user_full || Arc::ptr_eq(&self.user_limit, &starved.user_limit))
     }
 
     /// Closes one idle connection, if any (to make room under a shared limit).

@@ -81,11 +81,11 @@ impl Pools {
         Some(pool)
     }
 
+    /// The shared limit of a database or user, created with `max` on first use; an
+    /// existing one keeps the maximum the last reload gave it (a login still holding
+    /// the previous config must not undo a reload).
     fn limit(&self, map: &Mutex<HashMap<String, Arc<ConnLimit>>>, name: &str, max: usize) -> Arc<ConnLimit> {
-        let mut m = map.lock();
-        let l = m.entry(name.to_string()).or_insert_with(|| Arc::new(ConnLimit::new(max)));
-        l.set_max(max);
-        l.clone()
+        map.lock().entry(name.to_string()).or_insert_with(|| Arc::new(ConnLimit::new(max))).clone()
     }
 
     /// Pools starved by a shared connection limit get room (run by the janitor, once a
@@ -98,7 +98,7 @@ impl Pools {
             // One connection a pass per starved pool: its queue takes it before the
             // next pass looks again.
             let _ =
-                pools.iter().any(|p| !Arc::ptr_eq(p, starved) && p.shares_limit_with(starved) && p.evict_one_idle());
+                pools.iter().any(|p| !Arc::ptr_eq(p, starved) && p.can_make_room_for(starved) && p.evict_one_idle());
         }
     }
 
@@ -288,4 +288,63 @@ pub fn settings_for(
         internal_timeout: secs(g.internal_query_timeout),
     };
     Some((key, settings))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    /// Pools of databases `a` and `b` for users `u1` and `u2`, with `limits` added to
+    /// `[general]`.
+    fn pools_with(limits: &str) -> (Pools, [Arc<Pool>; 3]) {
+        let text = format!(
+            "[general]\n{limits}\n[databases.a]\nhost = \"127.0.0.1\"\n[databases.b]\nhost = \"127.0.0.1\"\n\
+             [users.u1]\npassword = \"p1\"\n[users.u2]\npassword = \"p2\"\n"
+        );
+        let cfg = Config::parse(&text, Path::new("sluice.toml")).expect("a valid config");
+        let users = UserStore::from_config(&cfg).expect("valid users");
+        let pools = Pools::default();
+        let get = |db, user| pools.get(&cfg, &users, db, user).expect("a configured database");
+        let trio = [get("a", "u1"), get("a", "u2"), get("b", "u1")];
+        (pools, trio)
+    }
+
+    #[test]
+    fn room_is_made_only_by_pools_under_every_full_limit() {
+        // (a, u1) starved on its user's limit: (b, u1) shares it, (a, u2) only the
+        // database's, which has room.
+        let (_pools, [a_u1, a_u2, b_u1]) = pools_with("max_user_connections = 1");
+        assert!(!a_u2.can_make_room_for(&a_u1), "nothing is full yet");
+        assert!(ConnLimit::acquire_pair(&b_u1.db_limit, &b_u1.user_limit));
+        assert!(b_u1.can_make_room_for(&a_u1));
+        assert!(!a_u2.can_make_room_for(&a_u1), "its connections count against another user");
+        // Both of (a, u1)'s limits full: only a pool under both would help.
+        let (_pools, [a_u1, a_u2, b_u1]) = pools_with("max_user_connections = 1\nmax_db_connections = 1");
+        assert!(ConnLimit::acquire_pair(&a_u2.db_limit, &a_u2.user_limit));
+        assert!(ConnLimit::acquire_pair(&b_u1.db_limit, &b_u1.user_limit));
+        assert!(a_u1.db_limit.is_full() && a_u1.user_limit.is_full());
+        assert!(!a_u2.can_make_room_for(&a_u1) && !b_u1.can_make_room_for(&a_u1));
+    }
+
+    #[test]
+    fn a_login_with_an_older_config_keeps_the_reloaded_limit() {
+        let (pools, [a_u1, ..]) = pools_with("max_db_connections = 1");
+        let newer = "[general]\nmax_db_connections = 5\n[databases.a]\nhost = \"127.0.0.1\"\n\
+                     [databases.b]\nhost = \"127.0.0.1\"\n[users.u1]\npassword = \"p1\"\n[users.u2]\npassword = \"p2\"\n";
+        let newer = Config::parse(newer, Path::new("sluice.toml")).expect("a valid config");
+        pools.reload(&newer, &UserStore::from_config(&newer).expect("valid users"));
+        assert_eq!(a_u1.db_limit.max(), 5);
+        // A login still holding the old config creates a new pool of `a`: the limit
+        // stays at 5.
+        let old = Config::parse(
+            "[general]\nmax_db_connections = 1\n[databases.a]\nhost = \"127.0.0.1\"\n[users.u3]\npassword = \"p3\"\n",
+            Path::new("sluice.toml"),
+        )
+        .expect("a valid config");
+        let a_u3 = pools.get(&old, &UserStore::from_config(&old).expect("valid users"), "a", "u3").expect("a pool");
+        assert!(Arc::ptr_eq(&a_u3.db_limit, &a_u1.db_limit));
+        assert_eq!(a_u1.db_limit.max(), 5);
+    }
 }

@@ -150,9 +150,16 @@ impl ServerConn {
     /// lent again.
     pub async fn exec(&mut self, sql: &str, limit: Option<Duration>) -> Result<(), ServerError> {
         let r = match limit {
-            Some(t) => {
-                tokio::time::timeout(t, self.exec_drained(sql)).await.unwrap_or(Err(ServerError::InternalTimeout))
-            }
+            Some(t) => match tokio::time::timeout(t, self.exec_drained(sql)).await {
+                Ok(r) => r,
+                Err(_) => {
+                    // The query may still run, or wait for a lock, on the server, which
+                    // notices the closed connection only when it ends: cancel it.
+                    let (addr, (pid, secret)) = (self.addr().clone(), self.cancel_key());
+                    tokio::spawn(async move { addr.cancel(pid, secret).await });
+                    Err(ServerError::InternalTimeout)
+                }
+            },
             None => self.exec_drained(sql).await,
         };
         if let Err(e) = &r
