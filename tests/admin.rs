@@ -346,3 +346,79 @@ async fn shutdown_from_the_console() {
     let _ = c.simple_query("commit").await;
     assert!(s.wait_exit(Duration::from_secs(20)).is_some_and(|st| st.success()), "{}", s.log());
 }
+
+/// A client that a KILL_CLIENT finds waiting for a server (the pool's only connection
+/// is in a transaction) leaves at once with 57P01, and the statement it had sent never
+/// runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_client_reaches_a_client_waiting_for_a_server() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg)).database("app", &[("pool_size", "1")]).start();
+    let holder = app_client(s.port).await;
+    holder.simple_query("create table killed_waiting (a int)").await.unwrap();
+    holder.simple_query("begin").await.unwrap();
+    let victim = app_client(s.port).await;
+    let insert = tokio::spawn(async move { victim.simple_query("insert into killed_waiting values (1)").await });
+    let a = admin(s.port).await;
+    let waiting = eventually(Duration::from_secs(10), || async {
+        cell(&a, "SHOW CLIENTS", "state", "waiting", "id").await.is_some()
+    })
+    .await;
+    assert!(waiting, "the victim never waited");
+    let id = cell(&a, "SHOW CLIENTS", "state", "waiting", "id").await.expect("a waiting client");
+    a.simple_query(&format!("KILL_CLIENT {id}")).await.unwrap();
+    // Ends while the holder's transaction is still open: the wait itself was cut short.
+    let ended = tokio::time::timeout(Duration::from_secs(10), insert).await.expect("the waiting client was not killed");
+    let e = ended.unwrap().expect_err("the client got an error");
+    assert_eq!(code(&e), "57P01", "{e}");
+    holder.simple_query("commit").await.unwrap();
+    assert_eq!(value(&holder, "select count(*) from killed_waiting").await, "0", "the killed client's insert ran");
+}
+
+/// Clients queued for a server when PAUSE arrives wait for RESUME: the connection
+/// coming back during the pause is closed, not replaced for them. A RESUME while the
+/// PAUSE still waits for a transaction ends that PAUSE with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_holds_queued_clients_and_resume_ends_a_pending_pause() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg)).database("app", &[("pool_size", "1")]).start();
+    let a = admin(s.port).await;
+    let holder = app_client(s.port).await;
+    holder.simple_query("begin").await.unwrap();
+    let queued = app_client(s.port).await;
+    let query = tokio::spawn(async move { value(&queued, "select 42").await });
+    let waiting = eventually(Duration::from_secs(10), || async {
+        cell(&a, "SHOW POOLS", "database", "app", "cl_waiting").await.as_deref() == Some("1")
+    })
+    .await;
+    assert!(waiting, "the second client never queued");
+    let port = s.port;
+    let pausing = tokio::spawn(async move { admin(port).await.simple_query("PAUSE app").await.map(|_| ()) });
+    let flagged = eventually(Duration::from_secs(10), || async {
+        cell(&a, "SHOW DATABASES", "name", "app", "paused").await.as_deref() == Some("1")
+    })
+    .await;
+    assert!(flagged, "PAUSE not in effect");
+    holder.simple_query("commit").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), pausing).await.expect("PAUSE returns").unwrap().unwrap();
+    assert_eq!(cell(&a, "SHOW SERVERS", "database", "app", "id").await, None, "a server is open while paused");
+    assert!(!query.is_finished(), "a queued client was served while paused");
+    a.simple_query("RESUME app").await.unwrap();
+    assert_eq!(tokio::time::timeout(Duration::from_secs(10), query).await.expect("served after RESUME").unwrap(), "42");
+
+    // RESUME during a PAUSE that waits for an open transaction.
+    holder.simple_query("begin").await.unwrap();
+    let pausing = tokio::spawn(async move { admin(port).await.simple_query("PAUSE app").await.map(|_| ()) });
+    let flagged = eventually(Duration::from_secs(10), || async {
+        cell(&a, "SHOW DATABASES", "name", "app", "paused").await.as_deref() == Some("1")
+    })
+    .await;
+    assert!(flagged, "PAUSE not in effect");
+    a.simple_query("RESUME app").await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), pausing).await.expect("the PAUSE still waits").unwrap();
+    let e = r.expect_err("a PAUSE ended by RESUME reports it");
+    assert_eq!(code(&e), "57014", "{e}");
+    assert!(msg(&e).contains("RESUME"), "{e}");
+    assert_eq!(value(&holder, "select 5").await, "5");
+    holder.simple_query("commit").await.unwrap();
+}

@@ -428,3 +428,58 @@ async fn a_raised_shared_limit_lets_queued_clients_in() {
     let got = tokio::time::timeout(Duration::from_secs(10), b_query).await;
     assert_eq!(got.expect("b still waits though the limit was raised").unwrap(), "2");
 }
+
+/// A PAUSE that waits for a server connection still being opened returns when that
+/// open fails (PostgreSQL's postmaster frozen, so the login gets no answer within
+/// `server_connect_timeout`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_returns_when_a_pending_connect_fails() {
+    let pg = PgCluster::start();
+    let extra = [("server_connect_timeout", "1"), ("admin_users", r#"["u_scram"]"#)];
+    let s = sluice(&pg, &extra, 2);
+    let holder = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    holder.simple_query("begin").await.unwrap();
+    let pid = std::fs::read_to_string(pg.data_dir.join("postmaster.pid")).expect("postmaster.pid");
+    let frozen = Stopped::new(pid.lines().next().expect("the postmaster's pid"));
+    // A second client needs a second connection, whose login now hangs.
+    let second = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let query = tokio::spawn(async move { second.simple_query("select 1").await.map(|_| ()) });
+    let admin = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "pgbouncer").await;
+    let pausing = tokio::spawn(async move { admin.simple_query("PAUSE app").await.map(|_| ()) });
+    holder.simple_query("commit").await.unwrap();
+    let e = tokio::time::timeout(Duration::from_secs(10), query).await.expect("the connect never failed").unwrap();
+    assert!(e.is_err(), "the second client was served by a frozen server");
+    let paused = tokio::time::timeout(Duration::from_secs(10), pausing).await;
+    assert!(paused.expect("PAUSE still waits after the connect failed").unwrap().is_ok());
+    drop(frozen);
+}
+
+/// A client that keeps sending while it waits for a server (here a pipeline of
+/// queries) is held back by TCP once Sluice has buffered a little of it: Sluice does
+/// not read it all into memory.
+#[test]
+fn a_waiting_client_is_held_back_not_buffered() {
+    use std::io::Write;
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("auth_type", "\"trust\"").database("app", &[("pool_size", "1")]).start();
+    let mut holder = Raw::login(s.port, "u_trust", "app");
+    holder.send(&query("begin"));
+    holder.until_ready();
+    let mut waiting = Raw::login(s.port, "u_trust", "app");
+    waiting.s.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    let chunk: Vec<u8> = std::iter::repeat_n(query("select 1"), 1 << 20 >> 4).flatten().collect();
+    let (mut sent, limit) = (0usize, 64 << 20);
+    while sent < limit {
+        match waiting.s.write(&chunk) {
+            Ok(n) => sent += n,
+            Err(_) => break,
+        }
+    }
+    // Kernel socket buffers on both sides take a few MB; the rest must wait.
+    assert!(sent < 32 << 20, "Sluice took {sent} bytes from a client waiting for a server");
+    drop(waiting);
+    holder.send(&query("commit"));
+    holder.until_ready();
+    holder.send(&query("select 7"));
+    assert_eq!(first_value(&holder.until_ready()), "7");
+}

@@ -263,7 +263,10 @@ pub async fn run(app: &Arc<App>, cmd: &Command, by: &str) -> Result<(), AdminErr
             info!(by, database = db.as_deref().unwrap_or("*"), "admin: PAUSE");
             app.pools.pause(db.as_deref());
             for p in app.pools.of(db.as_deref()) {
-                p.wait_until(|p| p.counts().total == 0).await;
+                p.wait_until(|p| p.counts().total == 0 || !p.is_paused()).await;
+                if !p.is_paused() {
+                    return Err(AdminError::new(sqlstate::QUERY_CANCELED, "PAUSE ended by RESUME before it completed"));
+                }
             }
             Ok(())
         }

@@ -227,7 +227,7 @@ impl AdminSession {
                     tokio::select! {
                         r = &mut run => break r,
                         // Pipelined input is kept for later; the wait goes on.
-                        r = conn.stream.read_buf(&mut conn.buf) => if matches!(r, Ok(0) | Err(_)) {
+                        r = conn.stream.read_buf(&mut conn.buf), if conn.buf.len() < crate::client::WAITING_INPUT_LIMIT => if matches!(r, Ok(0) | Err(_)) {
                             return Err(Exit::Closed);
                         },
                         _ = self.info.interrupt.notified() => if self.info.is_killed() {

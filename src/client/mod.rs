@@ -24,6 +24,10 @@ use crate::net::listener::Peer;
 use crate::protocol::build::{self, Severity};
 use crate::protocol::sqlstate;
 
+/// Bytes a client may send ahead while it waits for a server (pool queue, PAUSE, an
+/// admin command): beyond it Sluice stops reading, and TCP holds the client back.
+pub(crate) const WAITING_INPUT_LIMIT: usize = 64 * 1024;
+
 /// A client's socket and read buffer.
 pub struct ClientConn {
     pub stream: Stream,

@@ -10,7 +10,7 @@ use tokio::io::AsyncReadExt;
 
 use super::interrupt::Interrupt;
 use super::track::Track;
-use super::{ClientConn, Exit};
+use super::{ClientConn, Exit, WAITING_INPUT_LIMIT};
 use crate::app::{App, Phase};
 use crate::cancel::CancelKey;
 use crate::config::{PoolMode, secs};
@@ -116,7 +116,7 @@ impl Session {
                     Wanted::Server => {}
                     Wanted::Leave(exit) => break exit,
                 }
-                if let Err(exit) = self.link(conn).await {
+                if let Err(exit) = self.link(conn, &mut interrupt).await {
                     break exit;
                 }
             }
@@ -138,11 +138,8 @@ impl Session {
                 Ok(Some(_)) => return Wanted::Server,
                 Ok(None) => {}
             }
-            if self.info.is_killed() {
-                return Wanted::Leave(Exit::killed());
-            }
-            if matches!(self.app.current_phase(), Phase::Draining | Phase::Stopping) {
-                return Wanted::Leave(Exit::shutting_down());
+            if let Some(exit) = self.interruption() {
+                return Wanted::Leave(exit);
             }
             // An idle client's next message is usually small: keep its buffer small
             // (the relay grows it when a transaction streams more).
@@ -165,9 +162,19 @@ impl Session {
         }
     }
 
+    /// Why the client must leave before its next transaction: killed by the admin
+    /// console, or the pooler shutting down.
+    fn interruption(&self) -> Option<Exit> {
+        if self.info.is_killed() {
+            return Some(Exit::killed());
+        }
+        matches!(self.app.current_phase(), Phase::Draining | Phase::Stopping).then(Exit::shutting_down)
+    }
+
     /// Gets a server for the client's transaction and makes it carry the client's
-    /// settings. The client's EOF while waiting ends the wait.
-    async fn link(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
+    /// settings. The client's EOF, a KILL or shutdown while waiting ends the wait; a
+    /// client that sends more meanwhile has it kept, up to `WAITING_INPUT_LIMIT` bytes.
+    async fn link(&mut self, conn: &mut ClientConn, interrupt: &mut Interrupt<'_, '_>) -> Result<(), Exit> {
         let asked_us = crate::clock::coarse_wall_us();
         self.info.set_state_at(ClientState::Waiting, asked_us);
         tracing::debug!(client = self.info.id, counts = ?self.pool.counts(), "waiting for a server");
@@ -182,15 +189,23 @@ impl Session {
                 loop {
                     tokio::select! {
                         r = &mut checkout => break r,
-                        r = conn.stream.read_buf(&mut conn.buf) => {
+                        r = conn.stream.read_buf(&mut conn.buf), if conn.buf.len() < WAITING_INPUT_LIMIT => {
                             if matches!(r, Ok(0) | Err(_)) {
                                 return Err(Exit::Closed);
                             }
                         }
+                        _ = interrupt.fired() => if let Some(exit) = self.interruption() {
+                            return Err(exit);
+                        },
                     }
                 }
             };
             let mut server = server.map_err(pool_failure)?;
+            // Killed or shut down as the server came: the request is not sent.
+            if let Some(exit) = self.interruption() {
+                self.pool.checkin(server);
+                return Err(exit);
+            }
             if self.pool.needs_check(&server) {
                 round_trips = true;
                 if Box::pin(server.exec("", self.pool.internal_timeout())).await.is_err() {

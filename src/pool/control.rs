@@ -2,26 +2,39 @@
 //! WAIT_CLOSE) and the notification they wait on.
 
 use std::sync::atomic::AtomicUsize;
-use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
 use super::{Pool, ServerConn};
 use crate::stats::ServerInfo;
 
 impl Pool {
     pub fn is_paused(&self) -> bool {
-        *self.paused.borrow()
+        self.paused_now.load(Relaxed)
     }
 
-    /// PAUSE: new checkouts wait; idle connections are closed now and the others as
-    /// they come back.
+    /// Sets the flag first: a check-out reads it under the pool's lock, which `pause`
+    /// takes after this.
+    pub(super) fn set_paused(&self, on: bool) {
+        self.paused_now.store(on, Relaxed);
+        self.paused.send_replace(on);
+    }
+
+    /// PAUSE: checkouts wait, those already queued too (their queue is dropped, so
+    /// they wait for RESUME); idle connections are closed now and the others as they
+    /// come back.
     pub fn pause(&self) {
-        self.paused.send_replace(true);
+        self.set_paused(true);
+        let queued = std::mem::take(&mut self.inner.lock().waiters);
+        drop(queued);
         self.drop_idle();
     }
 
-    /// RESUME: waiting checkouts go on.
+    /// RESUME: waiting checkouts go on; a PAUSE still waiting for the pool to empty
+    /// ends (`wait_until` callers are woken).
     pub fn resume(&self) {
-        self.paused.send_replace(false);
+        self.set_paused(false);
+        self.wake_waiters();
+        self.notify_changed();
     }
 
     /// RECONNECT: every connection open now is closed when it is next idle.

@@ -96,6 +96,8 @@ enum Handoff {
 enum Next {
     Take(Box<ServerConn>),
     Connect,
+    /// PAUSEd since the caller looked: wait for RESUME.
+    Paused,
     /// Queued; `true`: start the task that expires waits.
     Wait(oneshot::Receiver<Handoff>, bool),
 }
@@ -243,6 +245,8 @@ pub struct Pool {
     ids: Arc<std::sync::atomic::AtomicU64>,
     /// Admin PAUSE: checkouts wait, returned connections are closed.
     paused: watch::Sender<bool>,
+    /// `paused`'s value, read without the channel's lock (every check-out and check-in).
+    paused_now: std::sync::atomic::AtomicBool,
     /// Admin RECONNECT/KILL: connections opened at or before this time (µs since the
     /// epoch) are closed when they come back.
     reconnect_before_us: std::sync::atomic::AtomicU64,
@@ -273,6 +277,7 @@ impl Pool {
             servers: Registry::default(),
             ids,
             paused: watch::channel(false).0,
+            paused_now: Default::default(),
             reconnect_before_us: Default::default(),
             changed: Notify::new(),
             watchers: AtomicUsize::new(0),
@@ -325,12 +330,13 @@ impl Pool {
     /// transaction waits.
     pub async fn checkout_since(self: &Arc<Self>, since: &mut Option<Instant>) -> Result<Box<ServerConn>, PoolError> {
         loop {
-            if *self.paused.borrow() {
+            if self.is_paused() {
                 let deadline = Self::deadline(&self.settings.load(), since);
                 self.wait_resumed(deadline.map(tokio::time::Instant::from_std)).await?;
             }
             match self.next(since)? {
                 Next::Take(s) => return Ok(s),
+                Next::Paused => {}
                 Next::Connect => {
                     since.get_or_insert_with(Instant::now);
                     let slot = ConnectingSlot { pool: self, armed: true };
@@ -350,7 +356,7 @@ impl Pool {
                             let slot = ConnectingSlot { pool: self, armed: true };
                             return slot.open().await.map_err(PoolError::Connect);
                         }
-                        // The pool dropped the queue (closed, or reloaded): look again.
+                        // The pool dropped the queue (closed, paused, reloaded): look again.
                         Err(_) => {}
                     }
                 }
@@ -369,6 +375,10 @@ impl Pool {
         let mut inner = self.inner.lock();
         if inner.closed {
             return Err(PoolError::Closed);
+        }
+        // Read under the lock `pause` clears the queue under: no wait queued after it.
+        if self.is_paused() {
+            return Ok(Next::Paused);
         }
         while let Some(s) = inner.idle.pop() {
             if self.usable(&s, &settings) {
@@ -514,19 +524,24 @@ impl Pool {
             self.release_limits();
         }
         self.room_freed();
-        self.notify_changed();
     }
 
-    /// Room for a connection was freed: this pool's oldest waiters first, then the
-    /// pools sharing a limit that one of them found full.
+    /// Room for a connection was freed (one closed, or a connect failed or was
+    /// abandoned): this pool's oldest waiters first, then the pools sharing a limit that
+    /// one of them found full, then whoever waits for the pool to empty (PAUSE).
     fn room_freed(&self) {
         self.wake_waiters();
         self.wake_sharing();
+        self.notify_changed();
     }
 
     /// Gives the oldest waiters the room there now is to open connections: each gets
     /// a slot already counted, so FIFO order holds.
     fn wake_waiters(&self) {
+        // PAUSEd: no new connections; RESUME wakes the queue again.
+        if self.is_paused() {
+            return;
+        }
         let size = self.settings.load().size;
         let mut gave_back = false;
         let mut inner = self.inner.lock();
@@ -644,6 +659,8 @@ impl Pool {
             inner.waiters.clear();
             std::mem::take(&mut inner.idle)
         };
+        // Clients waiting for a RESUME learn that the pool is gone.
+        self.set_paused(false);
         for s in idle {
             self.discard(s);
         }
