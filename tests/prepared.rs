@@ -175,7 +175,7 @@ fn unnamed_statement_is_reparsed_on_another_server() {
 
 #[test]
 fn deallocate_and_discard_behave_as_on_a_server() {
-    let (_pg, s) = setup(1, &[]);
+    let (_pg, s) = setup(1, &[("query_wait_timeout", "5")]);
     let mut c = login(&s);
     assert_eq!(prepare(&mut c, "d1", "select 1"), "1Z");
     assert_eq!(prepare(&mut c, "d2", "select 2"), "1Z");
@@ -198,6 +198,12 @@ fn deallocate_and_discard_behave_as_on_a_server() {
     // the server really lost its statements, and Sluice knows it
     assert_eq!(prepare(&mut c, "d4", "select 3"), "1Z");
     assert_eq!(first_value(&run(&mut c, "d4", &[])), "3");
+    // A DEALLOCATE answered by Sluice leaves nothing owed: the only server is free.
+    c.send(&query("DEALLOCATE d4"));
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    let mut other = login(&s);
+    other.send(&query("select 5"));
+    assert_eq!(first_value(&other.until_ready()), "5", "the server stayed with the client that sent DEALLOCATE");
 }
 
 #[test]

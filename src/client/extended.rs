@@ -150,6 +150,9 @@ pub struct Extended {
     last_bind_command: Option<SqlCommand>,
     /// Messages were injected in the current client batch (a Flush must follow).
     injected: bool,
+    /// The last client Query was answered by Sluice (DEALLOCATE) and never reaches
+    /// the server: it owes no ReadyForQuery.
+    answered_locally: bool,
     /// Set when a prepared DEALLOCATE ALL / DISCARD ALL ran: the client's statements
     /// are gone.
     pub emptied: bool,
@@ -199,6 +202,11 @@ impl Extended {
     /// Whether messages were injected into the batch just scanned; resets the mark.
     pub fn take_injected(&mut self) -> bool {
         std::mem::take(&mut self.injected)
+    }
+
+    /// Whether the Query just handled was answered by Sluice (and clears it).
+    pub fn take_answered_locally(&mut self) -> bool {
+        std::mem::take(&mut self.answered_locally)
     }
 
     /// Closes on the server the statements queued for closing, before anything else.
@@ -419,6 +427,7 @@ impl Extended {
             }
         };
         sp.drop_range(m.start, m.start + m.frame_len);
+        self.answered_locally = true;
         let mut b = BytesMut::new();
         build::command_complete(&mut b, local_tag);
         build::ready_for_query(&mut b, cx.tx);

@@ -190,6 +190,8 @@ impl Track {
                         *terminated = true;
                         sp.drop_range(m.start, m.start + m.frame_len);
                     }
+                    // A Query Sluice answered itself is owed no ReadyForQuery.
+                    fe::QUERY if ext.take_answered_locally() => {}
                     fe::QUERY | fe::FUNCTION_CALL => {
                         *pending += 1;
                         *syncs_after_execute = 0;
