@@ -339,3 +339,26 @@ fn sets_that_leave_parsing_alone_keep_statements_shared() {
         assert_eq!(after == before + 1, shared, "after {via:?} {set:?}: shared? (cache_hits {before} -> {after})");
     }
 }
+
+/// A Bind too large for one read, of a statement the server it lands on lacks: the
+/// Parse Sluice injects goes in front of it, and the Bind reaches the server intact.
+#[test]
+fn a_large_bind_of_a_statement_new_to_its_server() {
+    let (_pg, s) = setup(2, &[]);
+    let mut a = login(&s);
+    assert_eq!(prepare(&mut a, "big", "select length($1)"), "1Z");
+    // b holds the server a prepared on, and c leaves a second one idle: a's next
+    // transaction takes that one at once, with only the start of its Bind read.
+    let mut b = login(&s);
+    b.send(&query("begin"));
+    b.until_ready();
+    let mut c = login(&s);
+    c.send(&query("select 1"));
+    c.until_ready();
+    let text = "x".repeat(200_000);
+    let m = run(&mut a, "big", &[&text]);
+    assert_eq!(tags(&m), "2DCZ", "{m:?}");
+    assert_eq!(first_value(&m), "200000");
+    b.send(&query("commit"));
+    b.until_ready();
+}

@@ -148,8 +148,6 @@ pub struct Extended {
     queue: VecDeque<Expect>,
     last_bind: Option<u64>,
     last_bind_command: Option<SqlCommand>,
-    /// Messages were injected in the current client batch (a Flush must follow).
-    injected: bool,
     /// The last client Query was answered by Sluice (DEALLOCATE) and never reaches
     /// the server: it owes no ReadyForQuery.
     answered_locally: bool,
@@ -186,7 +184,7 @@ impl Extended {
         self.queue.clear();
         self.last_bind = None;
         self.last_bind_command = None;
-        self.injected = false;
+        self.answered_locally = false;
         self.emptied = false;
         self.discarded = false;
         self.undefined.clear();
@@ -197,11 +195,6 @@ impl Extended {
 
     fn push(&mut self, kind: Kind, reply: Reply, stmt: Option<u64>) {
         self.queue.push_back(Expect::new(kind, reply, stmt));
-    }
-
-    /// Whether messages were injected into the batch just scanned; resets the mark.
-    pub fn take_injected(&mut self) -> bool {
-        std::mem::take(&mut self.injected)
     }
 
     /// Whether the Query just handled was answered by Sluice (and clears it).
@@ -301,10 +294,10 @@ impl Extended {
 
     /// Closes a server-side statement before input offset `at` (reply swallowed).
     fn inject_close(&mut self, id: u64, at: usize, sp: &mut Splice) {
-        self.injected = true;
         let (buf, from) = sp.insert_buf();
         prepared::close_frame(buf, id);
         sp.commit_insert(at, from);
+        flush_injected(at, sp);
         self.push(Kind::Close, Reply::Swallow, None);
     }
 
@@ -316,9 +309,9 @@ impl Extended {
             if presence == Presence::Stale {
                 self.inject_close(st.id, at, sp);
             }
-            self.injected = true;
             self.add_to_server(st.id, at, sp, cx);
             sp.insert(at, &st.parse);
+            flush_injected(at, sp);
             self.server_parses += 1;
             self.push(Kind::Parse, Reply::Swallow, Some(st.id));
         }
@@ -326,10 +319,10 @@ impl Extended {
         let seen_at = st.shape.lock().as_ref().map(|(_, g)| *g);
         tracing::debug!(stmt = st.id, ?presence, generation, ?seen_at, "statement needed");
         if seen_at.is_some_and(|g| presence != Presence::Fresh || g < generation) {
-            self.injected = true;
             let (buf, from) = sp.insert_buf();
             prepared::describe_frame(buf, &st.name);
             sp.commit_insert(at, from);
+            flush_injected(at, sp);
             let verify = Effect::Verify(st.clone(), generation);
             self.queue.push_back(Expect::new(Kind::Describe, Reply::Swallow, Some(st.id)).with(verify));
         }
@@ -350,8 +343,8 @@ impl Extended {
             if let Some(u) = cx.stmts.unnamed.as_ref() {
                 if cx.server.unnamed != u.id {
                     // The unnamed statement was parsed on another server: parse it here.
-                    self.injected = true;
                     sp.insert(m.start, &u.parse);
+                    flush_injected(m.start, sp);
                     self.server_parses += 1;
                     self.push(Kind::Parse, Reply::Swallow, None);
                     cx.server.unnamed = u.id;
@@ -594,4 +587,14 @@ impl Extended {
         }
         Ok(())
     }
+}
+
+/// A Flush right after messages Sluice injected before input offset `at` (ahead of
+/// the client's message there, never inside it, which may be only partly read): the
+/// server sends their replies even when the client's own messages are answered
+/// locally and no Sync follows.
+fn flush_injected(at: usize, sp: &mut Splice) {
+    let (buf, from) = sp.insert_buf();
+    build::flush(buf);
+    sp.commit_insert(at, from);
 }

@@ -221,13 +221,6 @@ impl Track {
             },
             splice,
         )?;
-        if ext.take_injected() {
-            // Injected messages must be answered even if the client's own are not
-            // (answered locally): make the server flush its replies.
-            let (buf, from) = splice.insert_buf();
-            crate::protocol::build::flush(buf);
-            splice.commit_insert(n, from);
-        }
         let now = Instant::now();
         if !was_busy && self.pending > 0 {
             self.busy_since = Some(now);
