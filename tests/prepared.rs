@@ -362,3 +362,42 @@ fn a_large_bind_of_a_statement_new_to_its_server() {
     b.send(&query("commit"));
     b.until_ready();
 }
+
+/// The refused run of a statement whose result type changed, on a server that
+/// prepared it after the change and so runs it, with a long answer (its rows cross
+/// reads): every byte of that answer is dropped, and the client gets only the 0A000
+/// and its ReadyForQuery.
+#[test]
+fn a_refused_run_with_a_long_result_is_dropped_whole() {
+    let (pg, s) = setup(2, &[]);
+    pg.psql(
+        "create table long_t (a int); insert into long_t select 1 from generate_series(1, 3000); \
+         grant all on long_t to u_trust",
+    );
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "p", "select * from long_t"), "1Z");
+    // Described, as drivers do: Sluice keeps the result type the client saw.
+    let mut describe = msg(b'D', b"Sp\0");
+    describe.extend(sync());
+    c.send(&describe);
+    assert_eq!(tags(&c.until_ready()), "tTZ");
+    assert_eq!(run(&mut c, "p", &[]).len(), 3003);
+    // b holds c's server; d leaves the other one idle, without the statement.
+    let mut b = login(&s);
+    b.send(&query("begin"));
+    b.until_ready();
+    let mut d = login(&s);
+    d.send(&query("select 1"));
+    d.until_ready();
+    pg.psql("alter table long_t add column b text default repeat('x', 100)");
+    let m = run(&mut c, "p", &[]);
+    assert_eq!(tags(&m), "EZ");
+    assert_eq!(sqlstate(&m[0].1), "0A000");
+    // Nothing of the dropped answer is left in the stream.
+    c.send(&query("select 7"));
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "TDCZ");
+    assert_eq!(first_value(&m), "7");
+    b.send(&query("commit"));
+    b.until_ready();
+}

@@ -25,6 +25,8 @@ pub enum Need {
 pub struct Scanner {
     /// Bytes of a streamed message's body not yet seen.
     remaining: usize,
+    /// The caller dropped that message: its remaining bytes are dropped as they come.
+    dropping: bool,
 }
 
 /// One message start seen by the scanner.
@@ -56,6 +58,10 @@ impl Scanner {
     ) -> Result<usize, ProtocolError> {
         let mut pos = self.remaining.min(buf.len());
         self.remaining -= pos;
+        if self.dropping && pos > 0 {
+            splice.drop_range(0, pos);
+        }
+        self.dropping &= self.remaining > 0;
         while self.remaining == 0 {
             let Some(h) = Header::peek(&buf[pos..])? else { break };
             let start = pos;
@@ -74,7 +80,10 @@ impl Scanner {
             pos += avail;
             self.remaining = h.frame_len - avail;
             let frame = (want > 0).then(|| &buf[start..start + want]);
+            let edits = splice.edits.len();
             on(Msg { tag: h.tag, start, frame_len: h.frame_len, frame }, splice)?;
+            // Dropped, but only partly here: the rest goes as it arrives.
+            self.dropping = self.remaining > 0 && splice.drops_whole(edits, start, start + h.frame_len);
         }
         Ok(pos)
     }
@@ -129,6 +138,11 @@ impl Splice {
         self.edits.push(Edit::Insert { at, range: from..self.inserted.len() });
     }
 
+    /// Whether an edit since the first `from` drops all of `start..end`.
+    fn drops_whole(&self, from: usize, start: usize, end: usize) -> bool {
+        self.edits[from..].iter().any(|e| matches!(e, Edit::Drop(r) if r.start <= start && r.end >= end))
+    }
+
     /// Whether this scan has edits so far.
     pub fn edited(&self) -> bool {
         !self.edits.is_empty()
@@ -142,13 +156,16 @@ impl Splice {
         let mut mark = 0;
         for e in &self.edits {
             match e {
+                // A message dropped before all of it is in: up to `end` now, the rest
+                // by the next scans (`Scanner::dropping`).
                 Edit::Drop(r) => {
-                    self.scratch.extend_from_slice(&src[mark..r.start.max(mark)]);
-                    mark = mark.max(r.end);
+                    self.scratch.extend_from_slice(&src[mark..r.start.min(end).max(mark)]);
+                    mark = mark.max(r.end.min(end));
                 }
                 Edit::Insert { at, range } => {
-                    self.scratch.extend_from_slice(&src[mark..(*at).max(mark)]);
-                    mark = mark.max(*at);
+                    let at = (*at).min(end);
+                    self.scratch.extend_from_slice(&src[mark..at.max(mark)]);
+                    mark = mark.max(at);
                     self.scratch.extend_from_slice(&self.inserted[range.clone()]);
                 }
             }

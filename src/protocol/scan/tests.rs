@@ -105,6 +105,35 @@ fn splice_drops_and_inserts() {
 }
 
 proptest! {
+    /// Messages the caller drops are gone from the output whole, however the stream
+    /// is cut into reads (a dropped message may span several).
+    #[test]
+    fn dropped_messages_leave_nothing_however_cut(
+        bodies in proptest::collection::vec((prop::sample::select(vec![b'D', b'Z', b'C']), proptest::collection::vec(any::<u8>(), 0..60)), 1..20),
+        cuts in proptest::collection::vec(1usize..30, 1..50),
+    ) {
+        let stream: Vec<u8> = bodies.iter().flat_map(|(t, b)| msg(*t, b)).collect();
+        let kept: Vec<u8> = bodies.iter().filter(|(t, _)| *t != b'D').flat_map(|(t, b)| msg(*t, b)).collect();
+        let (mut sc, mut sp) = (Scanner::default(), Splice::new());
+        let (mut pending, mut out, mut pos) = (Vec::new(), Vec::new(), 0);
+        let mut cut = cuts.iter().cycle();
+        while pos < stream.len() {
+            let step = (*cut.next().unwrap()).min(stream.len() - pos);
+            pending.extend_from_slice(&stream[pos..pos + step]);
+            pos += step;
+            let n = sc.scan(&pending, whole_if(b"Z"), |m, sp| {
+                if m.tag == b'D' {
+                    sp.drop_range(m.start, m.start + m.frame_len);
+                }
+                Ok(())
+            }, &mut sp).unwrap();
+            out.extend_from_slice(sp.finish(&pending, n));
+            sp.reset();
+            pending.drain(..n);
+        }
+        prop_assert_eq!(out, kept);
+    }
+
     /// However a stream of messages is cut into reads, every message is seen exactly
     /// once, in order, and all bytes are consumed.
     #[test]
