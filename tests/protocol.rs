@@ -278,6 +278,41 @@ fn extended_copy_in_with_early_sync_releases_the_server() {
     assert_eq!(first_value(&d.until_ready()), "2");
 }
 
+/// An extended-protocol COPY FROM STDIN that fails on a bad row: the server then
+/// skips everything up to the client's next Sync, so it stays with this client until
+/// that Sync is answered; the next client on the single server is served correctly.
+#[test]
+fn failed_extended_copy_in_keeps_the_server_until_sync() {
+    let (pg, s) = setup(1, "transaction");
+    pg.psql("CREATE TABLE copy_bad (a int); GRANT ALL ON copy_bad TO u_trust");
+    let mut c = trust(&s);
+    let mut b = parse("", "copy copy_bad from stdin");
+    b.extend(bind("", "", &[]));
+    b.extend(execute("", 0));
+    b.extend(sync());
+    c.send(&b);
+    assert_eq!(tags(&c.take(3)), "12G");
+    let mut data = msg(b'd', b"1\nnot a number\n");
+    data.extend(msg(b'c', b""));
+    c.send(&data);
+    let (tag, body) = c.recv().expect("the COPY's error");
+    assert_eq!(tag, b'E');
+    assert_eq!(sqlstate(&body), "22P02");
+    // Another client asks for the only server meanwhile: it must not get it before
+    // the first client's Sync.
+    let mut d = trust(&s);
+    d.send(&query("select 5"));
+    assert!(
+        wait_until(Duration::from_secs(10), || clients_waiting(s.port, "u_trust", "", "app") == 1),
+        "the second client never queued"
+    );
+    c.send(&sync());
+    assert_eq!(tags(&c.until_ready()), "Z");
+    assert_eq!(first_value(&d.until_ready()), "5");
+    c.send(&query("select count(*) from copy_bad"));
+    assert_eq!(first_value(&c.until_ready()), "0");
+}
+
 #[test]
 fn notices_pass_through_and_login_timeout_applies() {
     let pg = PgCluster::start();

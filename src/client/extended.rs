@@ -179,6 +179,12 @@ impl Extended {
         self.queue.is_empty()
     }
 
+    /// Whether the oldest unanswered message is an Execute (a COPY it starts is an
+    /// extended-protocol one, ended by a Sync).
+    pub fn head_is_execute(&self) -> bool {
+        self.queue.front().is_some_and(|e| e.kind == Kind::Execute)
+    }
+
     /// Forgets everything but the allocations (a new link starts).
     pub fn clear(&mut self) {
         self.queue.clear();

@@ -47,7 +47,7 @@ pub struct Track {
     /// Prepared-statement rewriting (transaction and statement mode).
     pub ext: Extended,
     /// The server is in copy-in mode: it ignores Sync and Flush until CopyDone/Fail.
-    pub(super) copy_in: bool,
+    pub(super) copy_in: CopyIn,
     /// Syncs sent since the last Execute and not yet answered: if that Execute starts
     /// a COPY FROM STDIN, the server ignores them.
     pub(super) syncs_after_execute: u32,
@@ -150,7 +150,7 @@ impl Track {
         *last_client_activity = None;
         param_updates.clear();
         ext.clear();
-        *copy_in = false;
+        *copy_in = CopyIn::Off;
         *syncs_after_execute = 0;
     }
 
@@ -180,7 +180,7 @@ impl Track {
             buf,
             client_need(ctx.is_some()),
             |m, sp| {
-                let ignored = *copy_in && matches!(m.tag, fe::SYNC | fe::FLUSH);
+                let ignored = *copy_in != CopyIn::Off && matches!(m.tag, fe::SYNC | fe::FLUSH);
                 if let Some(cx) = ctx.as_mut().filter(|_| !ignored) {
                     ext.on_client(&m, sp, cx)?;
                 }
@@ -205,7 +205,7 @@ impl Track {
                         *syncs_after_execute = 0;
                         *unsynced = true;
                     }
-                    fe::COPY_DONE | fe::COPY_FAIL => *copy_in = false,
+                    fe::COPY_DONE | fe::COPY_FAIL => *copy_in = CopyIn::Off,
                     fe::COPY_DATA => {}
                     fe::PARSE => {
                         stats.client_parses += 1;
@@ -244,6 +244,7 @@ impl Track {
         let Track {
             server_scan,
             pending,
+            unsynced,
             violation,
             server_fatal,
             tx,
@@ -271,9 +272,15 @@ impl Track {
                 match m.tag {
                     be::COPY_IN_RESPONSE => {
                         // Syncs sent after the Execute that started this COPY are ignored.
-                        *copy_in = true;
+                        *copy_in = CopyIn::Simple;
                         *pending = pending.saturating_sub(*syncs_after_execute);
                         if mode != PoolMode::Session {
+                            // Begun by an Execute, the COPY ends with a Sync the server
+                            // waits for even when the COPY fails: keep the server till then.
+                            if ext.head_is_execute() {
+                                *copy_in = CopyIn::Extended;
+                                *unsynced = true;
+                            }
                             ext.drop_ignored_syncs(*syncs_after_execute as usize);
                         }
                         *syncs_after_execute = 0;
@@ -312,6 +319,11 @@ impl Track {
                         }
                     }
                     be::ERROR_RESPONSE => {
+                        // An extended COPY IN the server ended by itself: the server now
+                        // skips to the client's next Sync, which counts again.
+                        if *copy_in == CopyIn::Extended {
+                            *copy_in = CopyIn::Off;
+                        }
                         let f = ErrorFields::parse(body(frame))?;
                         errors.push(f.code.clone());
                         if f.is_fatal() {
@@ -329,6 +341,18 @@ impl Track {
         stats.sent += n as u64;
         Ok(n)
     }
+}
+
+/// Whether the server is in COPY IN mode, and how the COPY began.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CopyIn {
+    #[default]
+    Off,
+    /// By a simple Query: the server's ErrorResponse and ReadyForQuery end it, and the
+    /// client's CopyData/CopyDone still under way are ignored by the server.
+    Simple,
+    /// By an Execute: after an ErrorResponse the server skips to a Sync.
+    Extended,
 }
 
 /// Whether a CommandComplete tag is of a command that can change what a statement
@@ -364,7 +388,7 @@ mod tests {
         t.last_client_activity = Some(Instant::now());
         t.param_updates.push(("TimeZone".into(), "UTC".into()));
         t.ext.parsing_set = true;
-        t.copy_in = true;
+        t.copy_in = CopyIn::Simple;
         t.syncs_after_execute = 1;
         // Both scanners in the middle of a 100-byte message.
         let partial = [b'Q', 0, 0, 0, 100, b's', b'e', b'l'];
