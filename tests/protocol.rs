@@ -313,6 +313,42 @@ fn failed_extended_copy_in_keeps_the_server_until_sync() {
     assert_eq!(first_value(&c.until_ready()), "0");
 }
 
+/// An error in an extended-protocol exchange reported before the rest of it has
+/// come (Flush, then more messages and the Sync in a later write): the server skips
+/// those messages, and Sluice must not wait for their replies.
+#[test]
+fn error_before_the_rest_of_a_pipeline_arrives() {
+    let (_pg, s) = setup(1, "transaction");
+    let mut c = trust(&s);
+    // Fails when executed (not when planned, as a constant 1/0 would).
+    let mut b = parse("", "select 1/(random()*0)::int");
+    b.extend(bind("", "", &[]));
+    b.extend(execute("", 0));
+    b.extend(flush());
+    c.send(&b);
+    let m = c.take(3);
+    assert_eq!(tags(&m), "12E");
+    assert_eq!(sqlstate(&m[2].1), "22012");
+    // Skipped by the server, which answers only the Sync.
+    let mut rest = parse("s", "select 2");
+    rest.extend(bind("", "s", &[]));
+    rest.extend(execute("", 0));
+    rest.extend(sync());
+    c.send(&rest);
+    assert_eq!(tags(&c.until_ready()), "Z");
+    // The statement was never defined; the single server is free for another client.
+    let mut b = bind("", "s", &[]);
+    b.extend(execute("", 0));
+    b.extend(sync());
+    c.send(&b);
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "EZ");
+    assert_eq!(sqlstate(&m[0].1), "26000");
+    let mut d = trust(&s);
+    d.send(&query("select 5"));
+    assert_eq!(first_value(&d.until_ready()), "5");
+}
+
 #[test]
 fn notices_pass_through_and_login_timeout_applies() {
     let pg = PgCluster::start();

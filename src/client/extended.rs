@@ -148,9 +148,12 @@ pub struct Extended {
     queue: VecDeque<Expect>,
     last_bind: Option<u64>,
     last_bind_command: Option<SqlCommand>,
-    /// The last client Query was answered by Sluice (DEALLOCATE) and never reaches
-    /// the server: it owes no ReadyForQuery.
-    answered_locally: bool,
+    /// The last client Query or FunctionCall gets no ReadyForQuery from the server:
+    /// Sluice answered it (DEALLOCATE), or the server skips it (`skipping`).
+    no_reply: bool,
+    /// The server reported an error in an extended-protocol exchange whose Sync has not
+    /// come yet: it skips every message up to that Sync, and so does the tracking.
+    skipping: bool,
     /// Set when a prepared DEALLOCATE ALL / DISCARD ALL ran: the client's statements
     /// are gone.
     pub emptied: bool,
@@ -190,7 +193,8 @@ impl Extended {
         self.queue.clear();
         self.last_bind = None;
         self.last_bind_command = None;
-        self.answered_locally = false;
+        self.no_reply = false;
+        self.skipping = false;
         self.emptied = false;
         self.discarded = false;
         self.undefined.clear();
@@ -203,9 +207,10 @@ impl Extended {
         self.queue.push_back(Expect::new(kind, reply, stmt));
     }
 
-    /// Whether the Query just handled was answered by Sluice (and clears it).
-    pub fn take_answered_locally(&mut self) -> bool {
-        std::mem::take(&mut self.answered_locally)
+    /// Whether the Query or FunctionCall just handled gets no ReadyForQuery from the
+    /// server (and clears it).
+    pub fn take_no_reply(&mut self) -> bool {
+        std::mem::take(&mut self.no_reply)
     }
 
     /// Closes on the server the statements queued for closing, before anything else.
@@ -218,6 +223,15 @@ impl Extended {
     /// Handles one client message (pooled modes). Sync/Query bookkeeping for the
     /// release decision stays with the caller.
     pub fn on_client(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
+        if self.skipping {
+            // Passed on as sent: the server skips it, answering nothing (a Parse is not
+            // defined, a Close closes nothing).
+            if m.tag != fe::SYNC {
+                self.no_reply = matches!(m.tag, fe::QUERY | fe::FUNCTION_CALL);
+                return Ok(());
+            }
+            self.skipping = false;
+        }
         match m.tag {
             fe::PARSE => self.on_parse(m, sp, cx),
             fe::BIND | fe::DESCRIBE => self.on_bind_or_describe(m, sp, cx),
@@ -426,7 +440,7 @@ impl Extended {
             }
         };
         sp.drop_range(m.start, m.start + m.frame_len);
-        self.answered_locally = true;
+        self.no_reply = true;
         let mut b = BytesMut::new();
         build::command_complete(&mut b, local_tag);
         build::ready_for_query(&mut b, cx.tx);
@@ -591,6 +605,8 @@ impl Extended {
                 self.undefined.push((name, st));
             }
         }
+        // The Sync that ends the skipping is still to come from the client.
+        self.skipping = self.queue.is_empty();
         Ok(())
     }
 }

@@ -190,8 +190,8 @@ impl Track {
                         *terminated = true;
                         sp.drop_range(m.start, m.start + m.frame_len);
                     }
-                    // A Query Sluice answered itself is owed no ReadyForQuery.
-                    fe::QUERY if ext.take_answered_locally() => {}
+                    // Answered by Sluice, or skipped by the server: no ReadyForQuery.
+                    fe::QUERY | fe::FUNCTION_CALL if ext.take_no_reply() => {}
                     fe::QUERY | fe::FUNCTION_CALL => {
                         *pending += 1;
                         *syncs_after_execute = 0;
