@@ -401,3 +401,18 @@ fn a_refused_run_with_a_long_result_is_dropped_whole() {
     b.send(&query("commit"));
     b.until_ready();
 }
+
+/// Sluice's own query on a server (here the check after `server_check_delay`) drops
+/// the server's unnamed statement, as any simple query does: a client binding its
+/// unnamed statement afterwards has it parsed again first.
+#[test]
+fn unnamed_statement_survives_sluices_own_queries() {
+    let (_pg, s) = setup(1, &[("server_check_delay", "0.05")]);
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "", "select 11"), "1Z");
+    // Ages the idle server past server_check_delay: the next loan checks it first.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let m = run(&mut c, "", &[]);
+    assert_eq!(tags(&m), "2DCZ", "{}", field(&m[0].1, b'M'));
+    assert_eq!(first_value(&m), "11");
+}

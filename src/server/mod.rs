@@ -171,6 +171,8 @@ impl ServerConn {
     }
 
     async fn exec_drained(&mut self, sql: &str) -> Result<(), ServerError> {
+        // A simple query replaces the server's unnamed statement.
+        self.prepared.unnamed = 0;
         let mut out = BytesMut::new();
         build::query(&mut out, sql);
         self.stream.send(&out).await?;
