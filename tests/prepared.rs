@@ -416,3 +416,26 @@ fn unnamed_statement_survives_sluices_own_queries() {
     assert_eq!(tags(&m), "2DCZ", "{}", field(&m[0].1, b'M'));
     assert_eq!(first_value(&m), "11");
 }
+
+/// Another client deallocates the server-side statements behind Sluice's back: all of
+/// them with a DEALLOCATE ALL Sluice does not recognise (a comment before it), then one
+/// by its server-side name. The statements are parsed again: at once after the first,
+/// after one 26000 after the second.
+#[test]
+fn statements_deallocated_behind_sluices_back_are_parsed_again() {
+    let (_pg, s) = setup(1, &[]);
+    let mut q = login(&s);
+    assert_eq!(prepare(&mut q, "q1", "select 21"), "1Z");
+    assert_eq!(first_value(&run(&mut q, "q1", &[])), "21");
+    let mut c = login(&s);
+    c.send(&query("/* x */ DEALLOCATE ALL"));
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    assert_eq!(first_value(&run(&mut q, "q1", &[])), "21");
+    c.send(&query("select name from pg_prepared_statements"));
+    let name = first_value(&c.until_ready());
+    c.send(&query(&format!("DEALLOCATE \"{name}\"")));
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    let m = run(&mut q, "q1", &[]);
+    assert_eq!(sqlstate(&m[0].1), "26000");
+    assert_eq!(first_value(&run(&mut q, "q1", &[])), "21");
+}

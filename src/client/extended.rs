@@ -489,6 +489,17 @@ impl Extended {
             self.after_error(item, m, server)?;
             return Ok(());
         }
+        // A client's query that emptied the server's statements without Sluice
+        // recognising it (`/* c */ DEALLOCATE ALL`, one of several statements).
+        if m.tag == be::COMMAND_COMPLETE && head.kind == Kind::Query {
+            let tag = body(m.frame.unwrap_or_default()).split(|b| *b == 0).next().unwrap_or_default();
+            let discard = tag == b"DISCARD ALL";
+            if discard || tag == b"DEALLOCATE ALL" {
+                server.clear();
+                self.emptied = true;
+                self.discarded |= discard;
+            }
+        }
         // Every message of a reply to an injected message is removed.
         if head.reply == Reply::Swallow {
             sp.drop_range(m.start, m.start + m.frame_len);
@@ -583,7 +594,9 @@ impl Extended {
         }
         if let Some(id) = item.stmt {
             let f = ErrorFields::parse(body(m.frame.unwrap_or_default()))?;
-            if item.kind == Kind::Parse {
+            // 26000: the server lost it behind Sluice's back (a DEALLOCATE Sluice did
+            // not recognise): parse it again on next use.
+            if item.kind == Kind::Parse || (f.code == "26000" && matches!(item.kind, Kind::Bind | Kind::Describe)) {
                 server.forget(id);
             } else if f.code == "0A000" && f.message.contains("cached plan must not change result type") {
                 // The server's statement is stale: close and re-parse it on next use,
