@@ -1,5 +1,7 @@
-//! Cancel keys: every client gets a BackendKeyData from Sluice (in session mode, the
-//! real server's), registered here with the client and its pool. A CancelRequest is
+//! Cancel keys: every client gets a BackendKeyData from Sluice (in session mode with
+//! the real server's process id, which notifications carry, but a secret of Sluice's,
+//! so a client that has left cannot cancel the queries of the next client of that
+//! server), registered here with the client and its pool. A CancelRequest is
 //! forwarded only to the server that client is linked to when the request arrives,
 //! found through the client's `server_id` and the pool's server list: linking and
 //! unlinking a server (every transaction) touches nothing here.
@@ -58,8 +60,19 @@ impl Drop for CancelKey {
 impl CancelRegistry {
     /// Registers a fresh random key for `client` (transaction and statement mode).
     pub fn register(self: &Arc<Self>, client: &Arc<ClientInfo>, pool: &Arc<Pool>) -> CancelKey {
+        self.register_with_pid(None, client, pool)
+    }
+
+    /// A new key with a random secret, and the process id `pid` (session mode: the
+    /// server's own) or a random one.
+    pub fn register_with_pid(
+        self: &Arc<Self>,
+        pid: Option<u32>,
+        client: &Arc<ClientInfo>,
+        pool: &Arc<Pool>,
+    ) -> CancelKey {
         loop {
-            let pid = rand::random::<u32>() & 0x7fff_ffff;
+            let pid = pid.unwrap_or_else(|| rand::random::<u32>() & 0x7fff_ffff);
             let secret = rand::random::<u32>();
             if pid == 0 {
                 continue;
@@ -70,19 +83,6 @@ impl CancelRegistry {
                 return CancelKey { registry: self.clone(), pid, secret, client_id: client.id };
             }
         }
-    }
-
-    /// Registers a given key (session mode: the server's own), replacing a stale entry.
-    pub fn register_key(
-        self: &Arc<Self>,
-        pid: u32,
-        secret: u32,
-        client: &Arc<ClientInfo>,
-        pool: &Arc<Pool>,
-    ) -> CancelKey {
-        let owner = Owner { client: client.clone(), pool: pool.clone() };
-        self.map.lock().insert((pid, secret), owner);
-        CancelKey { registry: self.clone(), pid, secret, client_id: client.id }
     }
 
     /// Where a CancelRequest for this key should go: the server its client is linked
@@ -161,17 +161,25 @@ mod tests {
     }
 
     #[test]
-    fn replaced_key_survives_old_guard() {
+    fn session_keys_share_the_pid_not_the_secret() {
         let r = Arc::new(CancelRegistry::default());
         let p = pool();
         let (c1, c2) = (client(1), client(2));
         server(&p, 3, 5, 6);
-        let a = r.register_key(5, 6, &c1, &p);
-        let b = r.register_key(5, 6, &c2, &p);
+        let a = r.register_with_pid(Some(5), &c1, &p);
+        let (old_pid, old_secret) = (a.pid, a.secret);
         drop(a);
-        assert_eq!(r.len(), 1);
+        // The server's next client gets the same pid and another secret; the old key
+        // reaches nothing.
+        let b = r.register_with_pid(Some(5), &c2, &p);
         c2.server_id.store(3, Release);
-        assert_eq!(r.target(5, 6).map(|t| t.pid), Some(5), "the new owner's entry stays");
+        assert_eq!((b.pid, old_pid), (5, 5));
+        assert_ne!(b.secret, old_secret);
+        assert_eq!(r.target(old_pid, old_secret), None);
+        assert_eq!(
+            r.target(b.pid, b.secret),
+            Some(CancelTarget { addr: ServerAddr { host: "h".into(), port: 1 }, pid: 5, secret: 6 })
+        );
         drop(b);
         assert!(r.is_empty());
     }

@@ -264,7 +264,7 @@ async fn session_mode_is_transparent() {
     b.simple_query("notify chan, 'hello'").await.unwrap();
     let (sender, chan, payload) = tokio::time::timeout(Duration::from_secs(10), notes.recv()).await.unwrap().unwrap();
     assert_eq!((sender.to_string(), chan.as_str(), payload.as_str()), (pid_b, "chan", "hello"));
-    // The cancel key is the server's own: cancelling through Sluice reaches it.
+    // The cancel key carries the server's process id: cancelling through Sluice reaches it.
     let token = a.cancel_token();
     let sleeper = tokio::spawn(async move { a.simple_query("select pg_sleep(30)").await });
     assert!(active(&pg, "pg_sleep(30)"), "the query to cancel never started");
@@ -293,8 +293,8 @@ async fn cancel_in_transaction_mode_hits_only_that_client() {
     cancel_hits_only_that_client("transaction").await;
 }
 
-/// In session mode the client holds the server's own key, and the cancel still goes
-/// through Sluice to that server only.
+/// In session mode the client's key carries its server's process id, and the cancel
+/// goes through Sluice to that server only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_in_session_mode_hits_only_that_client() {
     cancel_hits_only_that_client("session").await;
@@ -315,6 +315,25 @@ async fn cancel_after_release_does_not_reach_the_next_client() {
     a.cancel_token().cancel_query(NoTls).await.unwrap();
     let rb = tokio::time::timeout(Duration::from_secs(10), slow_b).await.unwrap().unwrap();
     assert!(rb.is_ok(), "A's cancel reached B's query: {rb:?}");
+}
+
+/// Session mode: a client that has left cannot cancel the queries of the next client
+/// of its server, though both see that server's process id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_cancel_key_dies_with_its_client() {
+    let pg = PgCluster::start();
+    let s = pooled(&pg, "session", 1);
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let pid = value(&a, "select pg_backend_pid()").await;
+    let token = a.cancel_token();
+    drop(a);
+    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&b, "select pg_backend_pid()").await, pid, "not the same server");
+    let slow_b = tokio::spawn(async move { b.simple_query("select pg_sleep(3)").await.map(|_| ()) });
+    assert!(active(&pg, "pg_sleep(3)"), "the query never started");
+    token.cancel_query(NoTls).await.unwrap();
+    let rb = tokio::time::timeout(Duration::from_secs(10), slow_b).await.unwrap().unwrap();
+    assert!(rb.is_ok(), "the departed client's cancel reached the next client's query: {rb:?}");
 }
 
 async fn cancel_hits_only_that_client(mode: &str) {

@@ -277,13 +277,13 @@ async fn start_session_mode(
 ) -> Result<Session, Exit> {
     let server = Borrowed::new(&pool, pool.checkout().await.map_err(pool_failure)?);
     let server = apply_or_fail(server, &params).await?;
-    let (pid, secret) = server.cancel_key();
-    let key = app.cancel.register_key(pid, secret, &info, &pool);
+    // The server's process id (notifications carry it), a secret of Sluice's.
+    let key = app.cancel.register_with_pid(Some(server.cancel_key().0), &info, &pool);
     build::auth_ok(&mut out);
     for (k, v) in &server.reported {
         build::parameter_status(&mut out, k.as_bytes(), v.as_bytes());
     }
-    build::backend_key_data(&mut out, pid, secret);
+    build::backend_key_data(&mut out, key.pid, key.secret);
     build::ready_for_query(&mut out, TxStatus::Idle);
     // A client gone before its reply: the borrowed server is closed on the way out.
     conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;
