@@ -17,6 +17,9 @@ use crate::protocol::fields::ErrorFields;
 use crate::protocol::{ProtocolError, TxStatus, auth_code, be, body, build, read_i32};
 use crate::tls::{self, ServerTls};
 
+/// How long forwarding a cancel request may take.
+pub const CANCEL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Where a server lives; also what a CancelRequest is sent to. Cloned per server
 /// connection and per forwarded cancel, hence the shared host name (whose comparison
 /// checks the pointer first).
@@ -39,13 +42,24 @@ impl ServerAddr {
         }
     }
 
-    /// Sends a CancelRequest for the given backend key (fire and forget).
+    /// Sends a CancelRequest for the given backend key (fire and forget), giving up
+    /// after `CANCEL_TIMEOUT` (a server that cannot be reached: the kernel alone would
+    /// keep trying to connect for about two minutes).
     pub async fn cancel(&self, pid: u32, secret: u32) -> std::io::Result<()> {
-        let mut s = self.open().await?;
-        let mut out = BytesMut::new();
-        build::cancel_request(&mut out, pid, secret);
-        s.write_all(&out).await?;
-        s.shutdown().await
+        self.cancel_within(pid, secret, CANCEL_TIMEOUT).await
+    }
+
+    async fn cancel_within(&self, pid: u32, secret: u32, limit: std::time::Duration) -> std::io::Result<()> {
+        let send = async {
+            let mut s = self.open().await?;
+            let mut out = BytesMut::new();
+            build::cancel_request(&mut out, pid, secret);
+            s.write_all(&out).await?;
+            s.shutdown().await
+        };
+        tokio::time::timeout(limit, send)
+            .await
+            .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer from the server")))
     }
 }
 
@@ -184,4 +198,28 @@ fn sasl_offers(mut data: &[u8], mechanism: &str) -> bool {
         data = rest;
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server whose listen queue is full drops the connection attempt, which the
+    /// kernel would retry for minutes: the cancel gives up at its limit.
+    #[tokio::test]
+    async fn a_cancel_to_an_unanswering_server_gives_up() {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        socket.bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into()).unwrap();
+        socket.listen(0).unwrap();
+        let port = socket.local_addr().unwrap().as_socket().unwrap().port();
+        // Fill the queue (never accepted); the attempt that finds it full times out.
+        let to = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let short = std::time::Duration::from_millis(200);
+        let _held: Vec<_> = (0..2).filter_map(|_| std::net::TcpStream::connect_timeout(&to, short).ok()).collect();
+        let addr = ServerAddr { host: "127.0.0.1".into(), port };
+        let started = std::time::Instant::now();
+        let r = addr.cancel_within(1, 2, std::time::Duration::from_millis(300)).await;
+        assert_eq!(r.map_err(|e| e.kind()), Err(std::io::ErrorKind::TimedOut));
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
 }
