@@ -349,6 +349,21 @@ fn error_before_the_rest_of_a_pipeline_arrives() {
     assert_eq!(first_value(&d.until_ready()), "5");
 }
 
+/// An ErrorResponse longer than what Sluice reads whole (it quotes a 2 MB value)
+/// reaches the client intact, and the connection goes on.
+#[test]
+fn a_long_error_message_passes_through() {
+    let (_pg, s) = setup(1, "transaction");
+    let mut c = trust(&s);
+    c.send(&query("select repeat('x', 2000000)::int"));
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "EZ");
+    assert_eq!(sqlstate(&m[0].1), "22P02");
+    assert!(field(&m[0].1, b'M').len() > 2_000_000);
+    c.send(&query("select 3"));
+    assert_eq!(first_value(&c.until_ready()), "3");
+}
+
 #[test]
 fn notices_pass_through_and_login_timeout_applies() {
     let pg = PgCluster::start();

@@ -16,7 +16,6 @@ use crate::prepared::{
     self, ClientStatements, Generations, Presence, ServerStatements, SqlCommand, Statement, TextEffects,
 };
 use crate::protocol::build;
-use crate::protocol::fields::ErrorFields;
 use crate::protocol::scan::{Msg, Splice};
 use crate::protocol::{ProtocolError, TxStatus, be, body, fe};
 
@@ -593,7 +592,7 @@ impl Extended {
             self.undefined.push((name, st));
         }
         if let Some(id) = item.stmt {
-            let f = ErrorFields::parse(body(m.frame.unwrap_or_default()))?;
+            let f = super::track::error_fields(m)?;
             // 26000: the server lost it behind Sluice's back (a DEALLOCATE Sluice did
             // not recognise): parse it again on next use.
             if item.kind == Kind::Parse || (f.code == "26000" && matches!(item.kind, Kind::Bind | Kind::Describe)) {

@@ -69,13 +69,23 @@ pub(super) fn client_need(pooled: bool) -> impl Fn(u8) -> Need {
 /// How much of each server message the relay reads.
 pub(super) fn server_need(tag: u8) -> Need {
     match tag {
-        be::READY_FOR_QUERY
-        | be::PARAMETER_STATUS
-        | be::ERROR_RESPONSE
-        | be::ROW_DESCRIPTION
-        | be::COMMAND_COMPLETE => Need::Whole(MAX_INSPECTED_LEN),
+        be::READY_FOR_QUERY | be::PARAMETER_STATUS | be::ROW_DESCRIPTION | be::COMMAND_COMPLETE => {
+            Need::Whole(MAX_INSPECTED_LEN)
+        }
+        // Can be long (it may quote a long value): its fields come first.
+        be::ERROR_RESPONSE => Need::Prefix(ERROR_PREFIX),
         _ => Need::Stream,
     }
+}
+
+/// How much of an ErrorResponse the relay reads before passing the rest on.
+const ERROR_PREFIX: usize = 64 * 1024;
+
+/// The fields of a server ErrorResponse the relay saw (or the first `ERROR_PREFIX`
+/// bytes of it).
+pub(super) fn error_fields(m: &crate::protocol::scan::Msg) -> Result<ErrorFields, ProtocolError> {
+    let frame = m.frame.unwrap_or_default();
+    if frame.len() < m.frame_len { ErrorFields::parse_prefix(body(frame)) } else { ErrorFields::parse(body(frame)) }
 }
 
 impl Track {
@@ -324,7 +334,7 @@ impl Track {
                         if *copy_in == CopyIn::Extended {
                             *copy_in = CopyIn::Off;
                         }
-                        let f = ErrorFields::parse(body(frame))?;
+                        let f = error_fields(&m)?;
                         errors.push(f.code.clone());
                         if f.is_fatal() {
                             // Replaced by Sluice's own 08006 when the server goes away.

@@ -12,14 +12,31 @@ pub struct ErrorFields {
 
 impl ErrorFields {
     /// Parses the body of an ErrorResponse / NoticeResponse.
-    pub fn parse(mut body: &[u8]) -> Result<Self, ProtocolError> {
+    pub fn parse(body: &[u8]) -> Result<Self, ProtocolError> {
+        Self::parse_inner(body, false)
+    }
+
+    /// Parses the first part of a long ErrorResponse's body (the relay reads at most
+    /// `ERROR_PREFIX` of it): fields cut off at the end are kept as far as they go.
+    /// PostgreSQL sends severity and code first, the message next.
+    pub fn parse_prefix(body: &[u8]) -> Result<Self, ProtocolError> {
+        Self::parse_inner(body, true)
+    }
+
+    fn parse_inner(mut body: &[u8], cut: bool) -> Result<Self, ProtocolError> {
         let mut f = ErrorFields::default();
         loop {
-            let (&kind, rest) = body.split_first().ok_or(ProtocolError::Malformed("ErrorResponse"))?;
+            let Some((&kind, rest)) = body.split_first() else {
+                return if cut { Ok(f) } else { Err(ProtocolError::Malformed("ErrorResponse")) };
+            };
             if kind == 0 {
                 return Ok(f);
             }
-            let (value, rest) = read_cstr(rest).ok_or(ProtocolError::Malformed("ErrorResponse"))?;
+            let (value, rest) = match read_cstr(rest) {
+                Some(v) => v,
+                None if cut => (rest, &[][..]),
+                None => return Err(ProtocolError::Malformed("ErrorResponse")),
+            };
             let value = String::from_utf8_lossy(value).into_owned();
             match kind {
                 b'V' => f.severity = value,
@@ -57,6 +74,8 @@ mod tests {
         assert!(!f.is_fatal());
         assert!(ErrorFields::parse(b"SERROR\0").is_err());
         assert!(ErrorFields::parse(b"SERR").is_err());
+        let cut = ErrorFields::parse_prefix(b"SERROR\0VERROR\0C22P02\0Minvalid input: \"xxxx").unwrap();
+        assert_eq!((cut.code.as_str(), cut.message.as_str()), ("22P02", "invalid input: \"xxxx"));
     }
 
     #[test]
