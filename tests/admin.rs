@@ -375,6 +375,21 @@ async fn kill_client_reaches_a_client_waiting_for_a_server() {
     assert_eq!(value(&holder, "select count(*) from killed_waiting").await, "0", "the killed client's insert ran");
 }
 
+/// Sends `PAUSE app` from a console client of its own, and returns once the console
+/// `a` shows it in effect; the task ends when the PAUSE does.
+async fn start_pause(
+    port: u16,
+    a: &tokio_postgres::Client,
+) -> tokio::task::JoinHandle<Result<(), tokio_postgres::Error>> {
+    let pausing = tokio::spawn(async move { admin(port).await.simple_query("PAUSE app").await.map(|_| ()) });
+    let flagged = eventually(Duration::from_secs(10), || async {
+        cell(a, "SHOW DATABASES", "name", "app", "paused").await.as_deref() == Some("1")
+    })
+    .await;
+    assert!(flagged, "PAUSE not in effect");
+    pausing
+}
+
 /// Clients queued for a server when PAUSE arrives wait for RESUME: the connection
 /// coming back during the pause is closed, not replaced for them. A RESUME while the
 /// PAUSE still waits for a transaction ends that PAUSE with an error.
@@ -393,12 +408,7 @@ async fn pause_holds_queued_clients_and_resume_ends_a_pending_pause() {
     .await;
     assert!(waiting, "the second client never queued");
     let port = s.port;
-    let pausing = tokio::spawn(async move { admin(port).await.simple_query("PAUSE app").await.map(|_| ()) });
-    let flagged = eventually(Duration::from_secs(10), || async {
-        cell(&a, "SHOW DATABASES", "name", "app", "paused").await.as_deref() == Some("1")
-    })
-    .await;
-    assert!(flagged, "PAUSE not in effect");
+    let pausing = start_pause(port, &a).await;
     holder.simple_query("commit").await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), pausing).await.expect("PAUSE returns").unwrap().unwrap();
     assert_eq!(cell(&a, "SHOW SERVERS", "database", "app", "id").await, None, "a server is open while paused");
@@ -408,12 +418,7 @@ async fn pause_holds_queued_clients_and_resume_ends_a_pending_pause() {
 
     // RESUME during a PAUSE that waits for an open transaction.
     holder.simple_query("begin").await.unwrap();
-    let pausing = tokio::spawn(async move { admin(port).await.simple_query("PAUSE app").await.map(|_| ()) });
-    let flagged = eventually(Duration::from_secs(10), || async {
-        cell(&a, "SHOW DATABASES", "name", "app", "paused").await.as_deref() == Some("1")
-    })
-    .await;
-    assert!(flagged, "PAUSE not in effect");
+    let pausing = start_pause(port, &a).await;
     a.simple_query("RESUME app").await.unwrap();
     let r = tokio::time::timeout(Duration::from_secs(10), pausing).await.expect("the PAUSE still waits").unwrap();
     let e = r.expect_err("a PAUSE ended by RESUME reports it");
