@@ -8,14 +8,14 @@
 
 use std::collections::hash_map::Entry;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Acquire;
+use std::sync::atomic::Ordering::SeqCst;
 
 use foldhash::HashMap;
 use parking_lot::Mutex;
 
 use crate::pool::Pool;
 use crate::server::ServerAddr;
-use crate::stats::ClientInfo;
+use crate::stats::{ClientInfo, ServerInfo};
 
 /// The server a client's cancel would go to right now.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +23,17 @@ pub struct CancelTarget {
     pub addr: ServerAddr,
     pub pid: u32,
     pub secret: u32,
+}
+
+/// A cancel request being forwarded to a server: while it lives, that server is not
+/// lent to another client.
+#[derive(Debug)]
+pub struct InFlight(Arc<ServerInfo>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.cancel_ended();
+    }
 }
 
 /// Whose key it is: the client (its `server_id` names the linked server) and the pool
@@ -86,18 +97,28 @@ impl CancelRegistry {
     }
 
     /// Where a CancelRequest for this key should go: the server its client is linked
-    /// to now, if any.
-    pub fn target(&self, pid: u32, secret: u32) -> Option<CancelTarget> {
+    /// to now, if any, and a guard that keeps that server from being lent to another
+    /// client until the request has been forwarded (drop it then).
+    pub fn target(&self, pid: u32, secret: u32) -> Option<(CancelTarget, InFlight)> {
         let owner = self.map.lock().get(&(pid, secret)).cloned()?;
-        // Acquire: pairs with the session's Release store, so the server's key, written
-        // at its login, is seen.
-        let id = owner.client.server_id.load(Acquire);
+        // SeqCst (covers the Acquire that makes the server's key, written at its login,
+        // visible): see the re-check below.
+        let id = owner.client.server_id.load(SeqCst);
         if id == 0 {
             return None;
         }
         let server = owner.pool.servers.get(id)?;
+        server.cancel_started();
+        let in_flight = InFlight(server.clone());
+        // Still linked after the mark? A session that gives the server back stores 0
+        // first and then waits for marked cancels (`ServerInfo::cancels_settled`), so
+        // either it sees this one or this sees its 0: the request never reaches the
+        // server's next client.
+        if owner.client.server_id.load(SeqCst) != id {
+            return None;
+        }
         let (pid, secret) = server.cancel_key();
-        Some(CancelTarget { addr: server.addr.clone(), pid, secret })
+        Some((CancelTarget { addr: server.addr.clone(), pid, secret }, in_flight))
     }
 
     pub fn len(&self) -> usize {
@@ -123,6 +144,29 @@ mod tests {
         crate::pool::Pools::default().get(&cfg, &users, "db", "u").unwrap()
     }
 
+    /// The target of a key, the in-flight guard dropped at once.
+    fn tgt(r: &CancelRegistry, pid: u32, secret: u32) -> Option<CancelTarget> {
+        r.target(pid, secret).map(|(t, _)| t)
+    }
+
+    #[test]
+    fn a_cancel_being_forwarded_holds_its_server() {
+        let r = Arc::new(CancelRegistry::default());
+        let (p, c) = (pool(), client(1));
+        server(&p, 7, 9, 8);
+        let k = r.register(&c, &p);
+        c.server_id.store(7, Release);
+        let info = p.servers.get(7).unwrap();
+        let (_, in_flight) = r.target(k.pid, k.secret).unwrap();
+        assert!(info.cancels_in_flight());
+        drop(in_flight);
+        assert!(!info.cancels_in_flight());
+        // Unlinked: nothing is marked.
+        c.server_id.store(0, Release);
+        assert!(r.target(k.pid, k.secret).is_none());
+        assert!(!info.cancels_in_flight());
+    }
+
     fn client(id: u64) -> Arc<ClientInfo> {
         Arc::new(ClientInfo::new(id, "u", "db", &Peer::Unix, false))
     }
@@ -142,21 +186,21 @@ mod tests {
         server(&p, 7, 9, 8);
         server(&p, 8, 19, 18);
         let k = r.register(&c, &p);
-        assert_eq!(r.target(k.pid, k.secret), None, "idle client");
+        assert_eq!(tgt(&r, k.pid, k.secret), None, "idle client");
         c.server_id.store(7, Release);
         let t = CancelTarget { addr: ServerAddr { host: "h".into(), port: 1 }, pid: 9, secret: 8 };
-        assert_eq!(r.target(k.pid, k.secret), Some(t));
-        assert_eq!(r.target(k.pid, k.secret ^ 1), None, "wrong secret");
+        assert_eq!(tgt(&r, k.pid, k.secret), Some(t));
+        assert_eq!(tgt(&r, k.pid, k.secret ^ 1), None, "wrong secret");
         c.server_id.store(8, Release);
-        assert_eq!(r.target(k.pid, k.secret).map(|t| t.pid), Some(19));
+        assert_eq!(tgt(&r, k.pid, k.secret).map(|t| t.pid), Some(19));
         p.servers.remove(8);
-        assert_eq!(r.target(k.pid, k.secret), None, "server closed meanwhile");
+        assert_eq!(tgt(&r, k.pid, k.secret), None, "server closed meanwhile");
         c.server_id.store(0, Release);
-        assert_eq!(r.target(k.pid, k.secret), None, "unlinked");
+        assert_eq!(tgt(&r, k.pid, k.secret), None, "unlinked");
         let (pid, secret) = (k.pid, k.secret);
         drop(k);
         c.server_id.store(7, Release);
-        assert_eq!(r.target(pid, secret), None, "key dropped");
+        assert_eq!(tgt(&r, pid, secret), None, "key dropped");
         assert!(r.is_empty());
     }
 
@@ -175,9 +219,9 @@ mod tests {
         c2.server_id.store(3, Release);
         assert_eq!((b.pid, old_pid), (5, 5));
         assert_ne!(b.secret, old_secret);
-        assert_eq!(r.target(old_pid, old_secret), None);
+        assert_eq!(tgt(&r, old_pid, old_secret), None);
         assert_eq!(
-            r.target(b.pid, b.secret),
+            tgt(&r, b.pid, b.secret),
             Some(CancelTarget { addr: ServerAddr { host: "h".into(), port: 1 }, pid: 5, secret: 6 })
         );
         drop(b);

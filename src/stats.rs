@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
@@ -279,6 +279,9 @@ pub struct ServerInfo {
     /// The linked client's id, 0 when none.
     pub client_id: AtomicU64,
     pub prepared_statements: AtomicU64,
+    /// Cancel requests being forwarded to this server (`cancel::InFlight`).
+    cancels: AtomicU32,
+    cancels_done: tokio::sync::Notify,
 }
 
 impl ServerInfo {
@@ -293,6 +296,8 @@ impl ServerInfo {
             request_time_us: AtomicU64::new(now_us()),
             client_id: AtomicU64::new(0),
             prepared_statements: AtomicU64::new(0),
+            cancels: AtomicU32::new(0),
+            cancels_done: tokio::sync::Notify::new(),
         }
     }
 
@@ -306,6 +311,39 @@ impl ServerInfo {
     /// The backend key: (pid, secret).
     pub fn cancel_key(&self) -> (u32, u32) {
         (self.pid.load(Relaxed), self.secret.load(Relaxed))
+    }
+
+    /// A cancel request for this server is being forwarded. SeqCst, with the client's
+    /// `server_id` read after it (`cancel::CancelRegistry::target`): a session that
+    /// stores 0 there and then finds no cancel in flight can lend the server on.
+    pub fn cancel_started(&self) {
+        self.cancels.fetch_add(1, SeqCst);
+    }
+
+    /// A forwarded cancel request was processed by the server (or given up).
+    pub fn cancel_ended(&self) {
+        if self.cancels.fetch_sub(1, SeqCst) == 1 {
+            self.cancels_done.notify_waiters();
+        }
+    }
+
+    /// Whether cancel requests for this server are being forwarded (read after the
+    /// session stored 0 in its client's `server_id`).
+    pub fn cancels_in_flight(&self) -> bool {
+        self.cancels.load(SeqCst) > 0
+    }
+
+    /// Waits until no cancel request for this server is being forwarded.
+    pub async fn cancels_settled(&self) {
+        loop {
+            let done = self.cancels_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if !self.cancels_in_flight() {
+                return;
+            }
+            done.await;
+        }
     }
 
     pub fn state(&self) -> ServerState {
@@ -372,6 +410,26 @@ impl<T> Registry<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A session giving a server back waits for the cancels in flight, and is woken
+    /// when the last one ends.
+    #[tokio::test]
+    async fn cancels_settled_waits_for_the_last_cancel() {
+        let info = Arc::new(ServerInfo::new(1, crate::server::ServerAddr { host: "h".into(), port: 1 }));
+        info.cancels_settled().await;
+        info.cancel_started();
+        info.cancel_started();
+        let waiting = tokio::spawn({
+            let info = info.clone();
+            async move { info.cancels_settled().await }
+        });
+        tokio::task::yield_now().await;
+        info.cancel_ended();
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "done with a cancel still in flight");
+        info.cancel_ended();
+        tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("woken").unwrap();
+    }
 
     #[test]
     fn histogram_quantiles() {

@@ -194,10 +194,11 @@ async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessa
             StartupPacket::Cancel { pid, secret } => {
                 // Accepted in plaintext whatever the TLS mode: libpq before 17 never
                 // encrypts cancel requests.
-                if let Some(t) = app.cancel.target(pid, secret) {
-                    if let Err(e) = t.addr.cancel(t.pid, t.secret).await {
-                        warn!("forwarding cancel request to {} failed: {e}", t.addr);
-                    }
+                // The server stays with its client until the request is processed.
+                if let Some((t, _in_flight)) = app.cancel.target(pid, secret)
+                    && let Err(e) = t.addr.cancel(t.pid, t.secret).await
+                {
+                    warn!("forwarding cancel request to {} failed: {e}", t.addr);
                 }
                 return Err(Exit::Cancel);
             }

@@ -3,7 +3,7 @@
 //! ends, until the client leaves. Cleans up the server on every way out.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering::{Relaxed, Release};
+use std::sync::atomic::Ordering::{Relaxed, Release, SeqCst};
 use std::time::Duration;
 
 use tokio::io::AsyncReadExt;
@@ -19,6 +19,7 @@ use crate::pool::{Pool, PoolError};
 use crate::prepared::ClientStatements;
 use crate::protocol::{Header, TxStatus, fe, sqlstate};
 use crate::server::ServerConn;
+use crate::server::connect::CANCEL_TIMEOUT;
 use crate::stats::{ClientInfo, ClientState, ServerState};
 
 /// Timeouts copied from the config at login.
@@ -244,7 +245,7 @@ impl Session {
         self.flush_stats();
         let Some(mut server) = self.server.take() else { return };
         tracing::debug!(client = self.info.id, server = server.id, "released");
-        self.info.server_id.store(0, Release);
+        self.unlink_for_cancels(&server).await;
         self.info.set_state(ClientState::Idle);
         if let Some(settings) = self.pool.reset_always()
             && Box::pin(server.exec(&settings.reset_query, settings.internal_timeout)).await.is_ok()
@@ -258,9 +259,8 @@ impl Session {
     async fn cleanup(&mut self) {
         self.flush_stats();
         let Some(mut server) = self.server.take() else { return };
-        // No cancel may reach the server once it is on its way back to the pool.
-        self.info.server_id.store(0, Release);
         if server.broken || !self.track.protocol_idle() {
+            self.info.server_id.store(0, SeqCst);
             // A query is still running or the protocol state is unknown.
             let (addr, (pid, secret)) = (server.addr().clone(), server.cancel_key());
             self.pool.discard(server);
@@ -269,6 +269,7 @@ impl Session {
             }
             return;
         }
+        self.unlink_for_cancels(&server).await;
         let settings = self.pool.settings();
         let limit = settings.internal_timeout;
         if server.tx != TxStatus::Idle && server.exec("ROLLBACK", limit).await.is_err() {
@@ -286,6 +287,18 @@ impl Session {
 }
 
 impl Session {
+    /// The client's cancels stop reaching `server` (its `server_id` goes to 0), and
+    /// those already on their way are let through before the server runs anything
+    /// else or goes to another client (`cancel::CancelRegistry::target`).
+    async fn unlink_for_cancels(&self, server: &ServerConn) {
+        self.info.server_id.store(0, SeqCst);
+        if server.info.cancels_in_flight() {
+            // Rare, and boxed: it would otherwise enlarge every session's future.
+            let settled = tokio::time::timeout(CANCEL_TIMEOUT, server.info.cancels_settled());
+            let _ = Box::pin(settled).await;
+        }
+    }
+
     /// Adds this exchange's counts to the pool's statistics.
     pub(super) fn flush_stats(&mut self) {
         self.track.flush_to(&self.pool.stats, self.mode != PoolMode::Session);

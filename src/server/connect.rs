@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
 use super::{ServerConn, ServerError};
@@ -42,9 +42,10 @@ impl ServerAddr {
         }
     }
 
-    /// Sends a CancelRequest for the given backend key (fire and forget), giving up
-    /// after `CANCEL_TIMEOUT` (a server that cannot be reached: the kernel alone would
-    /// keep trying to connect for about two minutes).
+    /// Sends a CancelRequest for the given backend key and waits until the server has
+    /// processed it (PostgreSQL closes the connection once it has signalled the
+    /// backend), giving up after `CANCEL_TIMEOUT` (a server that cannot be reached: the
+    /// kernel alone would keep trying to connect for about two minutes).
     pub async fn cancel(&self, pid: u32, secret: u32) -> std::io::Result<()> {
         self.cancel_within(pid, secret, CANCEL_TIMEOUT).await
     }
@@ -55,7 +56,10 @@ impl ServerAddr {
             let mut out = BytesMut::new();
             build::cancel_request(&mut out, pid, secret);
             s.write_all(&out).await?;
-            s.shutdown().await
+            s.shutdown().await?;
+            let mut rest = [0u8; 64];
+            while s.read(&mut rest).await? > 0 {}
+            Ok(())
         };
         tokio::time::timeout(limit, send)
             .await
