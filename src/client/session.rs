@@ -189,6 +189,8 @@ impl Session {
                 tokio::pin!(checkout);
                 loop {
                     tokio::select! {
+                        // The common case, a server at once, polls nothing else.
+                        biased;
                         r = &mut checkout => break r,
                         r = conn.stream.read_buf(&mut conn.buf), if conn.buf.len() < WAITING_INPUT_LIMIT => {
                             if matches!(r, Ok(0) | Err(_)) {
@@ -202,8 +204,10 @@ impl Session {
                 }
             };
             let mut server = server.map_err(pool_failure)?;
-            // Killed or shut down as the server came: the request is not sent.
-            if let Some(exit) = self.interruption() {
+            // Killed or shut down while it waited: the request is not sent.
+            if since.is_some()
+                && let Some(exit) = self.interruption()
+            {
                 self.pool.checkin(server);
                 return Err(exit);
             }
