@@ -427,3 +427,32 @@ async fn pause_holds_queued_clients_and_resume_ends_a_pending_pause() {
     assert_eq!(value(&holder, "select 5").await, "5");
     holder.simple_query("commit").await.unwrap();
 }
+
+/// A database removed by a reload while PAUSEd: its clients waiting for RESUME get
+/// `57P03` at once instead of waiting out `query_wait_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_waiting_on_a_paused_database_learn_it_was_removed() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg))
+        .general("query_wait_timeout", "30")
+        .database("gone", &[("dbname", "\"app\"")])
+        .start();
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "gone").await;
+    assert_eq!(value(&c, "select 1").await, "1");
+    let a = admin(s.port).await;
+    a.simple_query("PAUSE gone").await.unwrap();
+    let waiting = tokio::spawn(async move { c.simple_query("select 2").await.map(|_| ()) });
+    let held = eventually(Duration::from_secs(10), || async {
+        cell(&a, "SHOW POOLS", "database", "gone", "cl_waiting").await.as_deref() == Some("1")
+    })
+    .await;
+    assert!(held, "the client is not held by the PAUSE");
+    let cfg = s.config();
+    let start = cfg.find("[databases.gone]").expect("the section");
+    let end = cfg[start + 1..].find("\n[").map_or(cfg.len(), |i| start + 2 + i);
+    s.write_config(&format!("{}{}", &cfg[..start], &cfg[end..]));
+    s.reload();
+    assert!(s.wait_log("configuration reloaded", Duration::from_secs(10)));
+    let r = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("still waiting").unwrap();
+    assert_eq!(code(&r.expect_err("an error")), "57P03");
+}
