@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
 use super::interrupt::Interrupt;
-use super::track::Track;
+use super::track::{Track, client_need};
 use super::{ClientConn, Exit, WAITING_INPUT_LIMIT};
 use crate::app::{App, Phase};
 use crate::cancel::CancelKey;
@@ -17,6 +17,7 @@ use crate::config::{PoolMode, secs};
 use crate::params::ClientParams;
 use crate::pool::{Pool, PoolError};
 use crate::prepared::ClientStatements;
+use crate::protocol::scan::Need;
 use crate::protocol::{Header, TxStatus, fe, sqlstate};
 use crate::server::ServerConn;
 use crate::server::connect::CANCEL_TIMEOUT;
@@ -130,13 +131,27 @@ impl Session {
         exit
     }
 
-    /// Waits, with no server, for the client's next message.
+    /// Waits, with no server, for the client's next message: as much of it as the
+    /// relay must see before passing it on (a Bind's statement name, a whole Parse), so
+    /// that the server it gets can be given the message at once.
     async fn wait_for_work(&mut self, conn: &mut ClientConn, interrupt: &mut Interrupt<'_, '_>) -> Wanted {
         loop {
             match Header::peek(&conn.buf) {
                 Err(e) => return Wanted::Leave(Exit::protocol(e)),
                 Ok(Some(h)) if h.tag == fe::TERMINATE => return Wanted::Leave(Exit::Terminated),
-                Ok(Some(_)) => return Wanted::Server,
+                Ok(Some(h)) => {
+                    let needed = match client_need(self.mode != PoolMode::Session)(h.tag) {
+                        Need::Stream => 0,
+                        Need::Prefix(n) => n.min(h.frame_len),
+                        // Too long: the relay refuses it.
+                        Need::Whole(max) if h.frame_len > max => 0,
+                        Need::Whole(_) => h.frame_len,
+                    };
+                    if conn.buf.len() >= needed {
+                        return Wanted::Server;
+                    }
+                    conn.buf.reserve(needed - conn.buf.len());
+                }
                 Ok(None) => {}
             }
             if let Some(exit) = self.interruption() {
