@@ -17,7 +17,6 @@ use crate::config::{PoolMode, secs};
 use crate::params::ClientParams;
 use crate::pool::{Pool, PoolError};
 use crate::prepared::ClientStatements;
-use crate::protocol::scan::Need;
 use crate::protocol::{Header, TxStatus, fe, sqlstate};
 use crate::server::ServerConn;
 use crate::server::connect::CANCEL_TIMEOUT;
@@ -140,13 +139,8 @@ impl Session {
                 Err(e) => return Wanted::Leave(Exit::protocol(e)),
                 Ok(Some(h)) if h.tag == fe::TERMINATE => return Wanted::Leave(Exit::Terminated),
                 Ok(Some(h)) => {
-                    let needed = match client_need(self.mode != PoolMode::Session)(h.tag) {
-                        Need::Stream => 0,
-                        Need::Prefix(n) => n.min(h.frame_len),
-                        // Too long: the relay refuses it.
-                        Need::Whole(max) if h.frame_len > max => 0,
-                        Need::Whole(_) => h.frame_len,
-                    };
+                    // Too long (None): the relay refuses it.
+                    let needed = client_need(self.mode != PoolMode::Session)(h.tag).wanted(h.frame_len).unwrap_or(0);
                     if conn.buf.len() >= needed {
                         return Wanted::Server;
                     }

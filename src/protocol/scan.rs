@@ -20,6 +20,19 @@ pub enum Need {
     Prefix(usize),
 }
 
+impl Need {
+    /// How many bytes of a frame of `frame_len` must be in before it is passed on; None
+    /// when the whole frame is needed and longer than allowed.
+    pub fn wanted(self, frame_len: usize) -> Option<usize> {
+        match self {
+            Need::Stream => Some(0),
+            Need::Whole(max) if frame_len > max => None,
+            Need::Whole(_) => Some(frame_len),
+            Need::Prefix(n) => Some(n.min(frame_len)),
+        }
+    }
+}
+
 /// Tracks the message boundary across reads.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Scanner {
@@ -65,14 +78,8 @@ impl Scanner {
         while self.remaining == 0 {
             let Some(h) = Header::peek(&buf[pos..])? else { break };
             let start = pos;
-            let want = match need(h.tag) {
-                Need::Stream => 0,
-                Need::Whole(max) if h.frame_len > max => {
-                    return Err(ProtocolError::TooLarge { tag: h.tag, len: h.frame_len });
-                }
-                Need::Whole(_) => h.frame_len,
-                Need::Prefix(n) => n.min(h.frame_len),
-            };
+            let too_large = || ProtocolError::TooLarge { tag: h.tag, len: h.frame_len };
+            let want = need(h.tag).wanted(h.frame_len).ok_or_else(too_large)?;
             let avail = (buf.len() - pos).min(h.frame_len);
             if avail < want {
                 break;
