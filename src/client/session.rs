@@ -275,12 +275,10 @@ impl Session {
         if server.broken || !self.track.protocol_idle() {
             self.info.server_id.store(0, SeqCst);
             // A query is still running or the protocol state is unknown.
-            let (addr, (pid, secret)) = (server.addr().clone(), server.cancel_key());
-            self.pool.discard(server);
             if !self.track.protocol_idle() {
-                tokio::spawn(async move { addr.cancel(pid, secret).await });
+                server.cancel_in_background();
             }
-            return;
+            return self.pool.discard(server);
         }
         self.unlink_for_cancels(&server).await;
         let settings = self.pool.settings();

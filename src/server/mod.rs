@@ -155,8 +155,7 @@ impl ServerConn {
                 Err(_) => {
                     // The query may still run, or wait for a lock, on the server, which
                     // notices the closed connection only when it ends: cancel it.
-                    let (addr, (pid, secret)) = (self.addr().clone(), self.cancel_key());
-                    tokio::spawn(async move { addr.cancel(pid, secret).await });
+                    self.cancel_in_background();
                     Err(ServerError::InternalTimeout)
                 }
             },
@@ -201,6 +200,13 @@ impl ServerConn {
                 _ => {}
             }
         }
+    }
+
+    /// Sends the server a cancel of whatever it runs, from a task of its own (the
+    /// connection is being closed: nothing waits for the answer).
+    pub fn cancel_in_background(&self) {
+        let (addr, (pid, secret)) = (self.addr().clone(), self.cancel_key());
+        tokio::spawn(async move { addr.cancel(pid, secret).await });
     }
 
     /// Whether this connection already carries `want`'s settings.
