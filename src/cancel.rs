@@ -75,7 +75,7 @@ impl CancelRegistry {
     }
 
     /// A new key with a random secret, and the process id `pid` (session mode: the
-    /// server's own) or a random one.
+    /// server's own) or, when that is None or 0 (a server that sent no key), a random one.
     pub fn register_with_pid(
         self: &Arc<Self>,
         pid: Option<u32>,
@@ -83,7 +83,7 @@ impl CancelRegistry {
         pool: &Arc<Pool>,
     ) -> CancelKey {
         loop {
-            let pid = pid.unwrap_or_else(|| rand::random::<u32>() & 0x7fff_ffff);
+            let pid = pid.filter(|&p| p != 0).unwrap_or_else(|| rand::random::<u32>() & 0x7fff_ffff);
             let secret = rand::random::<u32>();
             if pid == 0 {
                 continue;
@@ -220,6 +220,8 @@ mod tests {
         assert_eq!((b.pid, old_pid), (5, 5));
         assert_ne!(b.secret, old_secret);
         assert_eq!(tgt(&r, old_pid, old_secret), None);
+        // A server that sent no key (pid 0): a random pid, not a loop for ever.
+        assert_ne!(r.register_with_pid(Some(0), &c1, &p).pid, 0);
         assert_eq!(
             tgt(&r, b.pid, b.secret),
             Some(CancelTarget { addr: ServerAddr { host: "h".into(), port: 1 }, pid: 5, secret: 6 })
