@@ -214,9 +214,13 @@ impl Extended {
 
     /// Closes on the server the statements queued for closing, before anything else.
     pub fn inject_closes(&mut self, sp: &mut Splice, server: &mut ServerStatements) {
+        if server.to_close.is_empty() {
+            return;
+        }
         for id in std::mem::take(&mut server.to_close) {
             self.inject_close(id, 0, sp);
         }
+        flush_injected(0, sp);
     }
 
     /// Handles one client message (pooled modes). Sync/Query bookkeeping for the
@@ -292,10 +296,13 @@ impl Extended {
             build::parse_complete(&mut b);
             Expect::new(Kind::Local, Reply::Synthetic(b.freeze()), None)
         } else {
-            if presence == Presence::Stale {
+            let stale = presence == Presence::Stale;
+            if stale {
                 self.inject_close(st.id, m.start, sp);
             }
-            self.add_to_server(st.id, m.start, sp, cx);
+            if self.add_to_server(st.id, m.start, sp, cx) || stale {
+                flush_injected(m.start, sp);
+            }
             sp.insert(m.start, &st.parse);
             self.server_parses += 1;
             Expect::new(Kind::Parse, Reply::Forward, Some(st.id))
@@ -304,19 +311,22 @@ impl Extended {
         Ok(())
     }
 
-    /// Records a statement on the server, closing the least recently used one if full.
-    fn add_to_server(&mut self, id: u64, at: usize, sp: &mut Splice, cx: &mut ClientCtx) {
-        if let Some(evicted) = cx.server.add_gen(id, cx.generation(id), cx.epoch, cx.cap) {
+    /// Records a statement on the server, closing the least recently used one if full
+    /// (true: a Close was injected).
+    fn add_to_server(&mut self, id: u64, at: usize, sp: &mut Splice, cx: &mut ClientCtx) -> bool {
+        let evicted = cx.server.add_gen(id, cx.generation(id), cx.epoch, cx.cap);
+        if let Some(evicted) = evicted {
             self.inject_close(evicted, at, sp);
         }
+        evicted.is_some()
     }
 
-    /// Closes a server-side statement before input offset `at` (reply swallowed).
+    /// Closes a server-side statement before input offset `at` (reply swallowed); the
+    /// caller adds the Flush (`flush_injected`) once it has injected all it needs there.
     fn inject_close(&mut self, id: u64, at: usize, sp: &mut Splice) {
         let (buf, from) = sp.insert_buf();
         prepared::close_frame(buf, id);
         sp.commit_insert(at, from);
-        flush_injected(at, sp);
         self.push(Kind::Close, Reply::Swallow, None);
     }
 
@@ -330,7 +340,6 @@ impl Extended {
             }
             self.add_to_server(st.id, at, sp, cx);
             sp.insert(at, &st.parse);
-            flush_injected(at, sp);
             self.server_parses += 1;
             self.push(Kind::Parse, Reply::Swallow, Some(st.id));
         }
@@ -341,9 +350,12 @@ impl Extended {
             let (buf, from) = sp.insert_buf();
             prepared::describe_frame(buf, &st.name);
             sp.commit_insert(at, from);
-            flush_injected(at, sp);
             let verify = Effect::Verify(st.clone(), generation);
             self.queue.push_back(Expect::new(Kind::Describe, Reply::Swallow, Some(st.id)).with(verify));
+            return flush_injected(at, sp);
+        }
+        if presence != Presence::Fresh {
+            flush_injected(at, sp);
         }
     }
 
