@@ -598,11 +598,6 @@ impl Pool {
         self.user_limit.join(self);
     }
 
-    /// Wakes the pools that found one of this pool's limits full (after a reload
-    /// raised it).
-    pub(super) fn limits_changed(&self) {
-        self.wake_sharing();
-    }
 
     /// One janitor pass: closes connections idle past `server_idle_timeout` or older
     /// than `server_lifetime` (keeping `min_pool_size`), drops abandoned waiters, and

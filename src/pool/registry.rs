@@ -197,6 +197,14 @@ impl Pools {
     pub fn reload(&self, cfg: &Config, users: &UserStore) {
         let tls = self.server_tls.load_full();
         let mut map = self.map.lock();
+        // Limits first: each pool's `update` wakes its queue, which then sees a raised
+        // limit.
+        for (name, l) in self.db_limits.lock().iter() {
+            l.set_max(db_max(cfg, name));
+        }
+        for (name, l) in self.user_limits.lock().iter() {
+            l.set_max(user_max(cfg, name));
+        }
         for pools in map.values_mut() {
             pools.retain(|_, pool| {
                 let key = &pool.key;
@@ -214,15 +222,6 @@ impl Pools {
             });
         }
         map.retain(|_, pools| !pools.is_empty());
-        for (name, l) in self.db_limits.lock().iter() {
-            l.set_max(db_max(cfg, name));
-        }
-        for (name, l) in self.user_limits.lock().iter() {
-            l.set_max(user_max(cfg, name));
-        }
-        drop(map);
-        // A raised limit lets queued clients in now.
-        self.all().iter().for_each(|p| p.limits_changed());
     }
 }
 
