@@ -110,18 +110,12 @@ struct ConnectingSlot<'a> {
 }
 
 impl ConnectingSlot<'_> {
+    /// Opens the connection; a failure gives the slot back (`Drop`).
     async fn open(mut self) -> Result<Box<ServerConn>, ServerError> {
         let r = self.pool.connect_counted().await;
-        self.armed = false;
-        let mut inner = self.pool.inner.lock();
-        inner.connecting -= 1;
-        if r.is_err() {
-            inner.total -= 1;
-            self.pool.release_limits();
-        }
-        drop(inner);
-        if r.is_err() {
-            self.pool.room_freed();
+        if r.is_ok() {
+            self.armed = false;
+            self.pool.inner.lock().connecting -= 1;
         }
         r
     }
@@ -130,13 +124,7 @@ impl ConnectingSlot<'_> {
 impl Drop for ConnectingSlot<'_> {
     fn drop(&mut self) {
         if self.armed {
-            {
-                let mut inner = self.pool.inner.lock();
-                inner.connecting -= 1;
-                inner.total -= 1;
-            }
-            self.pool.release_limits();
-            self.pool.room_freed();
+            self.pool.give_back_slot();
         }
     }
 }
@@ -573,7 +561,8 @@ impl Pool {
         }
     }
 
-    /// A waiter that was handed a connect slot left before using it.
+    /// A connect slot given back unused: its connect failed or was abandoned, or the
+    /// waiter it was handed to left.
     fn give_back_slot(&self) {
         {
             let mut inner = self.inner.lock();
@@ -597,7 +586,6 @@ impl Pool {
         self.db_limit.join(self);
         self.user_limit.join(self);
     }
-
 
     /// One janitor pass: closes connections idle past `server_idle_timeout` or older
     /// than `server_lifetime` (keeping `min_pool_size`), drops abandoned waiters, and
