@@ -440,11 +440,6 @@ impl Extended {
                 cx.stmts.clear();
                 "DEALLOCATE ALL"
             }
-            Some(SqlCommand::DiscardAll) => {
-                let item = Expect::new(Kind::Query, Reply::Forward, None).with(Effect::Empties { discard: true });
-                self.queue.push_back(item);
-                return Ok(());
-            }
             _ => {
                 self.push(Kind::Query, Reply::Forward, None);
                 return Ok(());
@@ -500,10 +495,11 @@ impl Extended {
             self.after_error(item, m, server)?;
             return Ok(());
         }
-        // A client's query that emptied the server's statements without Sluice
-        // recognising it (`/* c */ DEALLOCATE ALL`, one of several statements).
+        // A client's simple query that emptied the server's statements: DISCARD ALL,
+        // DEALLOCATE ALL (also in forms Sluice does not answer itself: `/* c */
+        // DEALLOCATE ALL`, one of several statements).
         if m.tag == be::COMMAND_COMPLETE && head.kind == Kind::Query {
-            let tag = body(m.frame.unwrap_or_default()).split(|b| *b == 0).next().unwrap_or_default();
+            let tag = crate::protocol::read_cstr(body(m.frame.unwrap_or_default())).map_or(&[][..], |(t, _)| t);
             let discard = tag == b"DISCARD ALL";
             if discard || tag == b"DEALLOCATE ALL" {
                 server.clear();
