@@ -413,6 +413,8 @@ async fn pause_holds_queued_clients_and_resume_ends_a_pending_pause() {
     tokio::time::timeout(Duration::from_secs(10), pausing).await.expect("PAUSE returns").unwrap().unwrap();
     assert_eq!(cell(&a, "SHOW SERVERS", "database", "app", "id").await, None, "a server is open while paused");
     assert!(!query.is_finished(), "a queued client was served while paused");
+    let held = cell(&a, "SHOW POOLS", "database", "app", "cl_waiting").await;
+    assert_eq!(held.as_deref(), Some("1"), "the queued client is not held by the PAUSE");
     a.simple_query("RESUME app").await.unwrap();
     assert_eq!(tokio::time::timeout(Duration::from_secs(10), query).await.expect("served after RESUME").unwrap(), "42");
 

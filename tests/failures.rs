@@ -12,17 +12,14 @@ use common::{PgCluster, Role, Sluice, code, connect, eventually, try_connect, va
 /// Polls the admin console (as `u_scram`, an admin user) until the pool of `db` and
 /// `user` has a client waiting; false after 10 s.
 fn queued(port: u16, db: &str, user: &str) -> bool {
-    let waiting = || {
-        let out = common::psql_cmd(port, "127.0.0.1", Role::SCRAM.name, Role::SCRAM.password, "pgbouncer")
-            .args(["-F", "|", "-c", "SHOW POOLS"])
-            .output()
-            .expect("psql runs");
-        let text = String::from_utf8_lossy(&out.stdout);
-        // SHOW POOLS: database|user|cl_active|cl_waiting|...
-        let row = text.lines().map(|l| l.split('|').collect::<Vec<_>>()).find(|f| f.len() > 3 && f[..2] == [db, user]);
-        row.is_some_and(|f| f[3] != "0")
-    };
-    tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), waiting))
+    // SHOW POOLS: database|user|cl_active|cl_waiting|...
+    let cl_waiting = || console(port, "SHOW POOLS", &[db, user], 3);
+    tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || cl_waiting().is_some_and(|n| n != "0")))
+}
+
+/// A cell of the admin console's reply, read as `u_scram` (see `console_cell_where`).
+fn console(port: u16, show: &str, key: &[&str], column: usize) -> Option<String> {
+    common::console_cell_where(port, Role::SCRAM.name, Role::SCRAM.password, show, key, column)
 }
 
 fn sluice(pg: &PgCluster, extra: &[(&str, &str)], pool_size: usize) -> Sluice {
@@ -435,7 +432,7 @@ async fn a_raised_shared_limit_lets_queued_clients_in() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_returns_when_a_pending_connect_fails() {
     let pg = PgCluster::start();
-    let extra = [("server_connect_timeout", "1"), ("admin_users", r#"["u_scram"]"#)];
+    let extra = [("server_connect_timeout", "3"), ("admin_users", r#"["u_scram"]"#)];
     let s = sluice(&pg, &extra, 2);
     let holder = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     holder.simple_query("begin").await.unwrap();
@@ -444,8 +441,14 @@ async fn pause_returns_when_a_pending_connect_fails() {
     // A second client needs a second connection, whose login now hangs.
     let second = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let query = tokio::spawn(async move { second.simple_query("select 1").await.map(|_| ()) });
+    // The connect is under way (its client counts as waiting) before PAUSE, and PAUSE
+    // in effect before the holder's server comes back and is closed.
+    assert!(queued(s.port, "app", Role::SCRAM.name), "the second client's connect never started");
     let admin = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "pgbouncer").await;
     let pausing = tokio::spawn(async move { admin.simple_query("PAUSE app").await.map(|_| ()) });
+    // SHOW DATABASES: name|...|paused (16th column)
+    let paused_now = || console(s.port, "SHOW DATABASES", &["app"], 15).as_deref() == Some("1");
+    assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), paused_now)), "PAUSE not in effect");
     holder.simple_query("commit").await.unwrap();
     let e = tokio::time::timeout(Duration::from_secs(10), query).await.expect("the connect never failed").unwrap();
     assert!(e.is_err(), "the second client was served by a frozen server");

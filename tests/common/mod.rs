@@ -148,6 +148,18 @@ pub fn has_ipv6_loopback() -> bool {
 /// `show` (SHOW POOLS, SHOW PREPARED_STATEMENTS...), read with psql as `user`, who must be in
 /// `admin_users` or `stats_users`; None without such a row.
 pub fn console_cell(port: u16, user: &str, password: &str, show: &str, db: &str, column: usize) -> Option<String> {
+    console_cell_where(port, user, password, show, &[db], column)
+}
+
+/// `console_cell` for the row whose first columns are `key` (SHOW POOLS: database, user).
+pub fn console_cell_where(
+    port: u16,
+    user: &str,
+    password: &str,
+    show: &str,
+    key: &[&str],
+    column: usize,
+) -> Option<String> {
     let out = psql_cmd(port, "127.0.0.1", user, password, "pgbouncer")
         .args(["-F", "|", "-c", show])
         .output()
@@ -155,7 +167,7 @@ pub fn console_cell(port: u16, user: &str, password: &str, show: &str, db: &str,
     let text = String::from_utf8_lossy(&out.stdout);
     text.lines()
         .map(|l| l.split('|').collect::<Vec<_>>())
-        .find(|f| f.first() == Some(&db))
+        .find(|f| f.starts_with(key))
         .and_then(|f| Some(f.get(column)?.to_string()))
 }
 
