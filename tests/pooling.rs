@@ -377,6 +377,16 @@ async fn copy_through_tokio_postgres() {
     assert_eq!(total, 5000);
 }
 
+/// A client pipelining megabytes while it reads the answers (tokio-postgres writes and
+/// reads at once): PostgreSQL stops reading its input while its output is blocked, so
+/// Sluice must keep reading the server while a write to the server waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_pipeline_both_ways_does_not_deadlock() {
+    let pg = PgCluster::start();
+    let s = pooled(&pg, "transaction", 1);
+    common::huge_pipeline(s.port).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unix_socket_and_psql() {
     let pg = PgCluster::start();

@@ -15,6 +15,7 @@ use super::session::{Session, sleep_opt};
 use super::{ClientConn, Exit};
 use crate::app::Phase;
 use crate::config::PoolMode;
+use crate::net::backlog::Event;
 use crate::protocol::build::{self, Severity};
 use crate::protocol::scan::Splice;
 use crate::protocol::{ProtocolError, TxStatus, sqlstate};
@@ -41,6 +42,14 @@ impl Session {
         let r = self.relay_loop(conn, &mut splice, interrupt).await;
         splice.reset();
         self.splice = splice;
+        if !self.to_server.is_empty() {
+            // Ended with part of the client's input still unsent: the server may hold
+            // half a message.
+            self.to_server.clear();
+            if let Some(server) = self.server.as_mut() {
+                server.broken = true;
+            }
+        }
         r
     }
 
@@ -73,9 +82,13 @@ impl Session {
             let idle_in_tx = t.pending == 0 && t.tx.is_some_and(|s| s != TxStatus::Idle);
             let idle_deadline =
                 self.timeouts.idle_transaction.zip(t.last_client_activity).map(|(d, s)| s + d).filter(|_| idle_in_tx);
+            // The client is not read (TCP holds it back) while the server's socket holds
+            // back client input. The server is read all the time: PostgreSQL reads no
+            // more input until its output is read.
+            let read_client = self.to_server.is_empty();
             tokio::select! {
                 biased;
-                r = conn.stream.read_buf(&mut conn.buf) => match r {
+                r = conn.stream.read_buf(&mut conn.buf), if read_client => match r {
                     Ok(0) | Err(_) => return Err(Exit::Closed),
                     Ok(n) => {
                         // A full read of at least 1 KB: a stream, not a short request.
@@ -85,12 +98,17 @@ impl Session {
                         self.forward_client(conn, splice).await?
                     }
                 },
-                r = server.stream.read_buf(&mut server.buf) => match r {
-                    Ok(0) | Err(_) => {
+                ev = self.to_server.read_or_drain(&mut server.stream, &mut server.buf) => match ev {
+                    Event::Read(Ok(0) | Err(_)) => {
                         server.broken = true;
                         return Err(server_lost(self.track.server_fatal.take()));
                     }
-                    Ok(_) => self.forward_server(conn, splice).await?,
+                    Event::Read(Ok(_)) => self.forward_server(conn, splice).await?,
+                    Event::Drained(Ok(())) => {}
+                    Event::Drained(Err(_)) => {
+                        server.broken = true;
+                        return Err(server_lost(None));
+                    }
                 },
                 _ = sleep_opt(query_deadline.map(|d| d.saturating_duration_since(Instant::now()))) => {
                     server.broken = true;
@@ -106,7 +124,9 @@ impl Session {
     }
 
     fn releasable(&self) -> bool {
-        self.track.protocol_idle() && self.server.as_ref().is_some_and(|s| s.tx == TxStatus::Idle)
+        self.track.protocol_idle()
+            && self.to_server.is_empty()
+            && self.server.as_ref().is_some_and(|s| s.tx == TxStatus::Idle)
     }
 
     /// Ends the session on shutdown: at once when stopping, at the end of the
@@ -136,7 +156,8 @@ impl Session {
             e => Exit::protocol(e),
         })?;
         let out = splice.finish(&conn.buf, n);
-        let written = if out.is_empty() { Ok(()) } else { server.stream.send(out).await };
+        // What the socket does not take now waits in the backlog (see `relay_loop`).
+        let written = if out.is_empty() { Ok(()) } else { self.to_server.write(&mut server.stream, out).await };
         splice.reset();
         conn.buf.advance(n);
         if written.is_err() {
@@ -216,6 +237,11 @@ impl Session {
     async fn statement_violation(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
         self.track.violation = false;
         let server = self.server.as_mut().expect("relay without a server");
+        // The ROLLBACK goes after whatever client input the socket still holds back.
+        if let Err(e) = self.to_server.finish(&mut server.stream).await {
+            server.broken = true;
+            return Err(server_lost(Some(e.to_string())));
+        }
         if let Err(e) = Box::pin(server.exec("ROLLBACK", self.pool.internal_timeout())).await {
             server.broken = true;
             return Err(server_lost(Some(e.to_string())));

@@ -48,6 +48,9 @@ pub struct Session {
     pub(super) stmts: ClientStatements,
     /// Output assembly for the relay, kept to reuse its buffers.
     pub(super) splice: crate::protocol::scan::Splice,
+    /// Client bytes the server's socket has not taken yet (the relay reads the server
+    /// meanwhile).
+    pub(super) to_server: crate::net::backlog::Backlog,
 }
 
 /// Prepared-statement limits copied from the config at login.
@@ -89,6 +92,7 @@ impl Session {
             limits,
             stmts: ClientStatements::default(),
             splice: Default::default(),
+            to_server: Default::default(),
             pool,
             mode,
             params,

@@ -2,6 +2,7 @@
 //! module reads and writes: plain TCP, Unix socket, or TLS over TCP in either direction
 //! (handshakes are in `tls`).
 
+pub mod backlog;
 pub mod listener;
 
 use std::io;

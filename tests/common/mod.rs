@@ -309,3 +309,20 @@ pub async fn value(c: &tokio_postgres::Client, sql: &str) -> String {
     }
     panic!("no row from {sql}")
 }
+
+/// Pipelines 200 queries of 256 KiB each way through one connection to `port` while
+/// reading their answers (tokio-postgres writes and reads at once), and checks every
+/// answer and that the connection serves a query afterwards. A relay that stops reading
+/// the server while a write to it waits deadlocks here: PostgreSQL reads no more input
+/// while its own output is blocked.
+pub async fn huge_pipeline(port: u16) {
+    let c = connect(port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let echo = c.prepare("select $1::text").await.unwrap();
+    let big = "x".repeat(256 * 1024);
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&big];
+    let all = futures_util::future::try_join_all((0..200).map(|_| c.query_one(&echo, &params)));
+    let rows = tokio::time::timeout(Duration::from_secs(60), all).await.expect("the relay deadlocked").unwrap();
+    assert_eq!(rows.len(), 200);
+    assert!(rows.iter().all(|r| r.get::<_, &str>(0) == big), "an answer came back changed");
+    assert_eq!(value(&c, "select 'after'").await, "after");
+}

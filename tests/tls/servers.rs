@@ -139,3 +139,17 @@ fn pgbench_reconnecting_over_tls_at_40_clients() {
     assert!(processed >= 40, "too few TLS reconnects:\n{text}");
     assert!(!s.log().contains("TLS handshake failed"), "{}", s.log());
 }
+
+/// A large pipeline both ways over TLS to the server: a TLS write can also stop inside
+/// rustls (taken, not yet flushed), and Sluice keeps reading meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_pipeline_over_server_tls_does_not_deadlock() {
+    let certs = TestCerts::generate();
+    let pg = ssl_cluster(&certs.server);
+    let s = server_tls(Sluice::builder(&pg), "require", &certs)
+        .general("pool_mode", "\"transaction\"")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    assert_eq!(server_side_ssl(s.port).await.unwrap(), "true");
+    crate::common::huge_pipeline(s.port).await;
+}
