@@ -279,6 +279,13 @@ pub fn close_frame(buf: &mut BytesMut, id: u64) {
     build::close(buf, b'S', Statement::server_name(id).as_bytes());
 }
 
+/// A Bind the server refuses with 26000 (Sluice's server-side names are `sluice_`
+/// and 16 hex digits, so this statement never exists): it fails the exchange where
+/// PostgreSQL itself would have, aborting the transaction the same way.
+pub fn failing_bind_frame(buf: &mut BytesMut) {
+    build::bind(buf, b"", b"sluice_refused");
+}
+
 /// SQL commands about prepared statements that Sluice answers or follows itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SqlCommand {

@@ -402,6 +402,71 @@ fn a_refused_run_with_a_long_result_is_dropped_whole() {
     b.until_ready();
 }
 
+/// A statement whose result type changed since the client described it is refused
+/// before it runs: the client's Bind waits for the answer to the shape check of the
+/// copy on another server. A refused INSERT ... RETURNING leaves no row; a refusal in
+/// a pipeline rolls back the pipeline's implicit transaction, and one in a transaction
+/// block aborts the transaction, as PostgreSQL's own refusal does.
+#[test]
+fn a_refused_statement_does_not_run() {
+    let (pg, s) = setup(2, &[]);
+    pg.psql("create table ref_t (a int); grant all on ref_t to u_trust");
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "ins", "insert into ref_t values (1) returning *"), "1Z");
+    assert_eq!(prepare(&mut c, "side", "insert into ref_t values (2)"), "1Z");
+    let mut describe = msg(b'D', b"Sins\0");
+    describe.extend(sync());
+    c.send(&describe);
+    assert_eq!(tags(&c.until_ready()), "tTZ");
+    assert_eq!(tags(&run(&mut c, "ins", &[])), "2DCZ");
+    // b holds c's server; d leaves the other one idle, without the statements.
+    let mut b = login(&s);
+    b.send(&query("begin"));
+    b.until_ready();
+    let mut d = login(&s);
+    d.send(&query("select 1"));
+    d.until_ready();
+    pg.psql("alter table ref_t add column b int");
+    let rows = |c: &mut Raw| {
+        c.send(&query("select count(*) from ref_t"));
+        first_value(&c.until_ready())
+    };
+    let m = run(&mut c, "ins", &[]);
+    assert_eq!(tags(&m), "EZ");
+    assert_eq!(sqlstate(&m[0].1), "0A000");
+    assert_eq!(rows(&mut c), "1", "the refused INSERT ran");
+    // In a pipeline: the INSERT before it is rolled back with it.
+    let mut p = bind("", "side", &[]);
+    p.extend(execute("", 0));
+    p.extend(bind("", "ins", &[]));
+    p.extend(execute("", 0));
+    p.extend(sync());
+    c.send(&p);
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "2CEZ");
+    assert_eq!(sqlstate(&m[2].1), "0A000");
+    assert_eq!(m[3].1, b"I");
+    assert_eq!(rows(&mut c), "1", "the pipeline's implicit transaction was not rolled back");
+    // In a transaction block: the transaction is aborted.
+    c.send(&query("begin"));
+    c.until_ready();
+    let m = run(&mut c, "ins", &[]);
+    assert_eq!(tags(&m), "EZ");
+    assert_eq!(m[1].1, b"E", "the transaction must be aborted");
+    c.send(&query("rollback"));
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    assert_eq!(rows(&mut c), "1");
+    // A shape check that fails lets the held message go on, for the server to skip.
+    pg.psql("drop table ref_t");
+    let m = run(&mut c, "ins", &[]);
+    assert_eq!(tags(&m), "EZ");
+    assert_eq!(sqlstate(&m[0].1), "42P01");
+    c.send(&query("select 8"));
+    assert_eq!(first_value(&c.until_ready()), "8");
+    b.send(&query("commit"));
+    b.until_ready();
+}
+
 /// Sluice's own query on a server (here the check after `server_check_delay`) drops
 /// the server's unnamed statement, as any simple query does: a client binding its
 /// unnamed statement afterwards has it parsed again first.

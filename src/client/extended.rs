@@ -62,8 +62,8 @@ enum Reply {
     /// The reply to a message Sluice injected: the client must not see it (an error
     /// still reaches it, as the error of the client message that follows).
     Swallow,
-    /// A client message Sluice already answered with an error: nothing of its reply
-    /// reaches the client, errors included.
+    /// A message whose failure the client has already been told of (the failing Bind
+    /// of `refuse_held`): nothing of its reply reaches the client, errors included.
     Refused,
     /// Sluice's own reply to a message it did not forward.
     Synthetic(Bytes),
@@ -153,6 +153,11 @@ pub struct Extended {
     /// The server reported an error in an extended-protocol exchange whose Sync has not
     /// come yet: it skips every message up to that Sync, and so does the tracking.
     skipping: bool,
+    /// A shape check (`Effect::Verify`) is out: the client message that needed it is
+    /// held back, unscanned, until the answer. A run the check refuses must not run.
+    hold: bool,
+    /// The shape check refused: the held message is replaced by one the server fails.
+    refuse: bool,
     /// Set when a prepared DEALLOCATE ALL / DISCARD ALL ran: the client's statements
     /// are gone.
     pub emptied: bool,
@@ -181,6 +186,12 @@ impl Extended {
         self.queue.is_empty()
     }
 
+    /// Whether a client message is held back until a shape check's answer (the relay
+    /// scans the client's input again once it is not).
+    pub fn holding(&self) -> bool {
+        self.hold
+    }
+
     /// Whether the oldest unanswered message is an Execute (a COPY it starts is an
     /// extended-protocol one, ended by a Sync).
     pub fn head_is_execute(&self) -> bool {
@@ -194,6 +205,8 @@ impl Extended {
         self.last_bind_command = None;
         self.no_reply = false;
         self.skipping = false;
+        self.hold = false;
+        self.refuse = false;
         self.emptied = false;
         self.discarded = false;
         self.undefined.clear();
@@ -226,6 +239,10 @@ impl Extended {
     /// Handles one client message (pooled modes). Sync/Query bookkeeping for the
     /// release decision stays with the caller.
     pub fn on_client(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
+        if std::mem::take(&mut self.refuse) {
+            self.refuse_held(m, sp);
+            return Ok(());
+        }
         if self.skipping {
             // Passed on as sent: the server skips it, answering nothing (a Parse is not
             // defined, a Close closes nothing).
@@ -271,17 +288,20 @@ impl Extended {
             self.push(Kind::Parse, Reply::Forward, None);
             return Ok(());
         }
-        sp.drop_range(m.start, m.start + m.frame_len);
         if let Some(existing) = cx.stmts.get(p.name).cloned() {
             // A real server refuses a second Parse of the same name: make it say so.
             // If the earlier Parse was skipped after an error, this one succeeds and
             // the name stands again.
-            self.ensure(&existing, m.start, sp, cx);
+            if self.ensure(&existing, m.start, sp, cx) {
+                return Ok(());
+            }
+            sp.drop_range(m.start, m.start + m.frame_len);
             sp.insert(m.start, &existing.parse);
             let effect = Effect::Redefine(Bytes::copy_from_slice(p.name), existing);
             self.queue.push_back(Expect::new(Kind::Parse, Reply::Forward, None).with(effect));
             return Ok(());
         }
+        sp.drop_range(m.start, m.start + m.frame_len);
         if cx.stmts.len() >= cx.client_limit {
             return Err(ProtocolError::Limit(
                 "too many prepared statements for one client (max_client_prepared_statements)",
@@ -330,8 +350,9 @@ impl Extended {
         self.push(Kind::Close, Reply::Swallow, None);
     }
 
-    /// Makes sure the server holds `st`, injecting its Parse before offset `at`.
-    fn ensure(&mut self, st: &Arc<Statement>, at: usize, sp: &mut Splice, cx: &mut ClientCtx) {
+    /// Makes sure the server holds `st`, injecting its Parse before the client message
+    /// at offset `at`. True when that message is held back for a shape check.
+    fn ensure(&mut self, st: &Arc<Statement>, at: usize, sp: &mut Splice, cx: &mut ClientCtx) -> bool {
         let generation = cx.generation(st.id);
         let presence = cx.server.lookup_since(st.id, generation, st.epoch);
         if presence != Presence::Fresh {
@@ -352,11 +373,16 @@ impl Extended {
             sp.commit_insert(at, from);
             let verify = Effect::Verify(st.clone(), generation);
             self.queue.push_back(Expect::new(Kind::Describe, Reply::Swallow, Some(st.id)).with(verify));
-            return flush_injected(at, sp);
+            flush_injected(at, sp);
+            // The message waits for the answer: if the shape changed, it must not run.
+            self.hold = true;
+            sp.stop_before(at);
+            return true;
         }
         if presence != Presence::Fresh {
             flush_injected(at, sp);
         }
+        false
     }
 
     fn on_bind_or_describe(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
@@ -387,7 +413,9 @@ impl Extended {
             if kind == Kind::Describe {
                 effect = Effect::Capture(st.clone(), cx.generation(st.id));
             }
-            self.ensure(&st, m.start, sp, cx);
+            if self.ensure(&st, m.start, sp, cx) {
+                return Ok(());
+            }
             let (buf, from) = sp.insert_buf();
             let replaced = prepared::renamed_prefix(buf, prefix, m.frame_len, m.tag, &st.name)?;
             sp.drop_range(m.start, m.start + replaced);
@@ -531,6 +559,7 @@ impl Extended {
                 *st.shape.lock() = Some((shape_of(m), generation));
             }
             Effect::Verify(st, generation) => {
+                self.hold = false;
                 let now = shape_of(m);
                 let changed = {
                     let mut shape = st.shape.lock();
@@ -549,7 +578,7 @@ impl Extended {
                 if changed {
                     // The schema changed: copies prepared before it elsewhere are stale.
                     self.stale.push((st.id, server.generation(st.id).unwrap_or(0)));
-                    self.refuse_until_sync(sp, end);
+                    self.refuse(sp, end);
                 }
             }
             _ => {}
@@ -562,8 +591,9 @@ impl Extended {
     }
 
     /// The statement's result type changed since the client described it: the client
-    /// gets the error PostgreSQL gives for that, and nothing else up to its Sync.
-    fn refuse_until_sync(&mut self, sp: &mut Splice, at: usize) {
+    /// gets the error PostgreSQL gives for that (at `at` in the server's output), and
+    /// the message held for the check is refused (`refuse_held`).
+    fn refuse(&mut self, sp: &mut Splice, at: usize) {
         let mut b = BytesMut::new();
         // As PostgreSQL words it; drivers (asyncpg) recognise it by the routine name.
         build::error_response_from(
@@ -574,23 +604,19 @@ impl Extended {
             Some("RevalidateCachedQuery"),
         );
         sp.insert(at, &b);
-        let mut kept = VecDeque::with_capacity(self.queue.len());
-        let mut skipping = true;
-        for mut item in self.queue.drain(..) {
-            if skipping && item.kind.skippable() {
-                if let Effect::Define(name, st) = std::mem::take(&mut item.effect) {
-                    self.undefined.push((name, st));
-                }
-                if matches!(item.reply, Reply::Synthetic(_)) {
-                    continue;
-                }
-                item.reply = Reply::Refused;
-            } else {
-                skipping = false;
-            }
-            kept.push_back(item);
-        }
-        self.queue = kept;
+        self.refuse = true;
+    }
+
+    /// The message held for a failed shape check: the server gets, instead of it, a
+    /// Bind it fails, so the exchange fails there as it would have on PostgreSQL
+    /// itself (the transaction aborts; the server skips to the Sync). That error is
+    /// not the client's: it already has its 0A000.
+    fn refuse_held(&mut self, m: &Msg, sp: &mut Splice) {
+        let (buf, from) = sp.insert_buf();
+        prepared::failing_bind_frame(buf);
+        sp.commit_insert(m.start, from);
+        sp.drop_range(m.start, m.start + m.frame_len);
+        self.push(Kind::Bind, Reply::Refused, None);
     }
 
     /// An error ended an extended-protocol message: the server now skips everything up
@@ -627,6 +653,8 @@ impl Extended {
         }
         // The Sync that ends the skipping is still to come from the client.
         self.skipping = self.queue.is_empty();
+        // A shape check skipped: the message held for it goes on (and is skipped too).
+        self.hold &= self.queue.iter().any(|e| matches!(e.effect, Effect::Verify(..)));
         Ok(())
     }
 }

@@ -83,9 +83,10 @@ impl Session {
             let idle_deadline =
                 self.timeouts.idle_transaction.zip(t.last_client_activity).map(|(d, s)| s + d).filter(|_| idle_in_tx);
             // The client is not read (TCP holds it back) while the server's socket holds
-            // back client input. The server is read all the time: PostgreSQL reads no
+            // back client input, or while a message waits for a shape check's answer
+            // (`Extended::holding`). The server is read all the time: PostgreSQL reads no
             // more input until its output is read.
-            let read_client = self.to_server.is_empty();
+            let read_client = self.to_server.is_empty() && !self.track.ext.holding();
             tokio::select! {
                 biased;
                 r = conn.stream.read_buf(&mut conn.buf), if read_client => match r {
@@ -176,6 +177,16 @@ impl Session {
     }
 
     async fn forward_server(&mut self, conn: &mut ClientConn, splice: &mut Splice) -> Result<(), Exit> {
+        let held = self.track.ext.holding();
+        self.forward_server_bytes(conn, splice).await?;
+        if held && !self.track.ext.holding() && !conn.buf.is_empty() {
+            // The answer a client message was held for came: go on with the client's input.
+            self.forward_client(conn, splice).await?;
+        }
+        Ok(())
+    }
+
+    async fn forward_server_bytes(&mut self, conn: &mut ClientConn, splice: &mut Splice) -> Result<(), Exit> {
         let server = self.server.as_mut().expect("relay without a server");
         let n = self.track.scan_server(&server.buf, splice, self.mode, &mut server.prepared).map_err(|e| {
             server.broken = true;

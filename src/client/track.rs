@@ -181,6 +181,9 @@ impl Track {
         splice: &mut Splice,
         mut ctx: Option<ClientCtx>,
     ) -> Result<usize, ProtocolError> {
+        if self.ext.holding() {
+            return Ok(0);
+        }
         let was_busy = self.pending > 0;
         let Track { client_scan, pending, unsynced, terminated, ext, copy_in, syncs_after_execute, stats, .. } = self;
         if let Some(cx) = ctx.as_mut().filter(|_| !client_scan.mid_message()) {
@@ -193,6 +196,10 @@ impl Track {
                 let ignored = *copy_in != CopyIn::Off && matches!(m.tag, fe::SYNC | fe::FLUSH);
                 if let Some(cx) = ctx.as_mut().filter(|_| !ignored) {
                     ext.on_client(&m, sp, cx)?;
+                    if ext.holding() {
+                        // Held back (`stop_before`): counted when scanned again.
+                        return Ok(());
+                    }
                 }
                 match m.tag {
                     _ if ignored => {}

@@ -280,6 +280,17 @@ pub fn parse(buf: &mut BytesMut, name: &[u8], query: &[u8], param_types: &[u32])
     });
 }
 
+/// Bind of a statement to a portal, with no parameters and default result formats.
+pub fn bind(buf: &mut BytesMut, portal: &[u8], statement: &[u8]) {
+    frame(buf, fe::BIND, |b| {
+        cstr(b, portal);
+        cstr(b, statement);
+        b.put_u16(0); // parameter format codes
+        b.put_u16(0); // parameters
+        b.put_u16(0); // result format codes
+    });
+}
+
 /// Describe of a statement (`S`) or portal (`P`).
 pub fn describe(buf: &mut BytesMut, kind: u8, name: &[u8]) {
     frame(buf, fe::DESCRIBE, |b| {

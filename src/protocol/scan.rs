@@ -89,6 +89,12 @@ impl Scanner {
             let frame = (want > 0).then(|| &buf[start..start + want]);
             let edits = splice.edits.len();
             on(Msg { tag: h.tag, start, frame_len: h.frame_len, frame }, splice)?;
+            if splice.stop == Some(start) {
+                // Held back: this message is scanned again, from its start, next time.
+                self.remaining = 0;
+                pos = start;
+                break;
+            }
             // Dropped, but only partly here: the rest goes as it arrives.
             self.dropping = self.remaining > 0 && splice.drops_whole(edits, start, start + h.frame_len);
         }
@@ -115,6 +121,8 @@ pub struct Splice {
     edits: Vec<Edit>,
     inserted: BytesMut,
     scratch: BytesMut,
+    /// The scan stops before the message at this offset (see [`Splice::stop_before`]).
+    stop: Option<usize>,
 }
 
 impl Splice {
@@ -143,6 +151,13 @@ impl Splice {
     /// Records bytes appended to [`Splice::insert_buf`] since `from` as an insert at `at`.
     pub fn commit_insert(&mut self, at: usize, from: usize) {
         self.edits.push(Edit::Insert { at, range: from..self.inserted.len() });
+    }
+
+    /// Ends the scan before the message at input offset `start` (the one being
+    /// handled): it is neither consumed nor passed on, and the next scan sees it again.
+    /// Bytes inserted before it still go out.
+    pub fn stop_before(&mut self, start: usize) {
+        self.stop = Some(start);
     }
 
     /// Whether an edit since the first `from` drops all of `start..end`.
@@ -186,6 +201,7 @@ impl Splice {
         self.edits.clear();
         self.inserted.clear();
         self.scratch.clear();
+        self.stop = None;
     }
 }
 

@@ -104,6 +104,51 @@ fn splice_drops_and_inserts() {
     assert_eq!(sp.finish(&src, a.len()), [b"pre".to_vec(), a].concat());
 }
 
+/// A message held back is neither consumed nor passed on, even partly in; bytes
+/// inserted before it go out; the next scan starts with it.
+#[test]
+fn a_held_message_is_scanned_again_next_time() {
+    let a = msg(b'A', b"1");
+    let b = msg(b'B', &[2; 50]);
+    let src: Vec<u8> = [a.clone(), b.clone()].concat();
+    let mut sc = Scanner::default();
+    let mut sp = Splice::new();
+    let mut seen = Vec::new();
+    // B's header and part of its body: streamed, were it not held.
+    let n = sc
+        .scan(
+            &src[..a.len() + 20],
+            |_| Need::Stream,
+            |m, sp| {
+                seen.push(m.tag);
+                if m.tag == b'B' {
+                    sp.insert(m.start, b"ins");
+                    sp.stop_before(m.start);
+                }
+                Ok(())
+            },
+            &mut sp,
+        )
+        .unwrap();
+    assert_eq!((n, &seen[..]), (a.len(), &b"AB"[..]));
+    assert!(!sc.mid_message());
+    assert_eq!(sp.finish(&src, n), [a.clone(), b"ins".to_vec()].concat());
+    sp.reset();
+    let n = sc
+        .scan(
+            &src[a.len()..],
+            |_| Need::Stream,
+            |m, _| {
+                seen.push(m.tag);
+                Ok(())
+            },
+            &mut sp,
+        )
+        .unwrap();
+    assert_eq!((n, &seen[..]), (b.len(), &b"ABB"[..]));
+    assert_eq!(sp.finish(&src[a.len()..], n), &b[..]);
+}
+
 proptest! {
     /// Messages the caller drops are gone from the output whole, however the stream
     /// is cut into reads (a dropped message may span several).
