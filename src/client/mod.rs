@@ -33,6 +33,9 @@ pub struct ClientConn {
     pub stream: Stream,
     pub buf: BytesMut,
     pub peer: Peer,
+    /// The relay's output assembly, kept to reuse its buffers (here rather than in the
+    /// session, so the relay borrows it beside the session).
+    pub splice: crate::protocol::scan::Splice,
 }
 
 /// Why a client connection ended.
@@ -82,7 +85,7 @@ impl Exit {
 
 /// Serves one client connection from accept to close.
 pub async fn serve(app: Arc<App>, stream: Stream, peer: Peer, _guard: ClientGuard) {
-    let mut conn = ClientConn { stream, buf: BytesMut::with_capacity(1024), peer };
+    let mut conn = ClientConn { stream, buf: BytesMut::with_capacity(1024), peer, splice: Default::default() };
     let login_timeout = secs(app.config.load().general.client_login_timeout);
     // Boxed: the login (TLS handshake, SCRAM) is the largest state of a client task and
     // is over after the first round trips; the task then keeps only the session's.

@@ -17,7 +17,6 @@ use crate::app::Phase;
 use crate::config::PoolMode;
 use crate::net::backlog::Event;
 use crate::protocol::build::{self, Severity};
-use crate::protocol::scan::Splice;
 use crate::protocol::{ProtocolError, TxStatus, sqlstate};
 
 fn server_lost(detail: Option<String>) -> Exit {
@@ -26,6 +25,21 @@ fn server_lost(detail: Option<String>) -> Exit {
         None => "server closed the connection unexpectedly".to_string(),
     };
     Exit::fatal(sqlstate::CONNECTION_FAILURE, message)
+}
+
+/// What woke the relay.
+enum Woke {
+    /// Client bytes arrived (this many).
+    Client(usize),
+    /// Server bytes arrived.
+    Server,
+    /// Something the loop's checks handle (a kill, shutdown), or a backlog written out.
+    Other,
+}
+
+fn query_timed_out(server: &mut crate::server::ServerConn) -> Exit {
+    server.broken = true;
+    Exit::fatal(sqlstate::QUERY_CANCELED, "query_timeout: query took too long")
 }
 
 fn reserve(buf: &mut BytesMut, chunk: usize) {
@@ -38,10 +52,8 @@ impl Session {
     /// Relays until the transaction ends (Ok: the server went back to the pool) or
     /// the connection ends (Err).
     pub(super) async fn relay(&mut self, conn: &mut ClientConn, interrupt: &mut Interrupt<'_, '_>) -> Result<(), Exit> {
-        let mut splice = std::mem::take(&mut self.splice);
-        let r = self.relay_loop(conn, &mut splice, interrupt).await;
-        splice.reset();
-        self.splice = splice;
+        let r = self.relay_loop(conn, interrupt).await;
+        conn.splice.reset();
         if !self.to_server.is_empty() {
             // Ended with part of the client's input still unsent: the server may hold
             // half a message.
@@ -53,13 +65,8 @@ impl Session {
         r
     }
 
-    async fn relay_loop(
-        &mut self,
-        conn: &mut ClientConn,
-        splice: &mut Splice,
-        interrupt: &mut Interrupt<'_, '_>,
-    ) -> Result<(), Exit> {
-        self.forward_client(conn, splice).await?;
+    async fn relay_loop(&mut self, conn: &mut ClientConn, interrupt: &mut Interrupt<'_, '_>) -> Result<(), Exit> {
+        self.forward_client(conn).await?;
         // Room kept for the client's next read: small (most requests are), bigger once
         // a read fills it (COPY FROM STDIN, large Bind): no reallocation for the usual
         // short exchange, few reads for a long stream.
@@ -82,46 +89,85 @@ impl Session {
             let idle_in_tx = t.pending == 0 && t.tx.is_some_and(|s| s != TxStatus::Idle);
             let idle_deadline =
                 self.timeouts.idle_transaction.zip(t.last_client_activity).map(|(d, s)| s + d).filter(|_| idle_in_tx);
-            // The client is not read (TCP holds it back) while the server's socket holds
-            // back client input, or while a message waits for a shape check's answer
-            // (`Extended::holding`). The server is read all the time: PostgreSQL reads no
-            // more input until its output is read.
-            let read_client = self.to_server.is_empty() && !self.track.ext.holding();
-            tokio::select! {
-                biased;
-                r = conn.stream.read_buf(&mut conn.buf), if read_client => match r {
-                    Ok(0) | Err(_) => return Err(Exit::Closed),
-                    Ok(n) => {
-                        // A full read of at least 1 KB: a stream, not a short request.
-                        if n >= client_room && n >= 1024 {
-                            client_chunk = 8 * 1024;
-                        }
-                        self.forward_client(conn, splice).await?
+            let woke = if !self.to_server.is_empty() || self.track.ext.holding() {
+                self.wait_on_server(interrupt, query_deadline).await?
+            } else {
+                tokio::select! {
+                    biased;
+                    r = conn.stream.read_buf(&mut conn.buf) => match r {
+                        Ok(0) | Err(_) => return Err(Exit::Closed),
+                        Ok(n) => Woke::Client(n),
+                    },
+                    r = server.stream.read_buf(&mut server.buf) => match r {
+                        Ok(0) | Err(_) => return Err(self.server_gone()),
+                        Ok(_) => Woke::Server,
+                    },
+                    _ = sleep_opt(query_deadline.map(|d| d.saturating_duration_since(Instant::now()))) => {
+                        return Err(query_timed_out(server));
                     }
-                },
-                ev = self.to_server.read_or_drain(&mut server.stream, &mut server.buf) => match ev {
-                    Event::Read(Ok(0) | Err(_)) => {
-                        server.broken = true;
-                        return Err(server_lost(self.track.server_fatal.take()));
+                    _ = sleep_opt(idle_deadline.map(|d| d.saturating_duration_since(Instant::now()))) => {
+                        return Err(Exit::fatal(sqlstate::IDLE_IN_TRANSACTION_TIMEOUT, "idle_transaction_timeout: transaction left idle too long"));
                     }
-                    Event::Read(Ok(_)) => self.forward_server(conn, splice).await?,
-                    Event::Drained(Ok(())) => {}
-                    Event::Drained(Err(_)) => {
-                        server.broken = true;
-                        return Err(server_lost(None));
-                    }
-                },
-                _ = sleep_opt(query_deadline.map(|d| d.saturating_duration_since(Instant::now()))) => {
-                    server.broken = true;
-                    return Err(Exit::fatal(sqlstate::QUERY_CANCELED, "query_timeout: query took too long"));
+                    // Killed or shutting down: the checks at the top of the loop say which.
+                    _ = interrupt.fired() => Woke::Other,
                 }
-                _ = sleep_opt(idle_deadline.map(|d| d.saturating_duration_since(Instant::now()))) => {
-                    return Err(Exit::fatal(sqlstate::IDLE_IN_TRANSACTION_TIMEOUT, "idle_transaction_timeout: transaction left idle too long"));
+            };
+            match woke {
+                Woke::Client(n) => {
+                    // A full read of at least 1 KB: a stream, not a short request.
+                    if n >= client_room && n >= 1024 {
+                        client_chunk = 8 * 1024;
+                    }
+                    self.forward_client(conn).await?
                 }
-                // Killed or shutting down: the checks at the top of the loop say which.
-                _ = interrupt.fired() => {}
+                Woke::Server => {
+                    let held = self.track.ext.holding();
+                    self.forward_server(conn).await?;
+                    if held && !self.track.ext.holding() && !conn.buf.is_empty() {
+                        // The answer a message was held for came: on with the client's input.
+                        self.forward_client(conn).await?;
+                    }
+                }
+                Woke::Other => {}
             }
         }
+    }
+
+    /// The relay's wait while the client is not read: the server's socket holds back
+    /// client input (written as it drains), or a message waits for a shape check's
+    /// answer (`Extended::holding`). The server is read all the while: PostgreSQL reads
+    /// no more input until its output is read.
+    async fn wait_on_server(
+        &mut self,
+        interrupt: &mut Interrupt<'_, '_>,
+        query_deadline: Option<Instant>,
+    ) -> Result<Woke, Exit> {
+        let server = self.server.as_mut().expect("relay without a server");
+        tokio::select! {
+            biased;
+            ev = self.to_server.read_or_drain(&mut server.stream, &mut server.buf) => match ev {
+                Event::Read(Ok(0) | Err(_)) => Err(self.server_gone()),
+                Event::Read(Ok(_)) => Ok(Woke::Server),
+                Event::Drained(Ok(())) => Ok(Woke::Other),
+                Event::Drained(Err(_)) => {
+                    server.broken = true;
+                    Err(server_lost(None))
+                }
+            },
+            _ = sleep_opt(query_deadline.map(|d| d.saturating_duration_since(Instant::now()))) => {
+                Err(query_timed_out(server))
+            }
+            // Killed or shutting down: the relay loop's checks say which.
+            _ = interrupt.fired() => Ok(Woke::Other),
+        }
+    }
+
+    /// The server closed its connection (or reading it failed).
+    fn server_gone(&mut self) -> Exit {
+        if let Some(server) = self.server.as_mut() {
+            server.broken = true;
+        }
+        server_lost(self.track.server_fatal.take())
     }
 
     fn releasable(&self) -> bool {
@@ -140,7 +186,8 @@ impl Session {
         Ok(())
     }
 
-    async fn forward_client(&mut self, conn: &mut ClientConn, splice: &mut Splice) -> Result<(), Exit> {
+    async fn forward_client(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
+        let splice = &mut conn.splice;
         let server = self.server.as_mut().expect("relay without a server");
         let gens = self.pool.stmt_gens.load();
         let ctx = (self.mode != PoolMode::Session).then_some(ClientCtx {
@@ -176,17 +223,8 @@ impl Session {
         Ok(())
     }
 
-    async fn forward_server(&mut self, conn: &mut ClientConn, splice: &mut Splice) -> Result<(), Exit> {
-        let held = self.track.ext.holding();
-        self.forward_server_bytes(conn, splice).await?;
-        if held && !self.track.ext.holding() && !conn.buf.is_empty() {
-            // The answer a client message was held for came: go on with the client's input.
-            self.forward_client(conn, splice).await?;
-        }
-        Ok(())
-    }
-
-    async fn forward_server_bytes(&mut self, conn: &mut ClientConn, splice: &mut Splice) -> Result<(), Exit> {
+    async fn forward_server(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
+        let splice = &mut conn.splice;
         let server = self.server.as_mut().expect("relay without a server");
         let n = self.track.scan_server(&server.buf, splice, self.mode, &mut server.prepared).map_err(|e| {
             server.broken = true;

@@ -46,8 +46,6 @@ pub struct Session {
     pub(super) limits: Limits,
     /// The client's named prepared statements (pooled modes).
     pub(super) stmts: ClientStatements,
-    /// Output assembly for the relay, kept to reuse its buffers.
-    pub(super) splice: crate::protocol::scan::Splice,
     /// Client bytes the server's socket has not taken yet (the relay reads the server
     /// meanwhile).
     pub(super) to_server: crate::net::backlog::Backlog,
@@ -91,7 +89,6 @@ impl Session {
             info,
             limits,
             stmts: ClientStatements::default(),
-            splice: Default::default(),
             to_server: Default::default(),
             pool,
             mode,

@@ -62,6 +62,10 @@ impl Backlog {
         stream: &mut S,
         buf: &mut BytesMut,
     ) -> Event {
+        if self.is_empty() {
+            // The usual case: a plain read.
+            return Event::Read(stream.read_buf(buf).await);
+        }
         std::future::poll_fn(|cx| {
             if !self.is_empty()
                 && let Poll::Ready(r) = self.poll_drain(stream, cx)
