@@ -254,6 +254,37 @@ fn statement_mode_refuses_transaction_blocks() {
     assert_eq!(first_value(&c.until_ready()), "9");
 }
 
+/// Pipelined queries in statement mode are judged when the last is answered: a
+/// transaction block begun and ended inside the pipeline runs (the server is never
+/// held across the client's round trips); one still open then is rolled back and
+/// refused, after the pipeline's answers.
+#[test]
+fn statement_mode_judges_a_pipeline_by_its_end() {
+    let (pg, s) = setup(1, "statement");
+    pg.psql("create table st_p (a int); grant all on st_p to u_trust");
+    let mut c = trust(&s);
+    let mut p = query("begin");
+    p.extend(query("insert into st_p values (1)"));
+    p.extend(query("commit"));
+    c.send(&p);
+    for status in [b"T", b"T", b"I"] {
+        let m = c.until_ready();
+        assert_eq!(tags(&m), "CZ", "{m:?}");
+        assert_eq!(m[1].1, status);
+    }
+    let mut p = query("begin");
+    p.extend(query("insert into st_p values (2)"));
+    c.send(&p);
+    let m = c.until_ready();
+    assert_eq!((tags(&m).as_str(), &m[1].1[..]), ("CZ", &b"T"[..]));
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "CEZ", "{m:?}");
+    assert_eq!(sqlstate(&m[1].1), "25001");
+    assert_eq!(m[2].1, b"I");
+    c.send(&query("select count(*) from st_p"));
+    assert_eq!(first_value(&c.until_ready()), "1", "the block left open was not rolled back");
+}
+
 #[test]
 fn extended_copy_in_with_early_sync_releases_the_server() {
     let (pg, s) = setup(1, "transaction");

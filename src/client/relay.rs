@@ -27,6 +27,8 @@ fn server_lost(detail: Option<String>) -> Exit {
     Exit::fatal(sqlstate::CONNECTION_FAILURE, message)
 }
 
+const STATEMENT_MODE_REFUSAL: &str = "transaction blocks are not allowed in statement pooling mode";
+
 /// What woke the relay.
 enum Woke {
     /// Client bytes arrived (this many).
@@ -286,10 +288,11 @@ impl Session {
     async fn statement_violation(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
         self.track.violation = false;
         let server = self.server.as_mut().expect("relay without a server");
-        // The ROLLBACK goes after whatever client input the socket still holds back.
-        if let Err(e) = self.to_server.finish(&mut server.stream).await {
+        if !self.to_server.is_empty() {
+            // Client input is still going out (nothing the server answers, or the block
+            // would not be left open): no room for the ROLLBACK, give the server up.
             server.broken = true;
-            return Err(server_lost(Some(e.to_string())));
+            return Err(Exit::fatal(sqlstate::ACTIVE_SQL_TRANSACTION, STATEMENT_MODE_REFUSAL));
         }
         if let Err(e) = Box::pin(server.exec("ROLLBACK", self.pool.internal_timeout())).await {
             server.broken = true;
@@ -297,12 +300,7 @@ impl Session {
         }
         self.track.tx = Some(TxStatus::Idle);
         let mut out = BytesMut::new();
-        build::error_response(
-            &mut out,
-            Severity::Error,
-            sqlstate::ACTIVE_SQL_TRANSACTION,
-            "transaction blocks are not allowed in statement pooling mode",
-        );
+        build::error_response(&mut out, Severity::Error, sqlstate::ACTIVE_SQL_TRANSACTION, STATEMENT_MODE_REFUSAL);
         build::ready_for_query(&mut out, TxStatus::Idle);
         conn.stream.send(&out).await.map_err(|_| Exit::Closed)
     }

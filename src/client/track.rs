@@ -318,7 +318,15 @@ impl Track {
                                 *xact_done = xact_start.take().map(|s| now - s);
                             }
                         }
-                        if mode == PoolMode::Statement && status != TxStatus::Idle {
+                        // A transaction block still open when everything the client
+                        // sent is answered (one begun and ended inside a pipeline is
+                        // fine: the server is not held across the client's round trips).
+                        if mode == PoolMode::Statement
+                            && status != TxStatus::Idle
+                            && *pending == 0
+                            && !*unsynced
+                            && ext.is_idle()
+                        {
                             *violation = true;
                             sp.drop_range(m.start, m.start + m.frame_len);
                         }

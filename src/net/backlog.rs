@@ -77,11 +77,6 @@ impl Backlog {
         .await
     }
 
-    /// Writes the backlog out, waiting for the socket (nothing is read meanwhile).
-    pub async fn finish<S: AsyncWrite + Unpin>(&mut self, stream: &mut S) -> io::Result<()> {
-        std::future::poll_fn(|cx| if self.is_empty() { Poll::Ready(Ok(())) } else { self.poll_drain(stream, cx) }).await
-    }
-
     fn poll_drain<S: AsyncWrite + Unpin>(&mut self, stream: &mut S, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match write_some(stream, cx, &self.bytes) {
             Err(e) => Poll::Ready(Err(e)),
