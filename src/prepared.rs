@@ -140,8 +140,14 @@ impl ClientStatements {
         }
     }
 
-    pub fn remove(&mut self, name: &[u8]) -> bool {
-        self.map.remove(name).is_some()
+    pub fn remove(&mut self, name: &[u8]) -> Option<Arc<Statement>> {
+        self.map.remove(name)
+    }
+
+    /// Gives `name` back to `st` unless it was defined again meanwhile (a Close the
+    /// server skipped after an error: the name still stands).
+    pub fn restore(&mut self, name: Bytes, st: Arc<Statement>) {
+        self.map.entry(name).or_insert(st);
     }
 
     pub fn clear(&mut self) {

@@ -123,6 +123,12 @@ fn errors_in_pipelines_leave_no_phantoms() {
     assert_eq!(tags(&m), "EZ");
     assert_eq!(sqlstate(&m[0].1), "42P05");
     assert_eq!(first_value(&run(&mut c, "good", &[])), "7");
+    // A Close the server skips after an error closes nothing: the name still stands.
+    c.send(&[bind("", "nosuch", &[]), close_stmt("good"), sync()].concat());
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "EZ", "{m:?}");
+    assert_eq!(sqlstate(&m[0].1), "26000");
+    assert_eq!(first_value(&run(&mut c, "good", &[])), "7", "a skipped Close forgot the statement");
 }
 
 #[test]

@@ -88,12 +88,7 @@ impl Link {
             self.tx = tx;
         }
         self.track.param_updates.clear();
-        for (name, st) in self.track.ext.undefined.drain(..) {
-            self.stmts.undefine(&name, &st);
-        }
-        for (name, st) in self.track.ext.redefined.drain(..) {
-            self.stmts.insert(&name, st);
-        }
+        self.track.ext.settle_names(&mut self.stmts);
         if self.track.xact_done.is_some() || self.track.query_times.len() >= 1024 {
             self.release();
         }

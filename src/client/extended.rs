@@ -86,6 +86,9 @@ enum Effect {
     /// The client's Describe of its statement (at this generation): remember the
     /// shape it saw.
     Capture(Arc<Statement>, u64),
+    /// A Close of this client name, answered by Sluice: undone if the server skips
+    /// that point of the pipeline after an error (PostgreSQL would not have closed it).
+    Close(Bytes, Arc<Statement>),
     /// Sluice's Describe of a copy (of this generation) the client has not seen: if
     /// the shape differs from what the client saw, it gets 0A000 as from PostgreSQL.
     Verify(Arc<Statement>, u64),
@@ -168,6 +171,9 @@ pub struct Extended {
     /// Client statements a Parse re-established (after an earlier Parse of the same
     /// name in the pipeline was skipped): the caller records them again.
     pub redefined: Vec<(Bytes, Arc<Statement>)>,
+    /// Client statements whose Close (answered by Sluice) fell where the server skipped
+    /// after an error: the caller gives the names back (`ClientStatements::restore`).
+    pub reopened: Vec<(Bytes, Arc<Statement>)>,
     /// Parses sent to servers (forwarded or injected), and client Parses answered
     /// from a server's cache, since the last flush.
     pub server_parses: u64,
@@ -211,6 +217,7 @@ impl Extended {
         self.discarded = false;
         self.undefined.clear();
         self.redefined.clear();
+        self.reopened.clear();
         self.stale.clear();
         self.parsing_set = false;
     }
@@ -223,6 +230,20 @@ impl Extended {
     /// server (and clears it).
     pub fn take_no_reply(&mut self) -> bool {
         std::mem::take(&mut self.no_reply)
+    }
+
+    /// Applies what the server's answers decided about the client's names (`undefined`,
+    /// `redefined`, `reopened`, in that order).
+    pub fn settle_names(&mut self, stmts: &mut ClientStatements) {
+        for (name, st) in self.undefined.drain(..) {
+            stmts.undefine(&name, &st);
+        }
+        for (name, st) in self.redefined.drain(..) {
+            stmts.insert(&name, st);
+        }
+        for (name, st) in self.reopened.drain(..) {
+            stmts.restore(name, st);
+        }
     }
 
     /// Closes on the server the statements queued for closing, before anything else.
@@ -440,11 +461,15 @@ impl Extended {
                 cx.stmts.forget_unnamed();
             } else {
                 // Other clients may share the server-side statement: answer here.
-                cx.stmts.remove(name);
+                let closed = cx.stmts.remove(name);
                 sp.drop_range(m.start, m.start + m.frame_len);
                 let mut b = BytesMut::new();
                 build::close_complete(&mut b);
-                self.push(Kind::Local, Reply::Synthetic(b.freeze()), None);
+                let mut item = Expect::new(Kind::Local, Reply::Synthetic(b.freeze()), None);
+                if let Some(st) = closed {
+                    item.effect = Effect::Close(Bytes::copy_from_slice(name), st);
+                }
+                self.queue.push_back(item);
                 return Ok(());
             }
         }
@@ -463,7 +488,7 @@ impl Extended {
         }
         let command = sql.and_then(prepared::sql_command);
         let local_tag = match command {
-            Some(SqlCommand::Deallocate(name)) if cx.stmts.remove(name.as_bytes()) => "DEALLOCATE",
+            Some(SqlCommand::Deallocate(name)) if cx.stmts.remove(name.as_bytes()).is_some() => "DEALLOCATE",
             Some(SqlCommand::DeallocateAll) => {
                 cx.stmts.clear();
                 "DEALLOCATE ALL"
@@ -647,8 +672,10 @@ impl Extended {
             if let (Kind::Parse, Some(id)) = (dropped.kind, dropped.stmt) {
                 server.forget(id);
             }
-            if let Effect::Define(name, st) = dropped.effect {
-                self.undefined.push((name, st));
+            match dropped.effect {
+                Effect::Define(name, st) => self.undefined.push((name, st)),
+                Effect::Close(name, st) => self.reopened.push((name, st)),
+                _ => {}
             }
         }
         // The Sync that ends the skipping is still to come from the client.

@@ -246,12 +246,7 @@ impl Session {
                 applied.set(&k, &v);
             }
         }
-        for (name, st) in self.track.ext.undefined.drain(..) {
-            self.stmts.undefine(&name, &st);
-        }
-        for (name, st) in self.track.ext.redefined.drain(..) {
-            self.stmts.insert(&name, st);
-        }
+        self.track.ext.settle_names(&mut self.stmts);
         if std::mem::take(&mut self.track.ext.emptied) {
             self.stmts.clear();
         }
