@@ -312,6 +312,32 @@ fn extended_copy_in_with_early_sync_releases_the_server() {
 /// An extended-protocol COPY FROM STDIN that fails on a bad row: the server then
 /// skips everything up to the client's next Sync, so it stays with this client until
 /// that Sync is answered; the next client on the single server is served correctly.
+/// The same behind a simple query in one pipeline: the query's ReadyForQuery must not
+/// make Sluice forget the Sync sent after the COPY's Execute, which the server ignores.
+#[test]
+fn extended_copy_in_pipelined_behind_a_query_releases_the_server() {
+    let (pg, s) = setup(1, "transaction");
+    pg.psql("CREATE TABLE copy_y (a int); GRANT ALL ON copy_y TO u_trust");
+    let mut c = trust(&s);
+    let mut b = query("select 1");
+    b.extend(parse("", "copy copy_y from stdin"));
+    b.extend(bind("", "", &[]));
+    b.extend(execute("", 0));
+    b.extend(sync());
+    c.send(&b);
+    assert_eq!(tags(&c.until_ready()), "TDCZ");
+    assert_eq!(tags(&c.take(3)), "12G");
+    let mut data = msg(b'd', b"1\n");
+    data.extend(msg(b'c', b""));
+    data.extend(sync());
+    c.send(&data);
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    // the single server went back to the pool
+    let mut d = trust(&s);
+    d.send(&query("select count(*) from copy_y"));
+    assert_eq!(first_value(&d.until_ready()), "1");
+}
+
 #[test]
 fn failed_extended_copy_in_keeps_the_server_until_sync() {
     let (pg, s) = setup(1, "transaction");

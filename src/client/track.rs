@@ -51,6 +51,9 @@ pub struct Track {
     /// Syncs sent since the last Execute and not yet answered: if that Execute starts
     /// a COPY FROM STDIN, the server ignores them.
     pub(super) syncs_after_execute: u32,
+    /// Query/Sync/FunctionCall messages sent before that Execute and not yet answered:
+    /// the next ReadyForQuery answers one of them, not one of those Syncs.
+    pub(super) before_execute: u32,
 }
 
 /// How much of each client message the relay reads.
@@ -141,6 +144,7 @@ impl Track {
             ext,
             copy_in,
             syncs_after_execute,
+            before_execute,
         } = self;
         *stats = ExchangeStats::default();
         *xact_start = None;
@@ -162,6 +166,7 @@ impl Track {
         ext.clear();
         *copy_in = CopyIn::Off;
         *syncs_after_execute = 0;
+        *before_execute = 0;
     }
 
     /// No request outstanding and no message half-forwarded in either direction.
@@ -185,7 +190,18 @@ impl Track {
             return Ok(0);
         }
         let was_busy = self.pending > 0;
-        let Track { client_scan, pending, unsynced, terminated, ext, copy_in, syncs_after_execute, stats, .. } = self;
+        let Track {
+            client_scan,
+            pending,
+            unsynced,
+            terminated,
+            ext,
+            copy_in,
+            syncs_after_execute,
+            before_execute,
+            stats,
+            ..
+        } = self;
         if let Some(cx) = ctx.as_mut().filter(|_| !client_scan.mid_message()) {
             ext.inject_closes(splice, cx.server);
         }
@@ -212,6 +228,7 @@ impl Track {
                     fe::QUERY | fe::FUNCTION_CALL => {
                         *pending += 1;
                         *syncs_after_execute = 0;
+                        *before_execute = *pending;
                     }
                     fe::SYNC => {
                         *pending += 1;
@@ -220,6 +237,7 @@ impl Track {
                     }
                     fe::EXECUTE => {
                         *syncs_after_execute = 0;
+                        *before_execute = *pending;
                         *unsynced = true;
                     }
                     fe::COPY_DONE | fe::COPY_FAIL => *copy_in = CopyIn::Off,
@@ -269,6 +287,7 @@ impl Track {
             ext,
             copy_in,
             syncs_after_execute,
+            before_execute,
             stats,
             busy_since,
             xact_start,
@@ -303,7 +322,13 @@ impl Track {
                         *syncs_after_execute = 0;
                     }
                     be::READY_FOR_QUERY => {
-                        *syncs_after_execute = 0;
+                        // It answers a request sent before the last Execute, or else
+                        // one of the Syncs after it.
+                        if *before_execute > 0 {
+                            *before_execute -= 1;
+                        } else {
+                            *syncs_after_execute = syncs_after_execute.saturating_sub(1);
+                        }
                         let status = frame.get(5).copied().and_then(TxStatus::from_byte);
                         let status = status.ok_or(ProtocolError::Malformed("ReadyForQuery"))?;
                         *pending = pending.saturating_sub(1);
@@ -415,6 +440,7 @@ mod tests {
         t.ext.parsing_set = true;
         t.copy_in = CopyIn::Simple;
         t.syncs_after_execute = 1;
+        t.before_execute = 1;
         // Both scanners in the middle of a 100-byte message.
         let partial = [b'Q', 0, 0, 0, 100, b's', b'e', b'l'];
         let mut sp = Splice::new();
