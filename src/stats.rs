@@ -275,6 +275,8 @@ pub struct ServerInfo {
     pid: AtomicU32,
     secret: AtomicU32,
     pub connect_time_us: u64,
+    /// The pool's RECONNECT generation when this connection was begun (`Pool::reconnect`).
+    pub generation: AtomicU64,
     state: AtomicU8,
     pub request_time_us: AtomicU64,
     /// The linked client's id, 0 when none.
@@ -293,6 +295,7 @@ impl ServerInfo {
             pid: AtomicU32::new(0),
             secret: AtomicU32::new(0),
             connect_time_us: now_us(),
+            generation: AtomicU64::new(0),
             state: AtomicU8::new(ServerState::Login as u8),
             request_time_us: AtomicU64::new(now_us()),
             client_id: AtomicU64::new(0),

@@ -37,9 +37,10 @@ impl Pool {
         self.notify_changed();
     }
 
-    /// RECONNECT: every connection open now is closed when it is next idle.
+    /// RECONNECT: every connection open now (or being opened) is closed when it is next
+    /// idle.
     pub fn reconnect(&self) {
-        self.reconnect_before_us.fetch_max(crate::stats::now_us(), std::sync::atomic::Ordering::Relaxed);
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         let marked: Vec<Box<ServerConn>> = {
             let mut inner = self.inner.lock();
             let (marked, keep) = std::mem::take(&mut inner.idle).into_iter().partition(|s| self.marked(s));
@@ -58,7 +59,8 @@ impl Pool {
 
     /// Whether a server connection was marked for closing (SHOW SERVERS close_needed).
     pub fn close_needed(&self, info: &ServerInfo) -> bool {
-        info.connect_time_us <= self.reconnect_before_us.load(std::sync::atomic::Ordering::Relaxed)
+        info.generation.load(std::sync::atomic::Ordering::Relaxed)
+            < self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Marked for closing by RECONNECT or KILL.
@@ -91,5 +93,35 @@ impl Pool {
         if self.watchers.load(SeqCst) > 0 {
             self.changed.notify_waiters();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use crate::server::ServerAddr;
+    use crate::stats::ServerInfo;
+
+    /// RECONNECT marks by generation: the connections begun before it, whatever the
+    /// clock says, and none begun after it.
+    #[test]
+    fn reconnect_marks_earlier_generations_only() {
+        let text = "[databases.db]\nhost = \"127.0.0.1\"\nport = 5\n[users.u]\npassword = \"p\"\n";
+        let cfg = crate::config::Config::parse(text, std::path::Path::new("t.toml")).unwrap();
+        let users = crate::auth::UserStore::from_config(&cfg).unwrap();
+        let pool = crate::pool::Pools::default().get(&cfg, &users, "db", "u").unwrap();
+        let addr = || ServerAddr { host: "h".into(), port: 1 };
+        let before = ServerInfo::new(1, addr());
+        assert!(!pool.close_needed(&before));
+        pool.reconnect();
+        assert!(pool.close_needed(&before));
+        // Begun after the RECONNECT (stamped as `connect_counted` does), even if the
+        // clock stepped back since: not marked.
+        let after = ServerInfo::new(2, addr());
+        after.generation.store(pool.generation.load(Relaxed), Relaxed);
+        assert!(!pool.close_needed(&after));
+        pool.reconnect();
+        assert!(pool.close_needed(&after));
     }
 }

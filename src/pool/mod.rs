@@ -235,9 +235,10 @@ pub struct Pool {
     paused: watch::Sender<bool>,
     /// `paused`'s value, read without the channel's lock (every check-out and check-in).
     paused_now: std::sync::atomic::AtomicBool,
-    /// Admin RECONNECT/KILL: connections opened at or before this time (µs since the
-    /// epoch) are closed when they come back.
-    reconnect_before_us: std::sync::atomic::AtomicU64,
+    /// Admin RECONNECT/KILL (and a reload moving the pool) begin a new generation:
+    /// connections begun in an earlier one are closed when they come back. A counter,
+    /// not a time: a clock stepping back cannot mark new connections.
+    generation: std::sync::atomic::AtomicU64,
     /// Notified whenever a connection comes back or is closed (PAUSE, WAIT_CLOSE).
     changed: Notify,
     /// `wait_until` callers now waiting on `changed`.
@@ -266,7 +267,7 @@ impl Pool {
             ids,
             paused: watch::channel(false).0,
             paused_now: Default::default(),
-            reconnect_before_us: Default::default(),
+            generation: Default::default(),
             changed: Notify::new(),
             watchers: AtomicUsize::new(0),
         }
@@ -449,6 +450,8 @@ impl Pool {
     async fn connect_counted(&self) -> Result<Box<ServerConn>, ServerError> {
         let settings = self.settings.load_full();
         let id = self.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // A connect begun before a RECONNECT belongs to the generation it replaces.
+        let generation = self.generation.load(std::sync::atomic::Ordering::Acquire);
         let started = Instant::now();
         // Boxed: opening a connection (TLS, SCRAM) is rare, and its state would otherwise
         // enlarge every client task that may wait for a server.
@@ -458,6 +461,7 @@ impl Pool {
                 self.stats.server_connects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 self.stats.connect_hist.observe(started.elapsed());
                 s.info.set_state(ServerState::Active, 0);
+                s.info.generation.store(generation, std::sync::atomic::Ordering::Relaxed);
                 self.servers.insert(id, s.info.clone());
             }
             Err(_) => {
