@@ -252,6 +252,35 @@ async fn pause_holds_new_transactions_until_resume() {
     }
 }
 
+/// A client still logging in is listed and waits as `waiting` for the server its login
+/// needs (session mode, the only server taken), and KILL ends that login at once with
+/// 57P01, not after RESUME.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_reaches_a_client_still_logging_in() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg))
+        .general("pool_mode", "\"session\"")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let holder = app_client(s.port).await;
+    let port = s.port;
+    let login = tokio::spawn(async move { try_connect(port, Role::SCRAM.name, Role::SCRAM.password, "app").await });
+    let a = admin(s.port).await;
+    let queued = eventually(Duration::from_secs(10), || async {
+        cell(&a, "SHOW POOLS", "database", "app", "cl_waiting").await.as_deref() == Some("1")
+    })
+    .await;
+    assert!(queued, "the login never waited for the server");
+    assert_eq!(cell(&a, "SHOW CLIENTS", "state", "waiting", "database").await.as_deref(), Some("app"));
+    a.simple_query("KILL app").await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(10), login).await.expect("KILL did not end the login");
+    let Err(e) = ended.unwrap() else { panic!("the killed login succeeded") };
+    assert_eq!(code(&e), "57P01", "{e}");
+    assert!(holder.simple_query("select 1").await.is_err(), "KILL ends the connected client too");
+    a.simple_query("RESUME app").await.unwrap();
+    assert_eq!(value(&app_client(s.port).await, "select 2").await, "2");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_client_disable_and_reconnect() {
     let pg = PgCluster::start();

@@ -432,7 +432,8 @@ fn users(app: &App, cfg: &Config) -> Table {
 
 fn lists(app: &App, cfg: &Config) -> Table {
     let pools = app.pools.all();
-    let used_clients = app.client_infos.len();
+    // Listed clients still in their login (`ClientState::Login`) count as logging in.
+    let used_clients = app.client_infos.list().iter().filter(|c| c.state() != ClientState::Login).count();
     let servers: usize = pools.iter().map(|p| p.counts().total).sum();
     let rows: [(&str, usize); 14] = [
         ("databases", cfg.databases.len() + 1),

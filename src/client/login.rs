@@ -22,7 +22,7 @@ use crate::params::{ClientParams, NOT_SETTINGS, is_reported};
 use crate::pool::{Borrowed, LoginReply, ParamList, Pool};
 use crate::protocol::startup::{self, StartupMessage, StartupPacket};
 use crate::protocol::{TxStatus, build, sqlstate};
-use crate::stats::ClientInfo;
+use crate::stats::{ClientInfo, ClientState};
 use crate::tls::{self, ClientTls, Negotiation};
 
 /// A logged-in client: a pooled session, or the admin console. Boxed, so the client
@@ -69,15 +69,70 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
     let params = client_params(&msg)?;
     let info = Arc::new(ClientInfo::new(app.client_id(), user, database, &conn.peer, conn.stream.is_tls()));
     *info.application_name.lock() = params.get("application_name").unwrap_or_default().to_string();
+    // Listed from here on: SHOW CLIENTS shows it logging in, and KILL reaches it.
+    let listed = Listed::new(app, &info);
     let session = match pool.settings().mode {
         PoolMode::Session => start_session_mode(app, conn, greeting, pool, params, info.clone()).await?,
         mode => start_pooled(app, conn, greeting, pool, params, mode, info.clone()).await?,
     };
-    app.client_infos.insert(info.id, info);
+    listed.keep();
     if cfg.general.log_connections {
         info!(peer = %conn.peer, user, database, tls = tls::describe(&conn.stream), "login");
     }
     Ok(LoggedIn::Pool(Box::new(session)))
+}
+
+/// A client listed in `App::client_infos` while it logs in: unlisted again when the
+/// login fails or is abandoned (`client_login_timeout`); once it succeeds, the session
+/// unlists it when it ends.
+struct Listed<'a> {
+    app: &'a App,
+    id: u64,
+}
+
+impl<'a> Listed<'a> {
+    fn new(app: &'a App, info: &Arc<ClientInfo>) -> Self {
+        app.client_infos.insert(info.id, info.clone());
+        Listed { app, id: info.id }
+    }
+
+    fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Listed<'_> {
+    fn drop(&mut self) {
+        self.app.client_infos.remove(self.id);
+    }
+}
+
+/// A server for a login's round trips (session mode's own server, or learning how the
+/// server spells settings). The client waits as `waiting` (SHOW POOLS `cl_waiting`); a
+/// KILL or the pooler shutting down ends the wait.
+async fn login_checkout<'p>(app: &App, pool: &'p Arc<Pool>, info: &ClientInfo) -> Result<Borrowed<'p>, Exit> {
+    info.set_state(ClientState::Waiting);
+    let checkout = pool.checkout();
+    tokio::pin!(checkout);
+    let got = loop {
+        let woken = info.interrupt.notified();
+        tokio::pin!(woken);
+        // Registered before the checks: a wake-up after them is not missed.
+        woken.as_mut().enable();
+        if info.is_killed() {
+            break Err(Exit::killed());
+        }
+        if matches!(app.current_phase(), Phase::Draining | Phase::Stopping) {
+            break Err(Exit::shutting_down());
+        }
+        tokio::select! {
+            biased;
+            r = &mut checkout => break r.map_err(pool_failure),
+            _ = woken => {}
+        }
+    };
+    info.set_state(ClientState::Login);
+    Ok(Borrowed::new(pool, got?))
 }
 
 /// Authenticates the client as `user` per `auth_type`; gives what the login reply
@@ -276,7 +331,7 @@ async fn start_session_mode(
     params: ClientParams,
     info: Arc<ClientInfo>,
 ) -> Result<Session, Exit> {
-    let server = Borrowed::new(&pool, pool.checkout().await.map_err(pool_failure)?);
+    let server = login_checkout(app, &pool, &info).await?;
     let server = apply_or_fail(server, &params).await?;
     // The server's process id (notifications carry it), a secret of Sluice's.
     let key = app.cancel.register_with_pid(Some(server.cancel_key().0), &info, &pool);
@@ -307,7 +362,7 @@ async fn start_pooled(
 ) -> Result<Session, Exit> {
     let reply = match pool.learned.reply(&params) {
         Some(r) => r,
-        None => work_out_reply(&pool, params).await?,
+        None => work_out_reply(app, &pool, &info, params).await?,
     };
     out.reserve(reply.status.len() + 64);
     build::auth_ok(&mut out);
@@ -322,12 +377,17 @@ async fn start_pooled(
 /// The login reply for a client asking for `asked`: the server spellings of its
 /// values are learned from a server the first time (which also checks them), and
 /// settings equal to a server default are dropped (no SET on each checkout).
-async fn work_out_reply(pool: &Arc<Pool>, asked: ClientParams) -> Result<LoginReply, Exit> {
+async fn work_out_reply(
+    app: &App,
+    pool: &Arc<Pool>,
+    info: &ClientInfo,
+    asked: ClientParams,
+) -> Result<LoginReply, Exit> {
     let learned = &pool.learned;
     let mut defaults = learned.defaults();
     let unknown = asked.iter().any(|(k, v)| learned.canonical(k, v).is_none());
     if defaults.is_none() || unknown {
-        let server = Borrowed::new(pool, pool.checkout().await.map_err(pool_failure)?);
+        let server = login_checkout(app, pool, info).await?;
         let server = apply_or_fail(server, &asked).await?;
         for (k, v) in asked.iter() {
             let canon = if is_reported(k) { server.reported(k).unwrap_or(v) } else { v };
