@@ -235,6 +235,37 @@ fn eviction_and_server_loss_reprepare_transparently() {
     }
 }
 
+/// An evicted statement's open portal goes on: pgJDBC with a fetch size runs a named
+/// portal over several Executes; Sluice evicting its statement (here for another
+/// statement, with room for one per server) in between does not end the portal, since
+/// PostgreSQL's portal keeps its own plan.
+#[test]
+fn eviction_leaves_an_open_portal_running() {
+    let (_pg, s) = setup(1, &[("max_prepared_statements", "1")]);
+    let mut c = login(&s);
+    c.send(&query("begin"));
+    c.until_ready();
+    let mut b = parse("rows", "select g from generate_series(1, 3) g");
+    b.extend(bind("cur", "rows", &[]));
+    b.extend(execute("cur", 1));
+    b.extend(sync());
+    c.send(&b);
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "12DsZ", "{m:?}");
+    assert_eq!(first_value(&m), "1");
+    // Another statement: the server's one room goes to it, `rows` is closed there.
+    assert_eq!(prepare(&mut c, "other", "select 42"), "1Z");
+    assert_eq!(first_value(&run(&mut c, "other", &[])), "42");
+    c.send(&query("select count(*) from pg_prepared_statements"));
+    assert_eq!(first_value(&c.until_ready()), "1", "rows was not evicted");
+    c.send(&[execute("cur", 1), sync()].concat());
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "DsZ", "{m:?}");
+    assert_eq!(first_value(&m), "2");
+    c.send(&query("commit"));
+    c.until_ready();
+}
+
 #[test]
 fn changed_result_type_fails_once_then_works() {
     let (pg, s) = setup(1, &[]);
