@@ -338,6 +338,43 @@ fn extended_copy_in_pipelined_behind_a_query_releases_the_server() {
     assert_eq!(first_value(&d.until_ready()), "1");
 }
 
+/// A whole extended COPY FROM STDIN sent at once (Execute, Sync, data, CopyDone,
+/// Sync) before the server's CopyInResponse: only the first Sync is ignored by the
+/// server, the last one is answered, and the server goes back to the pool.
+#[test]
+fn extended_copy_in_sent_at_once_releases_the_server() {
+    let (pg, s) = setup(1, "transaction");
+    pg.psql("CREATE TABLE copy_z (a int); GRANT ALL ON copy_z TO u_trust");
+    let mut c = trust(&s);
+    let mut b = parse("", "copy copy_z from stdin");
+    b.extend(bind("", "", &[]));
+    b.extend(execute("", 0));
+    b.extend(sync());
+    b.extend(msg(b'd', b"1\n2\n3\n"));
+    b.extend(msg(b'c', b""));
+    b.extend(sync());
+    c.send(&b);
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "12GCZ", "{m:?}");
+    let mut d = trust(&s);
+    d.send(&query("select count(*) from copy_z"));
+    assert_eq!(first_value(&d.until_ready()), "3");
+    // The same for a simple-query COPY; an extended query after it is answered.
+    let mut b = query("copy copy_z from stdin");
+    b.extend(msg(b'd', b"4\n"));
+    b.extend(msg(b'c', b""));
+    c.send(&b);
+    assert_eq!(tags(&c.until_ready()), "GCZ");
+    let mut b = parse("", "select count(*) from copy_z");
+    b.extend(bind("", "", &[]));
+    b.extend(execute("", 0));
+    b.extend(sync());
+    c.send(&b);
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "12DCZ", "{m:?}");
+    assert_eq!(first_value(&m), "4");
+}
+
 #[test]
 fn failed_extended_copy_in_keeps_the_server_until_sync() {
     let (pg, s) = setup(1, "transaction");

@@ -54,6 +54,8 @@ pub struct Track {
     /// Query/Sync/FunctionCall messages sent before that Execute and not yet answered:
     /// the next ReadyForQuery answers one of them, not one of those Syncs.
     pub(super) before_execute: u32,
+    /// Whether the client ended a COPY that Execute may begin before the server said so.
+    pub(super) copy_end: CopyEnd,
 }
 
 /// How much of each client message the relay reads.
@@ -145,6 +147,7 @@ impl Track {
             copy_in,
             syncs_after_execute,
             before_execute,
+            copy_end,
         } = self;
         *stats = ExchangeStats::default();
         *xact_start = None;
@@ -167,6 +170,7 @@ impl Track {
         *copy_in = CopyIn::Off;
         *syncs_after_execute = 0;
         *before_execute = 0;
+        *copy_end = CopyEnd::Open;
     }
 
     /// No request outstanding and no message half-forwarded in either direction.
@@ -199,6 +203,7 @@ impl Track {
             copy_in,
             syncs_after_execute,
             before_execute,
+            copy_end,
             stats,
             ..
         } = self;
@@ -229,18 +234,29 @@ impl Track {
                         *pending += 1;
                         *syncs_after_execute = 0;
                         *before_execute = *pending;
+                        *copy_end = CopyEnd::Open;
                     }
                     fe::SYNC => {
                         *pending += 1;
-                        *syncs_after_execute += 1;
+                        match copy_end {
+                            CopyEnd::Open => *syncs_after_execute += 1,
+                            CopyEnd::Sent => *copy_end = CopyEnd::Synced,
+                            CopyEnd::Synced => {}
+                        }
                         *unsynced = false;
                     }
                     fe::EXECUTE => {
                         *syncs_after_execute = 0;
                         *before_execute = *pending;
+                        *copy_end = CopyEnd::Open;
                         *unsynced = true;
                     }
-                    fe::COPY_DONE | fe::COPY_FAIL => *copy_in = CopyIn::Off,
+                    fe::COPY_DONE | fe::COPY_FAIL => {
+                        *copy_in = CopyIn::Off;
+                        if *copy_end == CopyEnd::Open {
+                            *copy_end = CopyEnd::Sent;
+                        }
+                    }
                     fe::COPY_DATA => {}
                     fe::PARSE => {
                         stats.client_parses += 1;
@@ -288,6 +304,7 @@ impl Track {
             copy_in,
             syncs_after_execute,
             before_execute,
+            copy_end,
             stats,
             busy_since,
             xact_start,
@@ -307,15 +324,21 @@ impl Track {
                 let frame = m.frame.unwrap_or_default();
                 match m.tag {
                     be::COPY_IN_RESPONSE => {
-                        // Syncs sent after the Execute that started this COPY are ignored.
-                        *copy_in = CopyIn::Simple;
+                        // Syncs sent after the Execute that started this COPY (and before
+                        // the client ended it) are ignored.
                         *pending = pending.saturating_sub(*syncs_after_execute);
+                        // A client that sent all of its COPY at once has ended it already.
+                        let open = *copy_end == CopyEnd::Open;
+                        *copy_in = if open { CopyIn::Simple } else { CopyIn::Off };
                         if mode != PoolMode::Session {
                             // Begun by an Execute, the COPY ends with a Sync the server
-                            // waits for even when the COPY fails: keep the server till then.
+                            // waits for even when the COPY fails: keep the server till then
+                            // (unless the client sent it already).
                             if ext.head_is_execute() {
-                                *copy_in = CopyIn::Extended;
-                                *unsynced = true;
+                                if open {
+                                    *copy_in = CopyIn::Extended;
+                                }
+                                *unsynced = *copy_end != CopyEnd::Synced;
                             }
                             ext.drop_ignored_syncs(*syncs_after_execute as usize);
                         }
@@ -393,6 +416,20 @@ impl Track {
     }
 }
 
+/// What the client sent, after its last Execute or Query, towards ending a COPY FROM
+/// STDIN that request may begin, before the server's CopyInResponse (a pipeline sent at
+/// once).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) enum CopyEnd {
+    /// Nothing yet: such a COPY is still open when it begins.
+    #[default]
+    Open,
+    /// CopyDone or CopyFail.
+    Sent,
+    /// CopyDone or CopyFail, then a Sync (which the server answers).
+    Synced,
+}
+
 /// Whether the server is in COPY IN mode, and how the COPY began.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) enum CopyIn {
@@ -441,6 +478,7 @@ mod tests {
         t.copy_in = CopyIn::Simple;
         t.syncs_after_execute = 1;
         t.before_execute = 1;
+        t.copy_end = CopyEnd::Synced;
         // Both scanners in the middle of a 100-byte message.
         let partial = [b'Q', 0, 0, 0, 100, b's', b'e', b'l'];
         let mut sp = Splice::new();
