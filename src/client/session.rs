@@ -51,6 +51,19 @@ pub struct Session {
     pub(super) to_server: crate::net::backlog::Backlog,
 }
 
+/// The end of a session, however it ends: the client leaves the list, and a server
+/// still held (only when the session did not end through `cleanup`, which returns it:
+/// a panic in the client's task, or the runtime stopping) is closed and its pool slot
+/// freed, so the pool does not shrink for good.
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            self.pool.discard(server);
+        }
+        self.app.client_infos.remove(self.info.id);
+    }
+}
+
 /// Prepared-statement limits copied from the config at login.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -127,7 +140,6 @@ impl Session {
             }
         };
         self.cleanup().await;
-        self.app.client_infos.remove(self.info.id);
         exit
     }
 
