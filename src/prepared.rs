@@ -285,11 +285,13 @@ pub fn close_frame(buf: &mut BytesMut, id: u64) {
     build::close(buf, b'S', Statement::server_name(id).as_bytes());
 }
 
-/// A Bind the server refuses with 26000 (Sluice's server-side names are `sluice_`
-/// and 16 hex digits, so this statement never exists): it fails the exchange where
-/// PostgreSQL itself would have, aborting the transaction the same way.
+/// A Bind the server always refuses: of a statement Sluice never prepares (its names
+/// are `sluice_` and 16 hex digits), so 26000; and were a client to have prepared one
+/// by that name with SQL, with two parameter formats for no parameters, so 08P01 (an
+/// ERROR, checked once the statement is found). It fails the exchange where PostgreSQL
+/// itself would have, aborting the transaction the same way.
 pub fn failing_bind_frame(buf: &mut BytesMut) {
-    build::bind(buf, b"", b"sluice_refused");
+    build::bind_with_formats(buf, b"", b"sluice_refused", &[0, 0]);
 }
 
 /// SQL commands about prepared statements that Sluice answers or follows itself.

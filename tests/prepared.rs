@@ -456,13 +456,14 @@ fn a_refused_statement_does_not_run() {
     c.send(&describe);
     assert_eq!(tags(&c.until_ready()), "tTZ");
     assert_eq!(tags(&run(&mut c, "ins", &[])), "2DCZ");
-    // b holds c's server; d leaves the other one idle, without the statements.
+    // b holds c's server; d leaves the other one idle, without the statements, but
+    // with one prepared in SQL under the name of the Bind Sluice makes fail.
     let mut b = login(&s);
     b.send(&query("begin"));
     b.until_ready();
     let mut d = login(&s);
-    d.send(&query("select 1"));
-    d.until_ready();
+    d.send(&query("prepare sluice_refused as select 1"));
+    assert_eq!(tags(&d.until_ready()), "CZ");
     pg.psql("alter table ref_t add column b int");
     let rows = |c: &mut Raw| {
         c.send(&query("select count(*) from ref_t"));

@@ -273,7 +273,8 @@ impl Track {
             splice,
         )?;
         let now = Instant::now();
-        if !was_busy && self.pending > 0 {
+        // A message held for a shape check counts as a request under way (query_timeout).
+        if !was_busy && (self.pending > 0 || self.ext.holding()) {
             self.busy_since = Some(now);
             if self.tx.is_none_or(|t| t == TxStatus::Idle) && self.xact_start.is_none() {
                 self.xact_start = Some(now);

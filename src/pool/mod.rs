@@ -448,10 +448,12 @@ impl Pool {
     }
 
     async fn connect_counted(&self) -> Result<Box<ServerConn>, ServerError> {
+        // A connect begun before a RECONNECT belongs to the generation it replaces. Read
+        // before the settings: a reload swaps the settings, then starts a generation, so
+        // a connect that read the old settings has the old generation too.
+        let generation = self.generation.load(std::sync::atomic::Ordering::Acquire);
         let settings = self.settings.load_full();
         let id = self.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // A connect begun before a RECONNECT belongs to the generation it replaces.
-        let generation = self.generation.load(std::sync::atomic::Ordering::Acquire);
         let started = Instant::now();
         // Boxed: opening a connection (TLS, SCRAM) is rare, and its state would otherwise
         // enlarge every client task that may wait for a server.

@@ -280,12 +280,16 @@ pub fn parse(buf: &mut BytesMut, name: &[u8], query: &[u8], param_types: &[u32])
     });
 }
 
-/// Bind of a statement to a portal, with no parameters and default result formats.
-pub fn bind(buf: &mut BytesMut, portal: &[u8], statement: &[u8]) {
+/// Bind of a statement to a portal with these parameter format codes, no parameters
+/// and default result formats.
+pub fn bind_with_formats(buf: &mut BytesMut, portal: &[u8], statement: &[u8], formats: &[u16]) {
     frame(buf, fe::BIND, |b| {
         cstr(b, portal);
         cstr(b, statement);
-        b.put_u16(0); // parameter format codes
+        b.put_u16(formats.len() as u16);
+        for f in formats {
+            b.put_u16(*f);
+        }
         b.put_u16(0); // parameters
         b.put_u16(0); // result format codes
     });
