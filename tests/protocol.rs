@@ -338,9 +338,10 @@ fn extended_copy_in_pipelined_behind_a_query_releases_the_server() {
     assert_eq!(first_value(&d.until_ready()), "1");
 }
 
-/// A whole extended COPY FROM STDIN sent at once (Execute, Sync, data, CopyDone,
-/// Sync) before the server's CopyInResponse: only the first Sync is ignored by the
-/// server, the last one is answered, and the server goes back to the pool.
+/// A whole COPY FROM STDIN sent at once (Execute, Sync, data, CopyDone, Sync) before the
+/// server's CopyInResponse: only the first Sync is ignored by the server, the last one
+/// is answered, and the server goes back to the pool. Also with requests behind it, two
+/// COPYs in one query, and a COPY sent at once whose query fails before it begins.
 #[test]
 fn extended_copy_in_sent_at_once_releases_the_server() {
     let (pg, s) = setup(1, "transaction");
@@ -373,6 +374,63 @@ fn extended_copy_in_sent_at_once_releases_the_server() {
     let m = c.until_ready();
     assert_eq!(tags(&m), "12DCZ", "{m:?}");
     assert_eq!(first_value(&m), "4");
+    // The count as another client sees it: served only if the server went back to the
+    // pool (of one).
+    let served_elsewhere = |s: &Sluice| {
+        let mut e = trust(s);
+        e.send(&query("select count(*) from copy_z"));
+        first_value(&e.until_ready())
+    };
+    let extended_count = |c: &mut Raw| {
+        c.send(&[parse("", "select count(*) from copy_z"), bind("", "", &[]), execute("", 0), sync()].concat());
+        let m = c.until_ready();
+        assert_eq!(tags(&m), "12DCZ", "{m:?}");
+        first_value(&m)
+    };
+    // A COPY sent at once with another request behind it, in either protocol.
+    let mut b = parse("", "copy copy_z from stdin");
+    b.extend(bind("", "", &[]));
+    b.extend(execute("", 0));
+    b.extend(sync());
+    b.extend(msg(b'd', b"5\n"));
+    b.extend(msg(b'c', b""));
+    b.extend(sync());
+    b.extend([parse("", "select 6"), bind("", "", &[]), execute("", 0), sync()].concat());
+    c.send(&b);
+    assert_eq!(tags(&c.until_ready()), "12GCZ");
+    assert_eq!(first_value(&c.until_ready()), "6");
+    assert_eq!(served_elsewhere(&s), "5", "the server stayed with the client");
+    let mut b = query("copy copy_z from stdin");
+    b.extend(msg(b'd', b"7\n"));
+    b.extend(msg(b'c', b""));
+    b.extend(query("select 8"));
+    c.send(&b);
+    assert_eq!(tags(&c.until_ready()), "GCZ");
+    assert_eq!(first_value(&c.until_ready()), "8");
+    assert_eq!(served_elsewhere(&s), "6", "the server stayed with the client");
+    assert_eq!(extended_count(&mut c), "6");
+    // Two COPYs in one query, each fed after the server began it.
+    c.send(&query("copy copy_z from stdin; copy copy_z from stdin"));
+    assert_eq!(tags(&c.take(1)), "G");
+    c.send(&[msg(b'd', b"9\n"), msg(b'c', b"")].concat());
+    assert_eq!(tags(&c.take(2)), "CG");
+    c.send(&[msg(b'd', b"10\n"), msg(b'c', b"")].concat());
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    assert_eq!(served_elsewhere(&s), "8", "the server stayed with the client");
+    assert_eq!(extended_count(&mut c), "8");
+    // A COPY sent at once whose query fails before it begins: its data is ignored.
+    let mut b = query("copy no_such_table from stdin");
+    b.extend(msg(b'd', b"1\n"));
+    b.extend(msg(b'c', b""));
+    c.send(&b);
+    assert_eq!(tags(&c.until_ready()), "EZ");
+    assert_eq!(served_elsewhere(&s), "8", "the server stayed with the client");
+    c.send(&query("copy copy_z from stdin"));
+    assert_eq!(tags(&c.take(1)), "G");
+    c.send(&[msg(b'd', b"11\n"), msg(b'c', b"")].concat());
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    assert_eq!(extended_count(&mut c), "9");
+    assert_eq!(served_elsewhere(&s), "9");
 }
 
 #[test]

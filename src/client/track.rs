@@ -54,8 +54,9 @@ pub struct Track {
     /// Query/Sync/FunctionCall messages sent before that Execute and not yet answered:
     /// the next ReadyForQuery answers one of them, not one of those Syncs.
     pub(super) before_execute: u32,
-    /// Whether the client ended a COPY that Execute may begin before the server said so.
-    pub(super) copy_end: CopyEnd,
+    /// COPYs the client ended (CopyDone/CopyFail) before the server's CopyInResponse
+    /// began them, oldest first (a pipeline sent at once).
+    pub(super) ended_ahead: std::collections::VecDeque<EndedAhead>,
 }
 
 /// How much of each client message the relay reads.
@@ -147,7 +148,7 @@ impl Track {
             copy_in,
             syncs_after_execute,
             before_execute,
-            copy_end,
+            ended_ahead,
         } = self;
         *stats = ExchangeStats::default();
         *xact_start = None;
@@ -170,7 +171,7 @@ impl Track {
         *copy_in = CopyIn::Off;
         *syncs_after_execute = 0;
         *before_execute = 0;
-        *copy_end = CopyEnd::Open;
+        ended_ahead.clear();
     }
 
     /// No request outstanding and no message half-forwarded in either direction.
@@ -203,7 +204,7 @@ impl Track {
             copy_in,
             syncs_after_execute,
             before_execute,
-            copy_end,
+            ended_ahead,
             stats,
             ..
         } = self;
@@ -234,29 +235,27 @@ impl Track {
                         *pending += 1;
                         *syncs_after_execute = 0;
                         *before_execute = *pending;
-                        *copy_end = CopyEnd::Open;
                     }
                     fe::SYNC => {
                         *pending += 1;
-                        match copy_end {
-                            CopyEnd::Open => *syncs_after_execute += 1,
-                            CopyEnd::Sent => *copy_end = CopyEnd::Synced,
-                            CopyEnd::Synced => {}
+                        *syncs_after_execute += 1;
+                        if let Some(e) = ended_ahead.back_mut() {
+                            e.synced = true;
                         }
                         *unsynced = false;
                     }
                     fe::EXECUTE => {
                         *syncs_after_execute = 0;
                         *before_execute = *pending;
-                        *copy_end = CopyEnd::Open;
                         *unsynced = true;
                     }
-                    fe::COPY_DONE | fe::COPY_FAIL => {
-                        *copy_in = CopyIn::Off;
-                        if *copy_end == CopyEnd::Open {
-                            *copy_end = CopyEnd::Sent;
-                        }
+                    // Ending a COPY the server has not begun yet: the Syncs since the
+                    // Execute (or Query) before it will be ignored, the later ones not.
+                    fe::COPY_DONE | fe::COPY_FAIL if *copy_in == CopyIn::Off => {
+                        ended_ahead.push_back(EndedAhead { ignored: *syncs_after_execute, synced: false });
+                        *syncs_after_execute = 0;
                     }
+                    fe::COPY_DONE | fe::COPY_FAIL => *copy_in = CopyIn::Off,
                     fe::COPY_DATA => {}
                     fe::PARSE => {
                         stats.client_parses += 1;
@@ -305,7 +304,7 @@ impl Track {
             copy_in,
             syncs_after_execute,
             before_execute,
-            copy_end,
+            ended_ahead,
             stats,
             busy_since,
             xact_start,
@@ -325,25 +324,28 @@ impl Track {
                 let frame = m.frame.unwrap_or_default();
                 match m.tag {
                     be::COPY_IN_RESPONSE => {
-                        // Syncs sent after the Execute that started this COPY (and before
-                        // the client ended it) are ignored.
-                        *pending = pending.saturating_sub(*syncs_after_execute);
-                        // A client that sent all of its COPY at once has ended it already.
-                        let open = *copy_end == CopyEnd::Open;
-                        *copy_in = if open { CopyIn::Simple } else { CopyIn::Off };
-                        if mode != PoolMode::Session {
-                            // Begun by an Execute, the COPY ends with a Sync the server
-                            // waits for even when the COPY fails: keep the server till then
-                            // (unless the client sent it already).
-                            if ext.head_is_execute() {
-                                if open {
-                                    *copy_in = CopyIn::Extended;
-                                }
-                                *unsynced = *copy_end != CopyEnd::Synced;
+                        // Begun by an Execute, the COPY ends with a Sync the server waits
+                        // for even when the COPY fails: keep the server till then.
+                        let extended = mode != PoolMode::Session && ext.head_is_execute();
+                        // Syncs sent after the request that began this COPY and before the
+                        // client ended it are ignored by the server.
+                        let ignored = match ended_ahead.pop_front() {
+                            // The client already ended it (sent all of it at once).
+                            Some(e) => {
+                                *copy_in = CopyIn::Off;
+                                *unsynced |= extended && !e.synced;
+                                e.ignored
                             }
-                            ext.drop_ignored_syncs(*syncs_after_execute as usize);
+                            None => {
+                                *copy_in = if extended { CopyIn::Extended } else { CopyIn::Simple };
+                                *unsynced |= extended;
+                                std::mem::take(syncs_after_execute)
+                            }
+                        };
+                        *pending = pending.saturating_sub(ignored);
+                        if mode != PoolMode::Session {
+                            ext.drop_ignored_syncs(ignored as usize);
                         }
-                        *syncs_after_execute = 0;
                     }
                     be::READY_FOR_QUERY => {
                         // It answers a request sent before the last Execute, or else
@@ -365,6 +367,11 @@ impl Track {
                             query_times.push(busy);
                             if status == TxStatus::Idle {
                                 *xact_done = xact_start.take().map(|s| now - s);
+                            }
+                            // Everything answered: a COPY ended ahead whose request failed
+                            // before it began (the server ignored its data) is gone.
+                            if !*unsynced {
+                                ended_ahead.clear();
                             }
                         }
                         // A transaction block still open when everything the client
@@ -417,18 +424,14 @@ impl Track {
     }
 }
 
-/// What the client sent, after its last Execute or Query, towards ending a COPY FROM
-/// STDIN that request may begin, before the server's CopyInResponse (a pipeline sent at
-/// once).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(super) enum CopyEnd {
-    /// Nothing yet: such a COPY is still open when it begins.
-    #[default]
-    Open,
-    /// CopyDone or CopyFail.
-    Sent,
-    /// CopyDone or CopyFail, then a Sync (which the server answers).
-    Synced,
+/// A COPY FROM STDIN the client ended before the server began it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct EndedAhead {
+    /// Syncs the client sent between the request that begins it and its end: the
+    /// server, in copy-in mode by then, ignores them.
+    ignored: u32,
+    /// A Sync came after its end (the one an extended-protocol COPY waits for).
+    synced: bool,
 }
 
 /// Whether the server is in COPY IN mode, and how the COPY began.
@@ -479,7 +482,7 @@ mod tests {
         t.copy_in = CopyIn::Simple;
         t.syncs_after_execute = 1;
         t.before_execute = 1;
-        t.copy_end = CopyEnd::Synced;
+        t.ended_ahead.push_back(EndedAhead { ignored: 1, synced: true });
         // Both scanners in the middle of a 100-byte message.
         let partial = [b'Q', 0, 0, 0, 100, b's', b'e', b'l'];
         let mut sp = Splice::new();
