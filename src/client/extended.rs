@@ -156,10 +156,8 @@ pub struct Extended {
     /// The server reported an error in an extended-protocol exchange whose Sync has not
     /// come yet: it skips every message up to that Sync, and so does the tracking.
     skipping: bool,
-    /// A shape check (`Effect::Verify`) is out: the client message that needed it is
-    /// held back, unscanned, until the answer. A run the check refuses must not run.
-    hold: bool,
-    /// The shape check refused: the held message is replaced by one the server fails.
+    /// The shape check refused: the held message (`holding`) is replaced by one the
+    /// server fails.
     refuse: bool,
     /// Set when a prepared DEALLOCATE ALL / DISCARD ALL ran: the client's statements
     /// are gone.
@@ -192,10 +190,12 @@ impl Extended {
         self.queue.is_empty()
     }
 
-    /// Whether a client message is held back until a shape check's answer (the relay
-    /// scans the client's input again once it is not).
+    /// Whether a client message is held back, unscanned, until a shape check's answer
+    /// (a run the check refuses must not run; the relay scans the client's input again
+    /// once it is not). The check (`Effect::Verify`) is then the last message queued:
+    /// nothing is scanned after it until it leaves the queue, answered or skipped.
     pub fn holding(&self) -> bool {
-        self.hold
+        self.queue.back().is_some_and(|e| matches!(e.effect, Effect::Verify(..)))
     }
 
     /// Whether the oldest unanswered message is an Execute (a COPY it starts is an
@@ -211,7 +211,6 @@ impl Extended {
         self.last_bind_command = None;
         self.no_reply = false;
         self.skipping = false;
-        self.hold = false;
         self.refuse = false;
         self.emptied = false;
         self.discarded = false;
@@ -399,8 +398,8 @@ impl Extended {
             let verify = Effect::Verify(st.clone(), generation);
             self.queue.push_back(Expect::new(Kind::Describe, Reply::Swallow, Some(st.id)).with(verify));
             flush_injected(at, sp);
-            // The message waits for the answer: if the shape changed, it must not run.
-            self.hold = true;
+            // The message waits for the answer (`holding`): if the shape changed, it
+            // must not run.
             sp.stop_before(at);
             return true;
         }
@@ -588,7 +587,6 @@ impl Extended {
                 *st.shape.lock() = Some((shape_of(m), generation));
             }
             Effect::Verify(st, generation) => {
-                self.hold = false;
                 let now = shape_of(m);
                 let changed = {
                     let mut shape = st.shape.lock();
@@ -607,7 +605,7 @@ impl Extended {
                 if changed {
                     // The schema changed: copies prepared before it elsewhere are stale.
                     self.stale.push((st.id, server.generation(st.id).unwrap_or(0)));
-                    self.refuse(sp, end);
+                    self.refuse_changed_shape(sp, end);
                 }
             }
             _ => {}
@@ -622,7 +620,7 @@ impl Extended {
     /// The statement's result type changed since the client described it: the client
     /// gets the error PostgreSQL gives for that (at `at` in the server's output), and
     /// the message held for the check is refused (`refuse_held`).
-    fn refuse(&mut self, sp: &mut Splice, at: usize) {
+    fn refuse_changed_shape(&mut self, sp: &mut Splice, at: usize) {
         let mut b = BytesMut::new();
         // As PostgreSQL words it; drivers (asyncpg) recognise it by the routine name.
         build::error_response_from(
@@ -682,10 +680,10 @@ impl Extended {
                 _ => {}
             }
         }
-        // The Sync that ends the skipping is still to come from the client.
+        // The Sync that ends the skipping is still to come from the client. (A shape
+        // check skipped here leaves the queue: the message held for it goes on, and is
+        // skipped too.)
         self.skipping = self.queue.is_empty();
-        // A shape check skipped: the message held for it goes on (and is skipped too).
-        self.hold &= self.queue.iter().any(|e| matches!(e.effect, Effect::Verify(..)));
         Ok(())
     }
 }
