@@ -10,7 +10,18 @@ use std::task::{Context, Poll};
 
 use tokio::sync::futures::Notified;
 
+use super::Exit;
+use crate::app::{App, Phase};
 use crate::stats::ClientInfo;
+
+/// Why the client must leave before its next request: killed by the admin console, or
+/// the pooler shutting down.
+pub(super) fn interruption(app: &App, info: &ClientInfo) -> Option<Exit> {
+    if info.is_killed() {
+        return Some(Exit::killed());
+    }
+    matches!(app.current_phase(), Phase::Draining | Phase::Stopping).then(Exit::shutting_down)
+}
 
 pub(super) struct Interrupt<'a, 'i> {
     info: &'i ClientInfo,

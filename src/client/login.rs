@@ -10,6 +10,7 @@ use rustls::ServerConfig;
 use tokio::io::AsyncReadExt;
 use tracing::{info, warn};
 
+use super::interrupt::{Interrupt, interruption};
 use super::session::{Session, pool_failure};
 use super::{ClientConn, Exit};
 use crate::admin::{self, AdminSession};
@@ -114,21 +115,17 @@ async fn login_checkout<'p>(app: &App, pool: &'p Arc<Pool>, info: &ClientInfo) -
     info.set_state(ClientState::Waiting);
     let checkout = pool.checkout();
     tokio::pin!(checkout);
+    let notified = info.interrupt.notified();
+    tokio::pin!(notified);
+    let mut interrupt = Interrupt::new(info, notified);
     let got = loop {
-        let woken = info.interrupt.notified();
-        tokio::pin!(woken);
-        // Registered before the checks: a wake-up after them is not missed.
-        woken.as_mut().enable();
-        if info.is_killed() {
-            break Err(Exit::killed());
-        }
-        if matches!(app.current_phase(), Phase::Draining | Phase::Stopping) {
-            break Err(Exit::shutting_down());
+        if let Some(exit) = interruption(app, info) {
+            break Err(exit);
         }
         tokio::select! {
             biased;
             r = &mut checkout => break r.map_err(pool_failure),
-            _ = woken => {}
+            _ = interrupt.fired() => {}
         }
     };
     info.set_state(ClientState::Login);

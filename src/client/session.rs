@@ -11,7 +11,7 @@ use tokio::io::AsyncReadExt;
 use super::interrupt::Interrupt;
 use super::track::{Track, client_need};
 use super::{ClientConn, Exit, WAITING_INPUT_LIMIT};
-use crate::app::{App, Phase};
+use crate::app::App;
 use crate::cancel::CancelKey;
 use crate::config::{PoolMode, secs};
 use crate::params::ClientParams;
@@ -185,13 +185,9 @@ impl Session {
         }
     }
 
-    /// Why the client must leave before its next transaction: killed by the admin
-    /// console, or the pooler shutting down.
+    /// Why the client must leave before its next transaction (`interrupt::interruption`).
     fn interruption(&self) -> Option<Exit> {
-        if self.info.is_killed() {
-            return Some(Exit::killed());
-        }
-        matches!(self.app.current_phase(), Phase::Draining | Phase::Stopping).then(Exit::shutting_down)
+        super::interrupt::interruption(&self.app, &self.info)
     }
 
     /// Gets a server for the client's transaction and makes it carry the client's
