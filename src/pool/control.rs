@@ -2,21 +2,23 @@
 //! WAIT_CLOSE) and the notification they wait on.
 
 use std::sync::atomic::AtomicUsize;
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, SeqCst};
 
 use super::{Pool, ServerConn};
 use crate::stats::ServerInfo;
 
 impl Pool {
+    /// SeqCst, like `watchers`: a waiter counts itself in and then reads the flag, the
+    /// setter writes the flag and then looks for waiters, so one of them sees the other.
     pub fn is_paused(&self) -> bool {
-        self.paused_now.load(Relaxed)
+        self.paused.load(SeqCst)
     }
 
-    /// Sets the flag first: a check-out reads it under the pool's lock, which `pause`
-    /// takes after this.
+    /// Sets the flag first (a check-out reads it under the pool's lock, which `pause`
+    /// takes after this), then wakes whoever waits on it (`wait_until`).
     pub(super) fn set_paused(&self, on: bool) {
-        self.paused_now.store(on, Relaxed);
-        self.paused.send_replace(on);
+        self.paused.store(on, SeqCst);
+        self.notify_changed();
     }
 
     /// PAUSE: checkouts wait, those already queued too (their queue is dropped, so
@@ -34,13 +36,12 @@ impl Pool {
     pub fn resume(&self) {
         self.set_paused(false);
         self.wake_waiters();
-        self.notify_changed();
     }
 
     /// RECONNECT: every connection open now (or being opened) is closed when it is next
     /// idle.
     pub fn reconnect(&self) {
-        self.generation.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.generation.fetch_add(1, SeqCst);
         let marked: Vec<Box<ServerConn>> = {
             let mut inner = self.inner.lock();
             let (marked, keep) = std::mem::take(&mut inner.idle).into_iter().partition(|s| self.marked(s));
@@ -59,8 +60,7 @@ impl Pool {
 
     /// Whether a server connection was marked for closing (SHOW SERVERS close_needed).
     pub fn close_needed(&self, info: &ServerInfo) -> bool {
-        info.generation.load(std::sync::atomic::Ordering::Relaxed)
-            < self.generation.load(std::sync::atomic::Ordering::Acquire)
+        info.generation.load(Relaxed) < self.generation.load(Acquire)
     }
 
     /// Marked for closing by RECONNECT or KILL.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
-use tokio::sync::{Notify, oneshot, watch};
+use tokio::sync::{Notify, oneshot};
 
 use crate::auth::ServerLogin;
 use crate::config::PoolMode;
@@ -231,10 +231,9 @@ pub struct Pool {
     pub servers: Registry<ServerInfo>,
     /// Source of connection ids, shared by all pools.
     ids: Arc<std::sync::atomic::AtomicU64>,
-    /// Admin PAUSE: checkouts wait, returned connections are closed.
-    paused: watch::Sender<bool>,
-    /// `paused`'s value, read without the channel's lock (every check-out and check-in).
-    paused_now: std::sync::atomic::AtomicBool,
+    /// Admin PAUSE: checkouts wait (`wait_until`, woken by `changed`), returned
+    /// connections are closed.
+    paused: std::sync::atomic::AtomicBool,
     /// Admin RECONNECT/KILL (and a reload moving the pool) begin a new generation:
     /// connections begun in an earlier one are closed when they come back. A counter,
     /// not a time: a clock stepping back cannot mark new connections.
@@ -265,8 +264,7 @@ impl Pool {
             schema_epoch: Default::default(),
             servers: Registry::default(),
             ids,
-            paused: watch::channel(false).0,
-            paused_now: Default::default(),
+            paused: Default::default(),
             generation: Default::default(),
             changed: Notify::new(),
             watchers: AtomicUsize::new(0),
@@ -319,13 +317,12 @@ impl Pool {
     /// transaction waits.
     pub async fn checkout_since(self: &Arc<Self>, since: &mut Option<Instant>) -> Result<Box<ServerConn>, PoolError> {
         loop {
-            if self.is_paused() {
-                let deadline = Self::deadline(&self.settings.load(), since);
-                self.wait_resumed(deadline.map(tokio::time::Instant::from_std)).await?;
-            }
             match self.next(since)? {
                 Next::Take(s) => return Ok(s),
-                Next::Paused => {}
+                Next::Paused => {
+                    let deadline = Self::deadline(&self.settings.load(), since);
+                    self.wait_resumed(deadline.map(tokio::time::Instant::from_std)).await?;
+                }
                 Next::Connect => {
                     since.get_or_insert_with(Instant::now);
                     let slot = ConnectingSlot { pool: self, armed: true };
@@ -426,19 +423,17 @@ impl Pool {
         !expired && !s.broken && !self.marked(s) && !s.stream.is_dead_or_noisy()
     }
 
-    /// Waits until the pool is resumed (or the wait times out).
+    /// Waits until the pool is resumed (or closed: `close` clears the pause), or the
+    /// wait times out.
     async fn wait_resumed(&self, deadline: Option<tokio::time::Instant>) -> Result<(), PoolError> {
-        let mut rx = self.paused.subscribe();
-        let resumed = rx.wait_for(|p| !*p);
+        let resumed = self.wait_until(|p| !p.is_paused());
         match deadline {
-            Some(d) => {
-                let _ = tokio::time::timeout_at(d, resumed).await.map_err(|_| PoolError::WaitTimeout)?;
-            }
+            Some(d) => tokio::time::timeout_at(d, resumed).await.map_err(|_| PoolError::WaitTimeout),
             None => {
-                let _ = resumed.await;
+                resumed.await;
+                Ok(())
             }
         }
-        Ok(())
     }
 
     /// Opens a connection for a slot already counted in `total` and `connecting`.
