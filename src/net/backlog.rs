@@ -56,16 +56,14 @@ impl Backlog {
     }
 
     /// Waits until either `buf` has new bytes from `stream` or the backlog is written
-    /// out: reading goes on while a write waits.
+    /// out: reading goes on while a write waits. (With nothing kept, a plain read: the
+    /// relay's usual loop reads directly and comes here only with a backlog or a held
+    /// message.)
     pub async fn read_or_drain<S: AsyncRead + AsyncWrite + Unpin>(
         &mut self,
         stream: &mut S,
         buf: &mut BytesMut,
     ) -> Event {
-        if self.is_empty() {
-            // The usual case: a plain read.
-            return Event::Read(stream.read_buf(buf).await);
-        }
         std::future::poll_fn(|cx| {
             if !self.is_empty()
                 && let Poll::Ready(r) = self.poll_drain(stream, cx)
