@@ -331,10 +331,7 @@ fn run_via(c: &mut Raw, via: Via, name: &str, sql: &str) {
             tags(&run(c, name, &[]))
         }
         Via::Unnamed => {
-            let mut b = parse("", sql);
-            b.extend(bind("", "", &[]));
-            b.extend(execute("", 0));
-            b.extend(sync());
+            let b = extended_query(sql);
             c.send(&b);
             tags(&c.until_ready())
         }

@@ -291,10 +291,7 @@ fn extended_copy_in_with_early_sync_releases_the_server() {
     pg.psql("CREATE TABLE copy_x (a int); GRANT ALL ON copy_x TO u_trust");
     let mut c = trust(&s);
     // As tokio-postgres does: Bind/Execute/Sync, then the data, CopyDone and Sync.
-    let mut b = parse("", "copy copy_x from stdin");
-    b.extend(bind("", "", &[]));
-    b.extend(execute("", 0));
-    b.extend(sync());
+    let b = extended_query("copy copy_x from stdin");
     c.send(&b);
     let m = c.take(3);
     assert_eq!(tags(&m), "12G");
@@ -320,10 +317,7 @@ fn extended_copy_in_pipelined_behind_a_query_releases_the_server() {
     pg.psql("CREATE TABLE copy_y (a int); GRANT ALL ON copy_y TO u_trust");
     let mut c = trust(&s);
     let mut b = query("select 1");
-    b.extend(parse("", "copy copy_y from stdin"));
-    b.extend(bind("", "", &[]));
-    b.extend(execute("", 0));
-    b.extend(sync());
+    b.extend(extended_query("copy copy_y from stdin"));
     c.send(&b);
     assert_eq!(tags(&c.until_ready()), "TDCZ");
     assert_eq!(tags(&c.take(3)), "12G");
@@ -347,10 +341,7 @@ fn extended_copy_in_sent_at_once_releases_the_server() {
     let (pg, s) = setup(1, "transaction");
     pg.psql("CREATE TABLE copy_z (a int); GRANT ALL ON copy_z TO u_trust");
     let mut c = trust(&s);
-    let mut b = parse("", "copy copy_z from stdin");
-    b.extend(bind("", "", &[]));
-    b.extend(execute("", 0));
-    b.extend(sync());
+    let mut b = extended_query("copy copy_z from stdin");
     b.extend(msg(b'd', b"1\n2\n3\n"));
     b.extend(msg(b'c', b""));
     b.extend(sync());
@@ -366,10 +357,7 @@ fn extended_copy_in_sent_at_once_releases_the_server() {
     b.extend(msg(b'c', b""));
     c.send(&b);
     assert_eq!(tags(&c.until_ready()), "GCZ");
-    let mut b = parse("", "select count(*) from copy_z");
-    b.extend(bind("", "", &[]));
-    b.extend(execute("", 0));
-    b.extend(sync());
+    let b = extended_query("select count(*) from copy_z");
     c.send(&b);
     let m = c.until_ready();
     assert_eq!(tags(&m), "12DCZ", "{m:?}");
@@ -382,20 +370,17 @@ fn extended_copy_in_sent_at_once_releases_the_server() {
         first_value(&e.until_ready())
     };
     let extended_count = |c: &mut Raw| {
-        c.send(&[parse("", "select count(*) from copy_z"), bind("", "", &[]), execute("", 0), sync()].concat());
+        c.send(&extended_query("select count(*) from copy_z"));
         let m = c.until_ready();
         assert_eq!(tags(&m), "12DCZ", "{m:?}");
         first_value(&m)
     };
     // A COPY sent at once with another request behind it, in either protocol.
-    let mut b = parse("", "copy copy_z from stdin");
-    b.extend(bind("", "", &[]));
-    b.extend(execute("", 0));
-    b.extend(sync());
+    let mut b = extended_query("copy copy_z from stdin");
     b.extend(msg(b'd', b"5\n"));
     b.extend(msg(b'c', b""));
     b.extend(sync());
-    b.extend([parse("", "select 6"), bind("", "", &[]), execute("", 0), sync()].concat());
+    b.extend(extended_query("select 6"));
     c.send(&b);
     assert_eq!(tags(&c.until_ready()), "12GCZ");
     assert_eq!(first_value(&c.until_ready()), "6");
@@ -438,10 +423,7 @@ fn failed_extended_copy_in_keeps_the_server_until_sync() {
     let (pg, s) = setup(1, "transaction");
     pg.psql("CREATE TABLE copy_bad (a int); GRANT ALL ON copy_bad TO u_trust");
     let mut c = trust(&s);
-    let mut b = parse("", "copy copy_bad from stdin");
-    b.extend(bind("", "", &[]));
-    b.extend(execute("", 0));
-    b.extend(sync());
+    let b = extended_query("copy copy_bad from stdin");
     c.send(&b);
     assert_eq!(tags(&c.take(3)), "12G");
     let mut data = msg(b'd', b"1\nnot a number\n");

@@ -76,6 +76,11 @@ pub fn execute(portal: &str, max_rows: i32) -> Vec<u8> {
     msg(b'E', &b)
 }
 
+/// `sql` through the extended protocol, unnamed: Parse, Bind, Execute (all rows), Sync.
+pub fn extended_query(sql: &str) -> Vec<u8> {
+    [parse("", sql), bind("", "", &[]), execute("", 0), sync()].concat()
+}
+
 pub fn sync() -> Vec<u8> {
     msg(b'S', b"")
 }
