@@ -4,8 +4,11 @@
 
 mod common;
 
+use std::time::Duration;
+
+use common::http::{http_get, sample};
 use common::raw::*;
-use common::{PgCluster, Sluice};
+use common::{PgCluster, Sluice, free_port, wait_until};
 
 fn setup(pool_size: usize, extra: &[(&str, &str)]) -> (PgCluster, Sluice) {
     let pg = PgCluster::start();
@@ -443,7 +446,8 @@ fn a_refused_run_with_a_long_result_is_dropped_whole() {
 /// block aborts the transaction, as PostgreSQL's own refusal does.
 #[test]
 fn a_refused_statement_does_not_run() {
-    let (pg, s) = setup(2, &[]);
+    let http = free_port();
+    let (pg, s) = setup(2, &[("metrics_listen", &format!("\"127.0.0.1:{http}\""))]);
     pg.psql("create table ref_t (a int); grant all on ref_t to u_trust");
     let mut c = login(&s);
     assert_eq!(prepare(&mut c, "ins", "insert into ref_t values (1) returning *"), "1Z");
@@ -500,6 +504,15 @@ fn a_refused_statement_does_not_run() {
     assert_eq!(first_value(&c.until_ready()), "8");
     b.send(&query("commit"));
     b.until_ready();
+    // The error statistics count what the clients were told: three 0A000 and one
+    // 42P01, none of the errors of the Binds Sluice made fail.
+    let errors = |class: &str| {
+        let text = http_get(http, "/metrics").map(|r| r.1).unwrap_or_default();
+        sample(&text, &format!("sluice_errors_total{{database=\"app\",user=\"u_trust\",class=\"{class}\"}}"))
+    };
+    let counted = wait_until(Duration::from_secs(10), || errors("0A") == Some(3.0) && errors("42") == Some(1.0));
+    assert!(counted, "errors by class: 0A {:?}, 42 {:?}", errors("0A"), errors("42"));
+    assert_eq!((errors("26"), errors("08")), (None, None), "the failing Binds' own errors were counted");
 }
 
 /// Sluice's own query on a server (here the check after `server_check_delay`) drops

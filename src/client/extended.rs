@@ -533,23 +533,30 @@ impl Extended {
         }
     }
 
-    /// Handles one server message (pooled modes).
-    pub fn on_server(&mut self, m: &Msg, sp: &mut Splice, server: &mut ServerStatements) -> Result<(), ProtocolError> {
+    /// Handles one server message (pooled modes). Whether it answers a message Sluice
+    /// refused (`refuse_held`): the client never sees it, having had its 0A000 instead.
+    pub fn on_server(
+        &mut self,
+        m: &Msg,
+        sp: &mut Splice,
+        server: &mut ServerStatements,
+    ) -> Result<bool, ProtocolError> {
         if matches!(m.tag, be::NOTICE_RESPONSE | be::PARAMETER_STATUS | be::NOTIFICATION_RESPONSE) {
-            return Ok(());
+            return Ok(false);
         }
-        let Some(head) = self.queue.front_mut() else { return Ok(()) };
-        if head.reply == Reply::Refused {
+        let Some(head) = self.queue.front_mut() else { return Ok(false) };
+        let refused = head.reply == Reply::Refused;
+        if refused {
             sp.drop_range(m.start, m.start + m.frame_len);
         }
         if m.tag == be::ERROR_RESPONSE {
             if !head.kind.skippable() {
                 head.failed = true;
-                return Ok(());
+                return Ok(refused);
             }
             let item = self.queue.pop_front().expect("head exists");
             self.after_error(item, m, server)?;
-            return Ok(());
+            return Ok(refused);
         }
         // A client's simple query that emptied the server's statements: DISCARD ALL,
         // DEALLOCATE ALL (also in forms Sluice does not answer itself: `/* c */
@@ -568,7 +575,7 @@ impl Extended {
             sp.drop_range(m.start, m.start + m.frame_len);
         }
         if !head.kind.done_by(m.tag) {
-            return Ok(());
+            return Ok(refused);
         }
         let item = self.queue.pop_front().expect("head exists");
         let end = m.start + m.frame_len;
@@ -614,7 +621,7 @@ impl Extended {
             sp.insert(end, b);
             self.queue.pop_front();
         }
-        Ok(())
+        Ok(refused)
     }
 
     /// The statement's result type changed since the client described it: the client

@@ -11,7 +11,7 @@ use crate::params::is_reported;
 use crate::prepared::{MAX_PARSE_LEN, NAME_PREFIX};
 use crate::protocol::fields::{ErrorFields, parameter_status};
 use crate::protocol::scan::{Need, Scanner, Splice};
-use crate::protocol::{MAX_INSPECTED_LEN, ProtocolError, TxStatus, be, body, fe};
+use crate::protocol::{MAX_INSPECTED_LEN, ProtocolError, TxStatus, be, body, fe, sqlstate};
 use crate::stats::{ExchangeStats, PoolStats};
 
 /// Protocol state of the linked exchange.
@@ -318,9 +318,7 @@ impl Track {
             buf,
             server_need,
             |m, sp| {
-                if mode != PoolMode::Session {
-                    ext.on_server(&m, sp, prepared)?;
-                }
+                let refused = mode != PoolMode::Session && ext.on_server(&m, sp, prepared)?;
                 let frame = m.frame.unwrap_or_default();
                 match m.tag {
                     be::COPY_IN_RESPONSE => {
@@ -406,7 +404,8 @@ impl Track {
                             *copy_in = CopyIn::Off;
                         }
                         let f = error_fields(&m)?;
-                        errors.push(f.code.clone());
+                        // A refused message's error stands for the 0A000 the client got.
+                        errors.push(if refused { sqlstate::FEATURE_NOT_SUPPORTED.into() } else { f.code.clone() });
                         if f.is_fatal() {
                             // Replaced by Sluice's own 08006 when the server goes away.
                             *server_fatal = Some(format!("{} ({})", f.message, f.code));
