@@ -262,47 +262,64 @@ impl Session {
         Ok(())
     }
 
-    /// Returns the linked server to the pool (transaction ended).
+    /// Returns the linked server to the pool (transaction ended). Here and in
+    /// `cleanup` the server stays in `self.server` across the awaits: a session that
+    /// ends during them (a panic, its task dropped) closes it through `Drop` and so
+    /// frees its place in the pool, where a local would be dropped unaccounted.
     pub(super) async fn release(&mut self) {
         self.flush_stats();
-        let Some(mut server) = self.server.take() else { return };
+        let Some(server) = self.server.as_deref() else { return };
         tracing::debug!(client = self.info.id, server = server.id, "released");
-        self.unlink_for_cancels(&server).await;
+        self.unlink_for_cancels(server).await;
         self.info.set_state(ClientState::Idle);
-        if let Some(settings) = self.pool.reset_always()
-            && Box::pin(server.exec(&settings.reset_query, settings.internal_timeout)).await.is_ok()
-        {
-            server.was_reset();
+        if let Some(settings) = self.pool.reset_always() {
+            let server = self.linked();
+            if Box::pin(server.exec(&settings.reset_query, settings.internal_timeout)).await.is_ok() {
+                server.was_reset();
+            }
         }
-        self.pool.checkin(server);
+        self.give_back(true);
     }
 
     /// After the client left: roll back, reset, and return or close the server.
     async fn cleanup(&mut self) {
         self.flush_stats();
-        let Some(mut server) = self.server.take() else { return };
+        let Some(server) = self.server.as_deref() else { return };
         if server.broken || !self.track.protocol_idle() {
             self.info.server_id.store(0, SeqCst);
             // A query is still running or the protocol state is unknown.
             if !self.track.protocol_idle() {
                 server.cancel_in_background();
             }
-            return self.pool.discard(server);
+            return self.give_back(false);
         }
-        self.unlink_for_cancels(&server).await;
+        self.unlink_for_cancels(server).await;
         let settings = self.pool.settings();
         let limit = settings.internal_timeout;
-        if server.tx != TxStatus::Idle && server.exec("ROLLBACK", limit).await.is_err() {
-            return self.pool.discard(server);
-        }
         let reset = self.mode == PoolMode::Session || settings.reset_query_always;
+        let server = self.linked();
+        if server.tx != TxStatus::Idle && server.exec("ROLLBACK", limit).await.is_err() {
+            return self.give_back(false);
+        }
         if reset && !settings.reset_query.is_empty() {
             match server.exec(&settings.reset_query, limit).await {
                 Ok(()) => server.was_reset(),
-                Err(_) => return self.pool.discard(server),
+                Err(_) => return self.give_back(false),
             }
         }
-        self.pool.checkin(server);
+        self.give_back(true);
+    }
+
+    /// The linked server (while `release` or `cleanup` works on it).
+    fn linked(&mut self) -> &mut ServerConn {
+        self.server.as_deref_mut().expect("a linked server")
+    }
+
+    /// The linked server goes back to the pool (`reuse`) or is closed.
+    fn give_back(&mut self, reuse: bool) {
+        if let Some(server) = self.server.take() {
+            if reuse { self.pool.checkin(server) } else { self.pool.discard(server) }
+        }
     }
 }
 
