@@ -7,6 +7,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::raw::{Raw, sqlstate, startup};
 use common::{PgCluster, Role, Sluice, SluiceBuilder, code, connect, eventually, psql_cmd, try_connect, value};
 use tokio_postgres::SimpleQueryMessage;
 
@@ -279,6 +280,43 @@ async fn kill_reaches_a_client_still_logging_in() {
     assert!(holder.simple_query("select 1").await.is_err(), "KILL ends the connected client too");
     a.simple_query("RESUME app").await.unwrap();
     assert_eq!(value(&app_client(s.port).await, "select 2").await, "2");
+}
+
+/// A client still in its authentication exchange (SCRAM, silent after Sluice's first
+/// message) is listed as `login`; KILL_CLIENT ends it with 57P01, and a SIGTERM
+/// shutdown does not wait for such a client (as it would, up to client_login_timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_and_shutdown_reach_a_client_in_authentication() {
+    let pg = PgCluster::start();
+    let mut s = with_console(Sluice::builder(&pg))
+        .general("client_login_timeout", "60")
+        .general("shutdown_timeout", "60")
+        .start();
+    let silent = |port| {
+        let mut r = Raw::open(port);
+        r.send(&startup(&[("user", Role::SCRAM.name), ("database", "app")], 3 << 16));
+        assert_eq!(r.recv().expect("an authentication request").0, b'R');
+        r
+    };
+    // The FATAL a silent client gets, and whether the connection then closes.
+    let ending = |mut r: Raw| {
+        tokio::task::spawn_blocking(move || {
+            let m = r.recv().expect("an error before the connection closes");
+            (m.0, sqlstate(&m.1), r.recv().is_none())
+        })
+    };
+    let first = silent(s.port);
+    let a = admin(s.port).await;
+    let id = cell(&a, "SHOW CLIENTS", "state", "login", "id").await.expect("listed while authenticating");
+    assert_eq!(cell(&a, "SHOW CLIENTS", "id", &id, "user").await.as_deref(), Some(Role::SCRAM.name));
+    a.simple_query(&format!("KILL_CLIENT {id}")).await.unwrap();
+    assert_eq!(ending(first).await.unwrap(), (b'E', "57P01".to_string(), true));
+    let second = silent(s.port);
+    drop(a);
+    s.terminate();
+    assert_eq!(ending(second).await.unwrap(), (b'E', "57P01".to_string(), true));
+    let exit = s.wait_exit(Duration::from_secs(20));
+    assert!(exit.is_some_and(|st| st.success()), "shutdown waited for the login: {exit:?}\n{}", s.log());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

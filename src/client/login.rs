@@ -63,15 +63,16 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
         ));
     }
     let users = app.users.load_full();
-    let greeting = prove(app, conn, &cfg, user, database).await?;
+    let info = Arc::new(ClientInfo::new(app.client_id(), user, database, &conn.peer, conn.stream.is_tls()));
+    // Listed from here on, authentication included: SHOW CLIENTS shows it logging in,
+    // and KILL or the pooler's shutdown ends the login.
+    let listed = Listed::new(app, &info);
+    let greeting = interruptible(app, &info, prove(app, conn, &cfg, user, database)).await?;
     let pool = app.pools.get(&cfg, &users, database, user).ok_or_else(|| {
         Exit::fatal(sqlstate::INVALID_AUTHORIZATION, format!("no server login configured for user \"{user}\""))
     })?;
     let params = client_params(&msg)?;
-    let info = Arc::new(ClientInfo::new(app.client_id(), user, database, &conn.peer, conn.stream.is_tls()));
     *info.application_name.lock() = params.get("application_name").unwrap_or_default().to_string();
-    // Listed from here on: SHOW CLIENTS shows it logging in, and KILL reaches it.
-    let listed = Listed::new(app, &info);
     let session = match pool.settings().mode {
         PoolMode::Session => start_session_mode(app, conn, greeting, pool, params, info.clone()).await?,
         mode => start_pooled(app, conn, greeting, pool, params, mode, info.clone()).await?,
@@ -113,23 +114,32 @@ impl Drop for Listed<'_> {
 /// KILL or the pooler shutting down ends the wait.
 async fn login_checkout<'p>(app: &App, pool: &'p Arc<Pool>, info: &ClientInfo) -> Result<Borrowed<'p>, Exit> {
     info.set_state(ClientState::Waiting);
-    let checkout = pool.checkout();
-    tokio::pin!(checkout);
+    let got = interruptible(app, info, async { pool.checkout().await.map_err(pool_failure) }).await;
+    info.set_state(ClientState::Login);
+    Ok(Borrowed::new(pool, got?))
+}
+
+/// Runs a step of a listed client's login until it ends, or until a KILL or the
+/// pooler's shutdown interrupts it (`interruption`).
+async fn interruptible<T>(
+    app: &App,
+    info: &ClientInfo,
+    step: impl Future<Output = Result<T, Exit>>,
+) -> Result<T, Exit> {
+    tokio::pin!(step);
     let notified = info.interrupt.notified();
     tokio::pin!(notified);
     let mut interrupt = Interrupt::new(info, notified);
-    let got = loop {
+    loop {
         if let Some(exit) = interruption(app, info) {
-            break Err(exit);
+            return Err(exit);
         }
         tokio::select! {
             biased;
-            r = &mut checkout => break r.map_err(pool_failure),
+            r = &mut step => return r,
             _ = interrupt.fired() => {}
         }
-    };
-    info.set_state(ClientState::Login);
-    Ok(Borrowed::new(pool, got?))
+    }
 }
 
 /// Authenticates the client as `user` per `auth_type`; gives what the login reply
