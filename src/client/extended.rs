@@ -150,9 +150,6 @@ pub struct Extended {
     queue: VecDeque<Expect>,
     last_bind: Option<u64>,
     last_bind_command: Option<SqlCommand>,
-    /// The last client Query or FunctionCall gets no ReadyForQuery from the server:
-    /// Sluice answered it (DEALLOCATE), or the server skips it (`skipping`).
-    no_reply: bool,
     /// The server reported an error in an extended-protocol exchange whose Sync has not
     /// come yet: it skips every message up to that Sync, and so does the tracking.
     skipping: bool,
@@ -209,7 +206,6 @@ impl Extended {
         self.queue.clear();
         self.last_bind = None;
         self.last_bind_command = None;
-        self.no_reply = false;
         self.skipping = false;
         self.refuse = false;
         self.emptied = false;
@@ -223,12 +219,6 @@ impl Extended {
 
     fn push(&mut self, kind: Kind, reply: Reply, stmt: Option<u64>) {
         self.queue.push_back(Expect::new(kind, reply, stmt));
-    }
-
-    /// Whether the Query or FunctionCall just handled gets no ReadyForQuery from the
-    /// server (and clears it).
-    pub fn take_no_reply(&mut self) -> bool {
-        std::mem::take(&mut self.no_reply)
     }
 
     /// Applies what the server's answers decided about the client's names (`undefined`,
@@ -261,43 +251,44 @@ impl Extended {
     }
 
     /// Handles one client message (pooled modes). Sync/Query bookkeeping for the
-    /// release decision stays with the caller.
-    pub fn on_client(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
+    /// release decision stays with the caller; the result tells it whether a Query or
+    /// FunctionCall gets no ReadyForQuery from the server: Sluice answered it
+    /// (DEALLOCATE), or the server skips it (`skipping`).
+    pub fn on_client(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<bool, ProtocolError> {
         if std::mem::take(&mut self.refuse) {
             self.refuse_held(m, sp);
-            return Ok(());
+            return Ok(false);
         }
         if self.skipping {
             // Passed on as sent: the server skips it, answering nothing (a Parse is not
             // defined, a Close closes nothing).
             if m.tag != fe::SYNC {
-                self.no_reply = matches!(m.tag, fe::QUERY | fe::FUNCTION_CALL);
-                return Ok(());
+                return Ok(matches!(m.tag, fe::QUERY | fe::FUNCTION_CALL));
             }
             self.skipping = false;
         }
         match m.tag {
-            fe::PARSE => self.on_parse(m, sp, cx),
-            fe::BIND | fe::DESCRIBE => self.on_bind_or_describe(m, sp, cx),
-            fe::CLOSE => self.on_close(m, sp, cx),
+            fe::PARSE => self.on_parse(m, sp, cx).map(|()| false),
+            fe::BIND | fe::DESCRIBE => self.on_bind_or_describe(m, sp, cx).map(|()| false),
+            fe::CLOSE => self.on_close(m, sp, cx).map(|()| false),
             fe::EXECUTE => {
                 let mut item = Expect::new(Kind::Execute, Reply::Forward, self.last_bind);
                 if let Some(c) = self.last_bind_command.as_ref().filter(|c| c.empties()) {
                     item.effect = Effect::Empties { discard: *c == SqlCommand::DiscardAll };
                 }
                 self.queue.push_back(item);
-                Ok(())
+                Ok(false)
             }
             fe::SYNC => {
                 self.push(Kind::Sync, Reply::Forward, None);
-                Ok(())
+                Ok(false)
             }
             fe::QUERY => self.on_query(m, sp, cx),
             fe::FUNCTION_CALL => {
                 self.push(Kind::Call, Reply::Forward, None);
-                Ok(())
+                Ok(false)
             }
-            _ => Ok(()),
+            _ => Ok(false),
         }
     }
 
@@ -480,7 +471,7 @@ impl Extended {
         Ok(())
     }
 
-    fn on_query(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
+    fn on_query(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<bool, ProtocolError> {
         // A simple query replaces the server's unnamed statement.
         cx.server.unnamed = 0;
         let sql = m.frame.filter(|f| f.len() == m.frame_len).and_then(|f| crate::protocol::read_cstr(body(f)));
@@ -498,16 +489,15 @@ impl Extended {
             }
             _ => {
                 self.push(Kind::Query, Reply::Forward, None);
-                return Ok(());
+                return Ok(false);
             }
         };
         sp.drop_range(m.start, m.start + m.frame_len);
-        self.no_reply = true;
         let mut b = BytesMut::new();
         build::command_complete(&mut b, local_tag);
         build::ready_for_query(&mut b, cx.tx);
         self.push(Kind::Local, Reply::Synthetic(b.freeze()), None);
-        Ok(())
+        Ok(true)
     }
 
     /// Sluice's own replies now at the head of the queue (everything before them has

@@ -216,8 +216,9 @@ impl Track {
             client_need(ctx.is_some()),
             |m, sp| {
                 let ignored = *copy_in != CopyIn::Off && matches!(m.tag, fe::SYNC | fe::FLUSH);
+                let mut no_reply = false;
                 if let Some(cx) = ctx.as_mut().filter(|_| !ignored) {
-                    ext.on_client(&m, sp, cx)?;
+                    no_reply = ext.on_client(&m, sp, cx)?;
                     if ext.holding() {
                         // Held back (`stop_before`): counted when scanned again.
                         return Ok(());
@@ -230,7 +231,7 @@ impl Track {
                         sp.drop_range(m.start, m.start + m.frame_len);
                     }
                     // Answered by Sluice, or skipped by the server: no ReadyForQuery.
-                    fe::QUERY | fe::FUNCTION_CALL if ext.take_no_reply() => {}
+                    fe::QUERY | fe::FUNCTION_CALL if no_reply => {}
                     fe::QUERY | fe::FUNCTION_CALL => {
                         *pending += 1;
                         *syncs_after_execute = 0;
