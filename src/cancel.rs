@@ -109,7 +109,7 @@ impl CancelRegistry {
         }
         let server = owner.pool.servers.get(id)?;
         server.cancel_started();
-        let in_flight = InFlight(server.clone());
+        let in_flight = InFlight(server);
         // Still linked after the mark? A session that gives the server back stores 0
         // first and then waits for marked cancels (`ServerInfo::cancels_settled`), so
         // either it sees this one or this sees its 0: the request never reaches the
@@ -117,6 +117,7 @@ impl CancelRegistry {
         if owner.client.server_id.load(SeqCst) != id {
             return None;
         }
+        let server = &in_flight.0;
         let (pid, secret) = server.cancel_key();
         Some((CancelTarget { addr: server.addr.clone(), pid, secret }, in_flight))
     }
