@@ -405,8 +405,13 @@ impl Track {
                             *copy_in = CopyIn::Off;
                         }
                         let f = error_fields(&m)?;
-                        // A refused message's error stands for the 0A000 the client got.
-                        errors.push(if refused { sqlstate::FEATURE_NOT_SUPPORTED.into() } else { f.code.clone() });
+                        // A refused message's error stands for the 0A000 the client got
+                        // (a FATAL is the server's own).
+                        errors.push(if refused && !f.is_fatal() {
+                            sqlstate::FEATURE_NOT_SUPPORTED.into()
+                        } else {
+                            f.code.clone()
+                        });
                         if f.is_fatal() {
                             // Replaced by Sluice's own 08006 when the server goes away.
                             *server_fatal = Some(format!("{} ({})", f.message, f.code));
