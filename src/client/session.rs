@@ -15,7 +15,7 @@ use crate::app::App;
 use crate::cancel::CancelKey;
 use crate::config::{PoolMode, secs};
 use crate::params::ClientParams;
-use crate::pool::{Pool, PoolError};
+use crate::pool::{Borrowed, Pool, PoolError};
 use crate::prepared::ClientStatements;
 use crate::protocol::{Header, TxStatus, fe, sqlstate};
 use crate::server::ServerConn;
@@ -221,7 +221,7 @@ impl Session {
                     }
                 }
             };
-            let mut server = server.map_err(pool_failure)?;
+            let server = server.map_err(pool_failure)?;
             // Killed or shut down while it waited: the request is not sent.
             if since.is_some()
                 && let Some(exit) = self.interruption()
@@ -231,10 +231,13 @@ impl Session {
             }
             if self.pool.needs_check(&server) {
                 round_trips = true;
-                if Box::pin(server.exec("", self.pool.internal_timeout())).await.is_err() {
-                    self.pool.discard(server);
-                    continue;
+                // Borrowed across the round trips (here and for the settings below): a
+                // session ending during them closes the server and frees its slot.
+                let mut held = Borrowed::new(&self.pool, server);
+                if Box::pin(held.exec("", self.pool.internal_timeout())).await.is_err() {
+                    continue; // `held` closes it
                 }
+                break held.take();
             }
             break server;
         };
@@ -242,11 +245,13 @@ impl Session {
         // size of every client task if kept inline.
         if !server.carries(&self.params) {
             round_trips = true;
-            if let Err(e) = Box::pin(server.apply_params(&self.params, self.pool.internal_timeout())).await {
+            let mut held = Borrowed::new(&self.pool, server);
+            if let Err(e) = Box::pin(held.apply_params(&self.params, self.pool.internal_timeout())).await {
                 let exit = Exit::fatal(e.sqlstate(), format!("cannot apply session settings: {e}"));
-                self.pool.checkin(server);
+                held.checkin();
                 return Err(exit);
             }
+            server = held.take();
         }
         self.pool.stats.waited(since.map_or(Duration::ZERO, |s| s.elapsed()));
         // A connection taken at once (`since` unset) and used as it was starts in the
