@@ -283,8 +283,9 @@ async fn kill_reaches_a_client_still_logging_in() {
 }
 
 /// A client still in its authentication exchange (SCRAM, silent after Sluice's first
-/// message) is listed as `login`; KILL_CLIENT ends it with 57P01, and a SIGTERM
-/// shutdown does not wait for such a client (as it would, up to client_login_timeout).
+/// message) is listed as `login` (not yet among the database's clients); KILL_CLIENT
+/// ends it with 57P01, and a SIGTERM shutdown does not wait for such a client (as it
+/// would, up to client_login_timeout).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_and_shutdown_reach_a_client_in_authentication() {
     let pg = PgCluster::start();
@@ -294,7 +295,7 @@ async fn kill_and_shutdown_reach_a_client_in_authentication() {
         .start();
     let silent = |port| {
         let mut r = Raw::open(port);
-        r.send(&startup(&[("user", Role::SCRAM.name), ("database", "app")], 3 << 16));
+        r.send(&startup(&[("user", Role::SCRAM.name), ("database", "app"), ("application_name", "silent")], 3 << 16));
         assert_eq!(r.recv().expect("an authentication request").0, b'R');
         r
     };
@@ -309,6 +310,10 @@ async fn kill_and_shutdown_reach_a_client_in_authentication() {
     let a = admin(s.port).await;
     let id = cell(&a, "SHOW CLIENTS", "state", "login", "id").await.expect("listed while authenticating");
     assert_eq!(cell(&a, "SHOW CLIENTS", "id", &id, "user").await.as_deref(), Some(Role::SCRAM.name));
+    assert_eq!(cell(&a, "SHOW CLIENTS", "id", &id, "application_name").await.as_deref(), Some("silent"));
+    // Not logged in yet: not one of the database's clients.
+    let current = cell(&a, "SHOW DATABASES", "name", "app", "current_client_connections").await;
+    assert_eq!(current.as_deref(), Some("0"));
     a.simple_query(&format!("KILL_CLIENT {id}")).await.unwrap();
     assert_eq!(ending(first).await.unwrap(), (b'E', "57P01".to_string(), true));
     let second = silent(s.port);

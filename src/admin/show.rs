@@ -389,7 +389,7 @@ fn databases(app: &App, cfg: &Config) -> Table {
             int(db.max_db_connections.unwrap_or(g.max_db_connections)),
             int(app.pools.db_connections(name)),
             int(0),
-            int(clients.iter().filter(|c| c.database == *name).count()),
+            int(clients.iter().filter(|c| c.database == *name && c.state() != ClientState::Login).count()),
             int(app.pools.is_paused(name) as u64),
             int(app.pools.is_disabled(name) as u64),
         ];
@@ -424,7 +424,7 @@ fn users(app: &App, cfg: &Config) -> Table {
             int(u.max_user_connections.unwrap_or(g.max_user_connections)),
             int(app.pools.user_connections(name)),
             int(0),
-            int(clients.iter().filter(|c| c.user == *name).count()),
+            int(clients.iter().filter(|c| c.user == *name && c.state() != ClientState::Login).count()),
         ]);
     }
     t

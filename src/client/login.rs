@@ -63,7 +63,11 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
         ));
     }
     let users = app.users.load_full();
+    // Read before authentication: a malformed `options` is refused at once, and SHOW
+    // CLIENTS has the application_name while the client authenticates.
+    let params = client_params(&msg)?;
     let info = Arc::new(ClientInfo::new(app.client_id(), user, database, &conn.peer, conn.stream.is_tls()));
+    *info.application_name.lock() = params.get("application_name").unwrap_or_default().to_string();
     // Listed from here on, authentication included: SHOW CLIENTS shows it logging in,
     // and KILL or the pooler's shutdown ends the login.
     let listed = Listed::new(app, &info);
@@ -71,8 +75,6 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
     let pool = app.pools.get(&cfg, &users, database, user).ok_or_else(|| {
         Exit::fatal(sqlstate::INVALID_AUTHORIZATION, format!("no server login configured for user \"{user}\""))
     })?;
-    let params = client_params(&msg)?;
-    *info.application_name.lock() = params.get("application_name").unwrap_or_default().to_string();
     let session = match pool.settings().mode {
         PoolMode::Session => start_session_mode(app, conn, greeting, pool, params, info.clone()).await?,
         mode => start_pooled(app, conn, greeting, pool, params, mode, info.clone()).await?,
@@ -169,10 +171,11 @@ async fn prove(
         Ok(p) => p,
         Err(AuthFailure::Closed) => return Err(Exit::Closed),
         Err(e) => {
+            // Logged before the delay, which a KILL or the shutdown may cut short.
+            warn!(peer = %conn.peer, user, database, client_cn = cert_name.as_deref(), "login failed: {e}");
             if let Some(d) = secs(cfg.general.auth_failure_delay) {
                 tokio::time::sleep(d).await;
             }
-            warn!(peer = %conn.peer, user, database, client_cn = cert_name.as_deref(), "login failed: {e}");
             return Err(Exit::fatal(e.sqlstate(), e.to_string()));
         }
     };
