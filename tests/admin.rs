@@ -284,8 +284,8 @@ async fn kill_reaches_a_client_still_logging_in() {
 
 /// A client still in its authentication exchange (SCRAM, silent after Sluice's first
 /// message) is listed as `login` (not yet among the database's clients); KILL_CLIENT
-/// ends it with 57P01, and a SIGTERM shutdown does not wait for such a client (as it
-/// would, up to client_login_timeout).
+/// ends it with 57P01, and a SIGTERM shutdown does not wait for such a client, nor for
+/// a console login in the same state (as it would, up to client_login_timeout).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_and_shutdown_reach_a_client_in_authentication() {
     let pg = PgCluster::start();
@@ -293,9 +293,12 @@ async fn kill_and_shutdown_reach_a_client_in_authentication() {
         .general("client_login_timeout", "60")
         .general("shutdown_timeout", "60")
         .start();
-    let silent = |port| {
+    let silent = |port, database| {
         let mut r = Raw::open(port);
-        r.send(&startup(&[("user", Role::SCRAM.name), ("database", "app"), ("application_name", "silent")], 3 << 16));
+        r.send(&startup(
+            &[("user", Role::SCRAM.name), ("database", database), ("application_name", "silent")],
+            3 << 16,
+        ));
         assert_eq!(r.recv().expect("an authentication request").0, b'R');
         r
     };
@@ -306,7 +309,7 @@ async fn kill_and_shutdown_reach_a_client_in_authentication() {
             (m.0, sqlstate(&m.1), r.recv().is_none())
         })
     };
-    let first = silent(s.port);
+    let first = silent(s.port, "app");
     let a = admin(s.port).await;
     let id = cell(&a, "SHOW CLIENTS", "state", "login", "id").await.expect("listed while authenticating");
     assert_eq!(cell(&a, "SHOW CLIENTS", "id", &id, "user").await.as_deref(), Some(Role::SCRAM.name));
@@ -316,10 +319,13 @@ async fn kill_and_shutdown_reach_a_client_in_authentication() {
     assert_eq!(current.as_deref(), Some("0"));
     a.simple_query(&format!("KILL_CLIENT {id}")).await.unwrap();
     assert_eq!(ending(first).await.unwrap(), (b'E', "57P01".to_string(), true));
-    let second = silent(s.port);
+    // A pooled login and a console login, both authenticating.
+    let second = silent(s.port, "app");
+    let console = silent(s.port, "pgbouncer");
     drop(a);
     s.terminate();
     assert_eq!(ending(second).await.unwrap(), (b'E', "57P01".to_string(), true));
+    assert_eq!(ending(console).await.unwrap(), (b'E', "57P01".to_string(), true));
     let exit = s.wait_exit(Duration::from_secs(20));
     assert!(exit.is_some_and(|st| st.success()), "shutdown waited for the login: {exit:?}\n{}", s.log());
 }

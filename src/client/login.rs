@@ -195,7 +195,13 @@ async fn admin_login(
     database: &str,
     msg: &StartupMessage,
 ) -> Result<AdminSession, Exit> {
-    let mut out = prove(app, conn, cfg, user, database).await?;
+    let app_name = msg.get("application_name").unwrap_or_default();
+    let info = Arc::new(ClientInfo::new(app.client_id(), user, database, &conn.peer, conn.stream.is_tls()));
+    *info.application_name.lock() = app_name.to_string();
+    // Listed while it authenticates, as pooled clients are: the shutdown ends that
+    // (KILL never reaches the console's clients).
+    let listed = Listed::new(app, &info);
+    let mut out = interruptible(app, &info, prove(app, conn, cfg, user, database)).await?;
     let Some(role) = admin::role_of(cfg, user) else {
         warn!(peer = %conn.peer, user, "admin console login refused: not in admin_users or stats_users");
         return Err(Exit::fatal(
@@ -203,7 +209,6 @@ async fn admin_login(
             format!("user \"{user}\" is not allowed on the admin console (admin_users, stats_users)"),
         ));
     };
-    let app_name = msg.get("application_name").unwrap_or_default();
     build::auth_ok(&mut out);
     let version = format!("{}/sluice", env!("CARGO_PKG_VERSION"));
     for (k, v) in [
@@ -221,12 +226,12 @@ async fn admin_login(
     build::backend_key_data(&mut out, rand::random(), rand::random());
     build::ready_for_query(&mut out, TxStatus::Idle);
     conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;
-    let info = ClientInfo::new(app.client_id(), user, database, &conn.peer, conn.stream.is_tls());
-    *info.application_name.lock() = app_name.to_string();
     if cfg.general.log_connections {
         info!(peer = %conn.peer, user, database, "admin console login");
     }
-    Ok(AdminSession::new(app, Arc::new(info), role))
+    let session = AdminSession::new(app, info, role);
+    listed.keep();
+    Ok(session)
 }
 
 /// Reads packets until a StartupMessage: starts TLS when asked (or when the client
