@@ -15,7 +15,9 @@
 # Needs valgrind (apt-get install valgrind) and a PostgreSQL with pgbench's tables:
 # by default the shared benchmark's cluster (../shared/bench/pg.sh init: 127.0.0.1:5432,
 # database, user and password "bench"). Override with PG_HOST, PG_PORT, DB_NAME,
-# DB_USER, DB_PASSWORD. CLIENTS (40), N1 (100), N2 (300), PROTOCOLS, PORT (26990).
+# DB_USER, DB_PASSWORD. CLIENTS (40), POOL (the pool size, default CLIENTS: fewer
+# makes clients queue, e.g. CLIENTS=500 POOL=40 N1=20 N2=60), N1 (100), N2 (300),
+# PROTOCOLS, PORT (26990).
 set -euo pipefail
 
 BINS=()
@@ -49,8 +51,9 @@ listen_port = $PORT
 unix_socket_dir = ""
 workers = 1
 auth_type = "trust"
-default_pool_size = $CLIENTS
+default_pool_size = ${POOL:-$CLIENTS}
 max_client_conn = $((CLIENTS + 10))
+query_wait_timeout = 600
 log_level = "warn"
 [databases.$DB_NAME]
 host = "$PG_HOST"
