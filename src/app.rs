@@ -58,6 +58,9 @@ pub struct App {
     /// The phase as a plain value, read by sessions on every loop turn (they are woken
     /// through `ClientInfo::wake` when it changes).
     phase_now: std::sync::atomic::AtomicU8,
+    /// Notified (`notify_waiters`) when the phase changes: connections not yet listed in
+    /// `client_infos` (still before their startup packet) wait on it.
+    pub phase_changed: Notify,
     /// Key for deterministic fake SCRAM salts of unknown users.
     pub mock_key: [u8; 32],
     /// Logged-in clients, for the admin console.
@@ -103,6 +106,7 @@ impl App {
             phase: watch::channel(Phase::Running).0,
             listeners: parking_lot::Mutex::new(TcpListeners { keepalive, sockets: Vec::new() }),
             phase_now: std::sync::atomic::AtomicU8::new(Phase::Running as u8),
+            phase_changed: Notify::new(),
             mock_key: rand::random(),
             client_infos: Default::default(),
             next_client_id: std::sync::atomic::AtomicU64::new(1),
@@ -149,6 +153,7 @@ impl App {
         });
         // Sessions wait on their own interrupt, not on the phase channel.
         if changed {
+            self.phase_changed.notify_waiters();
             for c in self.client_infos.list() {
                 c.wake();
             }

@@ -285,7 +285,8 @@ async fn kill_reaches_a_client_still_logging_in() {
 /// A client still in its authentication exchange (SCRAM, silent after Sluice's first
 /// message) is listed as `login` (not yet among the database's clients); KILL_CLIENT
 /// ends it with 57P01, and a SIGTERM shutdown does not wait for such a client, nor for
-/// a console login in the same state (as it would, up to client_login_timeout).
+/// a console login in the same state or a connection yet to send its startup packet (as
+/// it would, up to client_login_timeout).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_and_shutdown_reach_a_client_in_authentication() {
     let pg = PgCluster::start();
@@ -319,13 +320,16 @@ async fn kill_and_shutdown_reach_a_client_in_authentication() {
     assert_eq!(current.as_deref(), Some("0"));
     a.simple_query(&format!("KILL_CLIENT {id}")).await.unwrap();
     assert_eq!(ending(first).await.unwrap(), (b'E', "57P01".to_string(), true));
-    // A pooled login and a console login, both authenticating.
+    // A pooled login and a console login, both authenticating, and a connection that
+    // has not sent its startup packet (refused as new logins are while shutting down).
     let second = silent(s.port, "app");
     let console = silent(s.port, "pgbouncer");
+    let mute = Raw::open(s.port);
     drop(a);
     s.terminate();
     assert_eq!(ending(second).await.unwrap(), (b'E', "57P01".to_string(), true));
     assert_eq!(ending(console).await.unwrap(), (b'E', "57P01".to_string(), true));
+    assert_eq!(ending(mute).await.unwrap(), (b'E', "57P03".to_string(), true));
     let exit = s.wait_exit(Duration::from_secs(20));
     assert!(exit.is_some_and(|st| st.success()), "shutdown waited for the login: {exit:?}\n{}", s.log());
 }

@@ -35,10 +35,7 @@ pub enum LoggedIn {
 
 /// Runs the login; Ok gives a session ready to serve queries.
 pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Exit> {
-    let msg = handshake(app, conn).await?;
-    if *app.phase().borrow() != Phase::Running {
-        return Err(Exit::fatal(sqlstate::CANNOT_CONNECT_NOW, "the pooler is shutting down"));
-    }
+    let msg = until_shutdown(app, handshake(app, conn)).await?;
     let cfg = app.config.load_full();
     if app.client_count() > cfg.general.max_client_conn {
         return Err(Exit::fatal(sqlstate::TOO_MANY_CONNECTIONS, "no more connections allowed (max_client_conn)"));
@@ -119,6 +116,27 @@ async fn login_checkout<'p>(app: &App, pool: &'p Arc<Pool>, info: &ClientInfo) -
     let got = interruptible(app, info, async { pool.checkout().await.map_err(pool_failure) }).await;
     info.set_state(ClientState::Login);
     Ok(Borrowed::new(pool, got?))
+}
+
+/// Runs the steps of a login before its client is listed (the handshake) until they
+/// end, or until the pooler leaves its running phase: new logins are refused then, and
+/// the shutdown does not wait for a connection that has not sent its startup packet.
+async fn until_shutdown<T>(app: &App, step: impl Future<Output = Result<T, Exit>>) -> Result<T, Exit> {
+    let refused = || Err(Exit::fatal(sqlstate::CANNOT_CONNECT_NOW, "the pooler is shutting down"));
+    // Made before the phase is read: tokio's Notified receives a `notify_waiters` from
+    // its creation on, polled or not (and one never polled costs no lock).
+    let changed = app.phase_changed.notified();
+    if app.current_phase() != Phase::Running {
+        return refused();
+    }
+    tokio::select! {
+        biased;
+        r = step => match r {
+            Ok(_) if app.current_phase() != Phase::Running => refused(),
+            r => r,
+        },
+        _ = changed => refused(),
+    }
 }
 
 /// Runs a step of a listed client's login until it ends, or until a KILL or the
