@@ -63,7 +63,8 @@ pub struct App {
     pub phase_changed: Notify,
     /// Key for deterministic fake SCRAM salts of unknown users.
     pub mock_key: [u8; 32],
-    /// Logged-in clients, for the admin console.
+    /// Clients from their startup packet on (logging in, logged in), for the admin
+    /// console, KILL and the shutdown.
     pub client_infos: crate::stats::Registry<crate::stats::ClientInfo>,
     next_client_id: std::sync::atomic::AtomicU64,
     /// Per-second samples and stats_period averages (admin console, metrics, live view).

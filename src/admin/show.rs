@@ -365,7 +365,10 @@ fn databases(app: &App, cfg: &Config) -> Table {
         int(0),
         int(0),
         int(0),
-        int(clients.iter().filter(|c| super::is_admin_database(cfg, &c.database)).count()),
+        int(clients
+            .iter()
+            .filter(|c| super::is_admin_database(cfg, &c.database) && c.state() != ClientState::Login)
+            .count()),
         int(0),
         int(0),
     ];

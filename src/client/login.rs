@@ -4,6 +4,7 @@
 //! pool mode.
 
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::{Bytes, BytesMut};
 use rustls::ServerConfig;
@@ -35,7 +36,10 @@ pub enum LoggedIn {
 
 /// Runs the login; Ok gives a session ready to serve queries.
 pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Exit> {
-    let msg = until_shutdown(app, handshake(app, conn)).await?;
+    let msg = handshake(app, conn).await?;
+    if app.current_phase() != Phase::Running {
+        return refused_shutting_down();
+    }
     let cfg = app.config.load_full();
     if app.client_count() > cfg.general.max_client_conn {
         return Err(Exit::fatal(sqlstate::TOO_MANY_CONNECTIONS, "no more connections allowed (max_client_conn)"));
@@ -118,25 +122,31 @@ async fn login_checkout<'p>(app: &App, pool: &'p Arc<Pool>, info: &ClientInfo) -
     Ok(Borrowed::new(pool, got?))
 }
 
-/// Runs the steps of a login before its client is listed (the handshake) until they
-/// end, or until the pooler leaves its running phase: new logins are refused then, and
+/// A login refused because the pooler is shutting down.
+fn refused_shutting_down<T>() -> Result<T, Exit> {
+    Err(Exit::fatal(sqlstate::CANNOT_CONNECT_NOW, "the pooler is shutting down"))
+}
+
+/// Runs a wait of the handshake (for the client's bytes, or its TLS handshake) until it
+/// ends, or until the pooler leaves its running phase: new logins are refused then, and
 /// the shutdown does not wait for a connection that has not sent its startup packet.
-async fn until_shutdown<T>(app: &App, step: impl Future<Output = Result<T, Exit>>) -> Result<T, Exit> {
-    let refused = || Err(Exit::fatal(sqlstate::CANNOT_CONNECT_NOW, "the pooler is shutting down"));
+/// The wait is polled first, so a packet already received (a cancel request) goes on.
+async fn until_shutdown<T>(app: &App, wait: impl Future<Output = Result<T, Exit>>) -> Result<T, Exit> {
     // Made before the phase is read: tokio's Notified receives a `notify_waiters` from
-    // its creation on, polled or not (and one never polled costs no lock).
+    // its creation on, polled or not (it takes the Notify's lock only once polled, when
+    // the wait is pending).
     let changed = app.phase_changed.notified();
-    if app.current_phase() != Phase::Running {
-        return refused();
-    }
-    tokio::select! {
-        biased;
-        r = step => match r {
-            Ok(_) if app.current_phase() != Phase::Running => refused(),
-            r => r,
-        },
-        _ = changed => refused(),
-    }
+    tokio::pin!(wait, changed);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = wait.as_mut().poll(cx) {
+            return Poll::Ready(r);
+        }
+        if app.current_phase() != Phase::Running || changed.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(refused_shutting_down());
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// Runs a step of a listed client's login until it ends, or until a KILL or the
@@ -216,8 +226,8 @@ async fn admin_login(
     let app_name = msg.get("application_name").unwrap_or_default();
     let info = Arc::new(ClientInfo::new(app.client_id(), user, database, &conn.peer, conn.stream.is_tls()));
     *info.application_name.lock() = app_name.to_string();
-    // Listed while it authenticates, as pooled clients are: the shutdown ends that
-    // (KILL never reaches the console's clients).
+    // Listed while it authenticates, as pooled clients are: the shutdown or a
+    // KILL_CLIENT ends that (KILL never reaches the console's clients).
     let listed = Listed::new(app, &info);
     let mut out = interruptible(app, &info, prove(app, conn, cfg, user, database)).await?;
     let Some(role) = admin::role_of(cfg, user) else {
@@ -257,12 +267,16 @@ async fn admin_login(
 /// refuses plaintext TCP logins when TLS is required.
 async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessage, Exit> {
     let tls = app.client_tls.load_full();
-    direct_tls(conn, &tls).await?;
+    until_shutdown(app, direct_tls(conn, &tls)).await?;
     loop {
-        let body = read_startup(&mut conn.stream, &mut conn.buf).await.map_err(|e| match e {
-            ReadError::Closed | ReadError::Io(_) => Exit::Closed,
-            ReadError::Protocol(p) => Exit::protocol(p),
-        })?;
+        let read = read_startup(&mut conn.stream, &mut conn.buf);
+        let body = until_shutdown(app, async {
+            read.await.map_err(|e| match e {
+                ReadError::Closed | ReadError::Io(_) => Exit::Closed,
+                ReadError::Protocol(p) => Exit::protocol(p),
+            })
+        })
+        .await?;
         match startup::parse(&body).map_err(Exit::protocol)? {
             packet @ (StartupPacket::Ssl | StartupPacket::GssEnc) => {
                 if !conn.buf.is_empty() {
@@ -274,14 +288,15 @@ async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessa
                 match (packet, tls.config()) {
                     (StartupPacket::Ssl, Some(config)) if conn.stream.tcp().is_some() => {
                         conn.stream.send(b"S").await.map_err(|_| Exit::Closed)?;
-                        start_tls(conn, config.clone(), Negotiation::SslRequest).await?;
+                        until_shutdown(app, start_tls(conn, config.clone(), Negotiation::SslRequest)).await?;
                     }
                     _ => conn.stream.send(b"N").await.map_err(|_| Exit::Closed)?,
                 }
             }
             StartupPacket::Cancel { pid, secret } => {
                 // Accepted in plaintext whatever the TLS mode: libpq before 17 never
-                // encrypts cancel requests.
+                // encrypts cancel requests. Forwarded in any phase (not under
+                // `until_shutdown`): a client may cancel its query while Sluice drains.
                 // The server stays with its client until the request is processed.
                 if let Some((t, _in_flight)) = app.cancel.target(pid, secret)
                     && let Err(e) = t.addr.cancel(t.pid, t.secret).await
