@@ -17,7 +17,9 @@
 # database, user and password "bench"). Override with PG_HOST, PG_PORT, DB_NAME,
 # DB_USER, DB_PASSWORD. CLIENTS (40), POOL (the pool size, default CLIENTS: fewer
 # makes clients queue, e.g. CLIENTS=500 POOL=40 N1=20 N2=60), N1 (100), N2 (300),
-# PROTOCOLS, PORT (26990).
+# PROTOCOLS, PORT (26990). RECONNECT=1 runs pgbench -C, a new connection per
+# transaction, so the count is per login (trust; e.g. RECONNECT=1 N1=5 N2=15
+# PROTOCOLS=simple).
 set -euo pipefail
 
 BINS=()
@@ -78,7 +80,7 @@ count() { # binary protocol N
     done
     pg_isready -q -h 127.0.0.1 -p "$PORT" || { echo "callgrind.sh: Sluice did not start listening" >&2; exit 1; }
     for t in 20 "$3"; do
-        pgbench -n -h 127.0.0.1 -p "$PORT" -U "$DB_USER" -c "$CLIENTS" -j 2 -t "$t" -M "$2" \
+        pgbench -n ${RECONNECT:+-C} -h 127.0.0.1 -p "$PORT" -U "$DB_USER" -c "$CLIENTS" -j 2 -t "$t" -M "$2" \
             -f "$work/select.sql" "$DB_NAME" > "$work/pgbench.out" 2>&1 \
             || { cat "$work/pgbench.out" >&2; exit 1; }
         grep -q "processed: $((CLIENTS * t))/" "$work/pgbench.out" || { cat "$work/pgbench.out" >&2; exit 1; }
@@ -90,7 +92,9 @@ count() { # binary protocol N
     COUNT=$(awk '/^summary:/ {s += $2} END {printf "%.0f\n", s}' "$out"*)
 }
 
-printf '%-40s %-9s %12s\n' binary protocol "Ir/tx"
+unit=tx
+[ -z "${RECONNECT:-}" ] || unit=connection
+printf '%-40s %-9s %12s\n' binary protocol "Ir/$unit"
 for b in "${BINS[@]}"; do
     for p in $PROTOCOLS; do
         count "$b" "$p" "$N1"
