@@ -18,8 +18,8 @@
 # DB_USER, DB_PASSWORD. CLIENTS (40), POOL (the pool size, default CLIENTS: fewer
 # makes clients queue, e.g. CLIENTS=500 POOL=40 N1=20 N2=60), N1 (100), N2 (300),
 # PROTOCOLS, PORT (26990). RECONNECT=1 runs pgbench -C, a new connection per
-# transaction, so the count is per login (trust; e.g. RECONNECT=1 N1=5 N2=15
-# PROTOCOLS=simple).
+# transaction: the count is then per connection (login, one transaction, close; the
+# logins are not cancelled out), e.g. RECONNECT=1 N1=5 N2=15 PROTOCOLS=simple.
 set -euo pipefail
 
 BINS=()
@@ -30,6 +30,8 @@ PG_HOST=${PG_HOST:-127.0.0.1} PG_PORT=${PG_PORT:-5432}
 DB_NAME=${DB_NAME:-bench} DB_USER=${DB_USER:-bench} DB_PASSWORD=${DB_PASSWORD:-bench}
 CLIENTS=${CLIENTS:-40} N1=${N1:-100} N2=${N2:-300} PORT=${PORT:-26990}
 PROTOCOLS=${PROTOCOLS:-simple extended prepared}
+reconnect= unit=tx
+if [ "${RECONNECT:-0}" = 1 ]; then reconnect=-C unit=connection; fi
 [ "$N2" -gt "$N1" ] || { echo "callgrind.sh: N2 ($N2) must exceed N1 ($N1)" >&2; exit 1; }
 
 command -v valgrind >/dev/null || { echo "callgrind.sh: valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
@@ -80,7 +82,7 @@ count() { # binary protocol N
     done
     pg_isready -q -h 127.0.0.1 -p "$PORT" || { echo "callgrind.sh: Sluice did not start listening" >&2; exit 1; }
     for t in 20 "$3"; do
-        pgbench -n ${RECONNECT:+-C} -h 127.0.0.1 -p "$PORT" -U "$DB_USER" -c "$CLIENTS" -j 2 -t "$t" -M "$2" \
+        pgbench -n $reconnect -h 127.0.0.1 -p "$PORT" -U "$DB_USER" -c "$CLIENTS" -j 2 -t "$t" -M "$2" \
             -f "$work/select.sql" "$DB_NAME" > "$work/pgbench.out" 2>&1 \
             || { cat "$work/pgbench.out" >&2; exit 1; }
         grep -q "processed: $((CLIENTS * t))/" "$work/pgbench.out" || { cat "$work/pgbench.out" >&2; exit 1; }
@@ -92,8 +94,6 @@ count() { # binary protocol N
     COUNT=$(awk '/^summary:/ {s += $2} END {printf "%.0f\n", s}' "$out"*)
 }
 
-unit=tx
-[ -z "${RECONNECT:-}" ] || unit=connection
 printf '%-40s %-9s %12s\n' binary protocol "Ir/$unit"
 for b in "${BINS[@]}"; do
     for p in $PROTOCOLS; do

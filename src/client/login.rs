@@ -141,7 +141,7 @@ fn refused_shutting_down<T>() -> Result<T, Exit> {
 ///
 /// The wait comes pinned by the caller (as `interruptible`'s step): taken by value, it
 /// would be stored twice in the login's future, which is moved whole into its box per
-/// connection (callgrind: +8,600 instructions per `-C` connection).
+/// connection (callgrind: ~9,500 instructions per `-C` connection).
 async fn until_shutdown<T, F>(app: &App, mut wait: Pin<&mut F>) -> Result<T, Exit>
 where
     F: Future<Output = Result<T, Exit>> + ?Sized,
