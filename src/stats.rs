@@ -221,6 +221,12 @@ impl ClientInfo {
         }
     }
 
+    /// Past its login (state other than `Login`): what SHOW DATABASES, USERS and
+    /// LISTS count as a client.
+    pub fn logged_in(&self) -> bool {
+        self.state() != ClientState::Login
+    }
+
     pub fn state(&self) -> ClientState {
         match self.state.load(Relaxed) {
             1 => ClientState::Idle,

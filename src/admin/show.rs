@@ -3,13 +3,14 @@
 //! Sluice has no value for carry 0 or an empty string. Sluice's own views: MEM,
 //! PREPARED_STATEMENTS, LATENCY. Every column is described in docs/admin.md.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::table::{Table, int, text};
 use crate::app::App;
 use crate::config::Config;
 use crate::metrics::{self, Totals, pool_views};
-use crate::stats::{ClientState, ServerState, now_us};
+use crate::stats::{ClientInfo, ClientState, ServerState, now_us};
 
 /// What SHOW can list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -348,7 +349,7 @@ fn databases(app: &App, cfg: &Config) -> Table {
     }
     let kinds = if g.admin_legacy_columns { "ssissiiiissiiiiiii" } else { "ssissiiiissiiiiii" };
     let mut t = Table::new(&names, kinds);
-    let clients = app.client_infos.list();
+    let clients = logged_in_clients(app);
     let lifetime = g.server_lifetime.round() as u64;
     let mut admin = vec![
         text(&g.admin_database),
@@ -365,10 +366,7 @@ fn databases(app: &App, cfg: &Config) -> Table {
         int(0),
         int(0),
         int(0),
-        int(clients
-            .iter()
-            .filter(|c| super::is_admin_database(cfg, &c.database) && c.state() != ClientState::Login)
-            .count()),
+        int(clients.iter().filter(|c| super::is_admin_database(cfg, &c.database)).count()),
         int(0),
         int(0),
     ];
@@ -392,7 +390,7 @@ fn databases(app: &App, cfg: &Config) -> Table {
             int(db.max_db_connections.unwrap_or(g.max_db_connections)),
             int(app.pools.db_connections(name)),
             int(0),
-            int(clients.iter().filter(|c| c.database == *name && c.state() != ClientState::Login).count()),
+            int(clients.iter().filter(|c| c.database == *name).count()),
             int(app.pools.is_paused(name) as u64),
             int(app.pools.is_disabled(name) as u64),
         ];
@@ -417,7 +415,7 @@ fn users(app: &App, cfg: &Config) -> Table {
     ];
     let mut t = Table::new(&names, "siisiiii");
     let g = &cfg.general;
-    let clients = app.client_infos.list();
+    let clients = logged_in_clients(app);
     for (name, u) in &cfg.users {
         t.push(vec![
             text(name),
@@ -427,16 +425,22 @@ fn users(app: &App, cfg: &Config) -> Table {
             int(u.max_user_connections.unwrap_or(g.max_user_connections)),
             int(app.pools.user_connections(name)),
             int(0),
-            int(clients.iter().filter(|c| c.user == *name && c.state() != ClientState::Login).count()),
+            int(clients.iter().filter(|c| c.user == *name).count()),
         ]);
     }
     t
 }
 
+/// The listed clients past their login (`ClientInfo::logged_in`): those still
+/// authenticating or waiting for their login reply are not yet a database's clients.
+fn logged_in_clients(app: &App) -> Vec<Arc<ClientInfo>> {
+    app.client_infos.list().into_iter().filter(|c| c.logged_in()).collect()
+}
+
 fn lists(app: &App, cfg: &Config) -> Table {
     let pools = app.pools.all();
-    // Listed clients still in their login (`ClientState::Login`) count as logging in.
-    let used_clients = app.client_infos.list().iter().filter(|c| c.state() != ClientState::Login).count();
+    // Listed clients still in their login count as logging in.
+    let used_clients = logged_in_clients(app).len();
     let servers: usize = pools.iter().map(|p| p.counts().total).sum();
     let rows: [(&str, usize); 14] = [
         ("databases", cfg.databases.len() + 1),
