@@ -140,8 +140,9 @@ impl ClientStatements {
         }
     }
 
-    pub fn remove(&mut self, name: &[u8]) -> Option<Arc<Statement>> {
-        self.map.remove(name)
+    /// Removes `name`; gives back the name (as kept, no copy) and its statement.
+    pub fn remove(&mut self, name: &[u8]) -> Option<(Bytes, Arc<Statement>)> {
+        self.map.remove_entry(name)
     }
 
     /// Gives `name` back to `st` unless it was defined again meanwhile (a Close the

@@ -460,8 +460,8 @@ impl Extended {
                 let mut b = BytesMut::new();
                 build::close_complete(&mut b);
                 let mut item = Expect::new(Kind::Local, Reply::Synthetic(b.freeze()), None);
-                if let Some(st) = closed {
-                    item.effect = Effect::Close(Bytes::copy_from_slice(name), st);
+                if let Some((name, st)) = closed {
+                    item.effect = Effect::Close(name, st);
                 }
                 self.queue.push_back(item);
                 return Ok(());
