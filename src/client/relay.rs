@@ -87,8 +87,8 @@ impl Session {
             reserve(&mut server.buf, 16 * 1024);
             let client_room = conn.buf.capacity() - conn.buf.len();
             let t = &self.track;
-            let busy = t.pending > 0 || t.ext.holding();
-            let query_deadline = self.timeouts.query.zip(t.busy_since).map(|(d, s)| s + d).filter(|_| busy);
+            let query_deadline =
+                self.timeouts.query.zip(t.busy_since).map(|(d, s)| s + d).filter(|_| t.awaiting_server());
             let idle_in_tx = t.pending == 0 && t.tx.is_some_and(|s| s != TxStatus::Idle);
             let idle_deadline =
                 self.timeouts.idle_transaction.zip(t.last_client_activity).map(|(d, s)| s + d).filter(|_| idle_in_tx);

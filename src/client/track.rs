@@ -174,6 +174,12 @@ impl Track {
         ended_ahead.clear();
     }
 
+    /// A request is under way (`query_timeout` runs): one the server has not answered,
+    /// or a client message held for a shape check.
+    pub fn awaiting_server(&self) -> bool {
+        self.pending > 0 || self.ext.holding()
+    }
+
     /// No request outstanding and no message half-forwarded in either direction.
     pub fn protocol_idle(&self) -> bool {
         self.pending == 0
@@ -194,7 +200,7 @@ impl Track {
         if self.ext.holding() {
             return Ok(0);
         }
-        let was_busy = self.pending > 0;
+        let was_busy = self.awaiting_server();
         let Track {
             client_scan,
             pending,
@@ -273,8 +279,7 @@ impl Track {
             splice,
         )?;
         let now = Instant::now();
-        // A message held for a shape check counts as a request under way (query_timeout).
-        if !was_busy && (self.pending > 0 || self.ext.holding()) {
+        if !was_busy && self.awaiting_server() {
             self.busy_since = Some(now);
             if self.tx.is_none_or(|t| t == TxStatus::Idle) && self.xact_start.is_none() {
                 self.xact_start = Some(now);
