@@ -74,9 +74,10 @@ pub struct AdminSession {
 }
 
 impl AdminSession {
+    /// For a client the login has listed in `App::client_infos` already; `run` unlists
+    /// it when it leaves.
     pub fn new(app: &Arc<App>, info: Arc<ClientInfo>, role: Role) -> Self {
         info.set_state(ClientState::Active);
-        app.client_infos.insert(info.id, info.clone());
         AdminSession {
             app: app.clone(),
             info,

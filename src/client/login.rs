@@ -68,16 +68,8 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
     // Read before authentication: a malformed `options` is refused at once, and SHOW
     // CLIENTS has the application_name while the client authenticates.
     let params = client_params(&msg)?;
-    let info = Arc::new(ClientInfo::new(app.client_id(), user, database, &conn.peer, conn.stream.is_tls()));
-    *info.application_name.lock() = params.get("application_name").unwrap_or_default().to_string();
-    // Listed from here on, authentication included: SHOW CLIENTS shows it logging in,
-    // and KILL or the pooler's shutdown ends the login.
-    let listed = Listed::new(app, &info);
-    let greeting = {
-        let proving = prove(app, conn, &cfg, user, database);
-        tokio::pin!(proving);
-        interruptible(app, &info, proving).await?
-    };
+    let app_name = params.get("application_name").unwrap_or_default();
+    let (info, listed, greeting) = listed_and_proven(app, conn, &cfg, user, database, app_name).await?;
     let pool = app.pools.get(&cfg, &users, database, user).ok_or_else(|| {
         Exit::fatal(sqlstate::INVALID_AUTHORIZATION, format!("no server login configured for user \"{user}\""))
     })?;
@@ -90,6 +82,27 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
         info!(peer = %conn.peer, user, database, tls = tls::describe(&conn.stream), "login");
     }
     Ok(LoggedIn::Pool(Box::new(session)))
+}
+
+/// Lists the client in `App::client_infos` (SHOW CLIENTS shows it logging in; KILL and
+/// the pooler's shutdown reach it from here on) and authenticates it under its
+/// interrupt. Gives its info, the listing (which the caller keeps once the login
+/// succeeds) and what the login reply starts with (`prove`).
+async fn listed_and_proven<'a>(
+    app: &'a Arc<App>,
+    conn: &mut ClientConn,
+    cfg: &Config,
+    user: &str,
+    database: &str,
+    application_name: &str,
+) -> Result<(Arc<ClientInfo>, Listed<'a>, BytesMut), Exit> {
+    let info = Arc::new(ClientInfo::new(app.client_id(), user, database, &conn.peer, conn.stream.is_tls()));
+    *info.application_name.lock() = application_name.to_string();
+    let listed = Listed::new(app, &info);
+    let proving = prove(app, conn, cfg, user, database);
+    tokio::pin!(proving);
+    let greeting = interruptible(app, &info, proving).await?;
+    Ok((info, listed, greeting))
 }
 
 /// A client listed in `App::client_infos` while it logs in: unlisted again when the
@@ -236,16 +249,9 @@ async fn admin_login(
     msg: &StartupMessage,
 ) -> Result<AdminSession, Exit> {
     let app_name = msg.get("application_name").unwrap_or_default();
-    let info = Arc::new(ClientInfo::new(app.client_id(), user, database, &conn.peer, conn.stream.is_tls()));
-    *info.application_name.lock() = app_name.to_string();
-    // Listed while it authenticates, as pooled clients are: the shutdown or a
-    // KILL_CLIENT ends that (KILL never reaches the console's clients).
-    let listed = Listed::new(app, &info);
-    let mut out = {
-        let proving = prove(app, conn, cfg, user, database);
-        tokio::pin!(proving);
-        interruptible(app, &info, proving).await?
-    };
+    // As pooled clients are (KILL never reaches the console's clients; KILL_CLIENT and
+    // the shutdown do).
+    let (info, listed, mut out) = listed_and_proven(app, conn, cfg, user, database, app_name).await?;
     let Some(role) = admin::role_of(cfg, user) else {
         warn!(peer = %conn.peer, user, "admin console login refused: not in admin_users or stats_users");
         return Err(Exit::fatal(
