@@ -306,11 +306,9 @@ fn extended_copy_in_with_early_sync_releases_the_server() {
     assert_eq!(first_value(&d.until_ready()), "2");
 }
 
-/// An extended-protocol COPY FROM STDIN that fails on a bad row: the server then
-/// skips everything up to the client's next Sync, so it stays with this client until
-/// that Sync is answered; the next client on the single server is served correctly.
-/// The same behind a simple query in one pipeline: the query's ReadyForQuery must not
-/// make Sluice forget the Sync sent after the COPY's Execute, which the server ignores.
+/// An extended-protocol COPY FROM STDIN pipelined behind a simple query: the query's
+/// ReadyForQuery must not make Sluice forget the Sync sent after the COPY's Execute,
+/// which the server ignores; the server then goes back to the pool (of one).
 #[test]
 fn extended_copy_in_pipelined_behind_a_query_releases_the_server() {
     let (pg, s) = setup(1, "transaction");
@@ -418,6 +416,9 @@ fn extended_copy_in_sent_at_once_releases_the_server() {
     assert_eq!(served_elsewhere(&s), "9");
 }
 
+/// An extended-protocol COPY FROM STDIN that fails on a bad row: the server then
+/// skips everything up to the client's next Sync, so it stays with this client until
+/// that Sync is answered; the next client on the single server is served correctly.
 #[test]
 fn failed_extended_copy_in_keeps_the_server_until_sync() {
     let (pg, s) = setup(1, "transaction");
