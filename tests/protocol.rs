@@ -295,8 +295,7 @@ fn extended_copy_in_with_early_sync_releases_the_server() {
     c.send(&b);
     let m = c.take(3);
     assert_eq!(tags(&m), "12G");
-    let mut data = msg(b'd', b"1\n2\n");
-    data.extend(msg(b'c', b""));
+    let mut data = copy_rows(b"1\n2\n");
     data.extend(sync());
     c.send(&data);
     assert_eq!(tags(&c.until_ready()), "CZ");
@@ -319,8 +318,7 @@ fn extended_copy_in_pipelined_behind_a_query_releases_the_server() {
     c.send(&b);
     assert_eq!(tags(&c.until_ready()), "TDCZ");
     assert_eq!(tags(&c.take(3)), "12G");
-    let mut data = msg(b'd', b"1\n");
-    data.extend(msg(b'c', b""));
+    let mut data = copy_rows(b"1\n");
     data.extend(sync());
     c.send(&data);
     assert_eq!(tags(&c.until_ready()), "CZ");
@@ -340,8 +338,7 @@ fn extended_copy_in_sent_at_once_releases_the_server() {
     pg.psql("CREATE TABLE copy_z (a int); GRANT ALL ON copy_z TO u_trust");
     let mut c = trust(&s);
     let mut b = extended_query("copy copy_z from stdin");
-    b.extend(msg(b'd', b"1\n2\n3\n"));
-    b.extend(msg(b'c', b""));
+    b.extend(copy_rows(b"1\n2\n3\n"));
     b.extend(sync());
     c.send(&b);
     let m = c.until_ready();
@@ -351,8 +348,7 @@ fn extended_copy_in_sent_at_once_releases_the_server() {
     assert_eq!(first_value(&d.until_ready()), "3");
     // The same for a simple-query COPY; an extended query after it is answered.
     let mut b = query("copy copy_z from stdin");
-    b.extend(msg(b'd', b"4\n"));
-    b.extend(msg(b'c', b""));
+    b.extend(copy_rows(b"4\n"));
     c.send(&b);
     assert_eq!(tags(&c.until_ready()), "GCZ");
     let b = extended_query("select count(*) from copy_z");
@@ -375,8 +371,7 @@ fn extended_copy_in_sent_at_once_releases_the_server() {
     };
     // A COPY sent at once with another request behind it, in either protocol.
     let mut b = extended_query("copy copy_z from stdin");
-    b.extend(msg(b'd', b"5\n"));
-    b.extend(msg(b'c', b""));
+    b.extend(copy_rows(b"5\n"));
     b.extend(sync());
     b.extend(extended_query("select 6"));
     c.send(&b);
@@ -384,8 +379,7 @@ fn extended_copy_in_sent_at_once_releases_the_server() {
     assert_eq!(first_value(&c.until_ready()), "6");
     assert_eq!(served_elsewhere(&s), "5", "the server stayed with the client");
     let mut b = query("copy copy_z from stdin");
-    b.extend(msg(b'd', b"7\n"));
-    b.extend(msg(b'c', b""));
+    b.extend(copy_rows(b"7\n"));
     b.extend(query("select 8"));
     c.send(&b);
     assert_eq!(tags(&c.until_ready()), "GCZ");
@@ -395,22 +389,21 @@ fn extended_copy_in_sent_at_once_releases_the_server() {
     // Two COPYs in one query, each fed after the server began it.
     c.send(&query("copy copy_z from stdin; copy copy_z from stdin"));
     assert_eq!(tags(&c.take(1)), "G");
-    c.send(&[msg(b'd', b"9\n"), msg(b'c', b"")].concat());
+    c.send(&copy_rows(b"9\n"));
     assert_eq!(tags(&c.take(2)), "CG");
-    c.send(&[msg(b'd', b"10\n"), msg(b'c', b"")].concat());
+    c.send(&copy_rows(b"10\n"));
     assert_eq!(tags(&c.until_ready()), "CZ");
     assert_eq!(served_elsewhere(&s), "8", "the server stayed with the client");
     assert_eq!(extended_count(&mut c), "8");
     // A COPY sent at once whose query fails before it begins: its data is ignored.
     let mut b = query("copy no_such_table from stdin");
-    b.extend(msg(b'd', b"1\n"));
-    b.extend(msg(b'c', b""));
+    b.extend(copy_rows(b"1\n"));
     c.send(&b);
     assert_eq!(tags(&c.until_ready()), "EZ");
     assert_eq!(served_elsewhere(&s), "8", "the server stayed with the client");
     c.send(&query("copy copy_z from stdin"));
     assert_eq!(tags(&c.take(1)), "G");
-    c.send(&[msg(b'd', b"11\n"), msg(b'c', b"")].concat());
+    c.send(&copy_rows(b"11\n"));
     assert_eq!(tags(&c.until_ready()), "CZ");
     assert_eq!(extended_count(&mut c), "9");
     assert_eq!(served_elsewhere(&s), "9");
@@ -427,8 +420,7 @@ fn failed_extended_copy_in_keeps_the_server_until_sync() {
     let b = extended_query("copy copy_bad from stdin");
     c.send(&b);
     assert_eq!(tags(&c.take(3)), "12G");
-    let mut data = msg(b'd', b"1\nnot a number\n");
-    data.extend(msg(b'c', b""));
+    let data = copy_rows(b"1\nnot a number\n");
     c.send(&data);
     let (tag, body) = c.recv().expect("the COPY's error");
     assert_eq!(tag, b'E');

@@ -81,6 +81,11 @@ pub fn extended_query(sql: &str) -> Vec<u8> {
     [parse("", sql), bind("", "", &[]), execute("", 0), sync()].concat()
 }
 
+/// `rows` as one CopyData, then CopyDone.
+pub fn copy_rows(rows: &[u8]) -> Vec<u8> {
+    [msg(b'd', rows), msg(b'c', b"")].concat()
+}
+
 pub fn sync() -> Vec<u8> {
     msg(b'S', b"")
 }
