@@ -24,6 +24,14 @@ fn trust(s: &Sluice) -> Raw {
     Raw::login(s.port, "u_trust", "app")
 }
 
+/// The first value of `sql` as a new client gets it: with a pool of one, served only
+/// once the server went back to the pool.
+fn from_another_client(s: &Sluice, sql: &str) -> String {
+    let mut other = trust(s);
+    other.send(&query(sql));
+    first_value(&other.until_ready())
+}
+
 #[test]
 fn simple_query_with_error_halfway_then_more() {
     let (_pg, s) = setup(1, "transaction");
@@ -58,9 +66,7 @@ fn extended_unnamed_and_pipelined_syncs() {
         assert_eq!(first_value(&m), (i + 1).to_string());
     }
     // a second client is served on the single server afterwards
-    let mut d = trust(&s);
-    d.send(&query("select 7"));
-    assert_eq!(first_value(&d.until_ready()), "7");
+    assert_eq!(from_another_client(&s, "select 7"), "7");
 }
 
 #[test]
@@ -300,9 +306,7 @@ fn extended_copy_in_with_early_sync_releases_the_server() {
     c.send(&data);
     assert_eq!(tags(&c.until_ready()), "CZ");
     // the single server went back to the pool
-    let mut d = trust(&s);
-    d.send(&query("select count(*) from copy_x"));
-    assert_eq!(first_value(&d.until_ready()), "2");
+    assert_eq!(from_another_client(&s, "select count(*) from copy_x"), "2");
 }
 
 /// An extended-protocol COPY FROM STDIN pipelined behind a simple query: the query's
@@ -323,9 +327,7 @@ fn extended_copy_in_pipelined_behind_a_query_releases_the_server() {
     c.send(&data);
     assert_eq!(tags(&c.until_ready()), "CZ");
     // the single server went back to the pool
-    let mut d = trust(&s);
-    d.send(&query("select count(*) from copy_y"));
-    assert_eq!(first_value(&d.until_ready()), "1");
+    assert_eq!(from_another_client(&s, "select count(*) from copy_y"), "1");
 }
 
 /// A whole COPY FROM STDIN sent at once (Execute, Sync, data, CopyDone, Sync) before the
@@ -343,9 +345,7 @@ fn extended_copy_in_sent_at_once_releases_the_server() {
     c.send(&b);
     let m = c.until_ready();
     assert_eq!(tags(&m), "12GCZ", "{m:?}");
-    let mut d = trust(&s);
-    d.send(&query("select count(*) from copy_z"));
-    assert_eq!(first_value(&d.until_ready()), "3");
+    assert_eq!(from_another_client(&s, "select count(*) from copy_z"), "3");
     // The same for a simple-query COPY; an extended query after it is answered.
     let mut b = query("copy copy_z from stdin");
     b.extend(copy_rows(b"4\n"));
@@ -358,11 +358,7 @@ fn extended_copy_in_sent_at_once_releases_the_server() {
     assert_eq!(first_value(&m), "4");
     // The count as another client sees it: served only if the server went back to the
     // pool (of one).
-    let served_elsewhere = |s: &Sluice| {
-        let mut e = trust(s);
-        e.send(&query("select count(*) from copy_z"));
-        first_value(&e.until_ready())
-    };
+    let served_elsewhere = |s: &Sluice| from_another_client(s, "select count(*) from copy_z");
     let extended_count = |c: &mut Raw| {
         c.send(&extended_query("select count(*) from copy_z"));
         let m = c.until_ready();
@@ -471,9 +467,7 @@ fn error_before_the_rest_of_a_pipeline_arrives() {
     let m = c.until_ready();
     assert_eq!(tags(&m), "EZ");
     assert_eq!(sqlstate(&m[0].1), "26000");
-    let mut d = trust(&s);
-    d.send(&query("select 5"));
-    assert_eq!(first_value(&d.until_ready()), "5");
+    assert_eq!(from_another_client(&s, "select 5"), "5");
 }
 
 /// An ErrorResponse longer than what Sluice reads whole (it quotes a 2 MB value)
