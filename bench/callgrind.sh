@@ -20,6 +20,8 @@
 # PROTOCOLS, PORT (26990). RECONNECT=1 runs pgbench -C, a new connection per
 # transaction: the count is then per connection (login, one transaction, close; the
 # logins are not cancelled out), e.g. RECONNECT=1 N1=5 N2=15 PROTOCOLS=simple.
+# KEEP=DIR keeps each run's callgrind output there (BINARY-PROTOCOL-N.out), for
+# callgrind_annotate or a per-function difference of the N1 and N2 runs.
 set -euo pipefail
 
 BINS=()
@@ -92,6 +94,10 @@ count() { # binary protocol N
     pid=
     # printf, not print: mawk prints sums of 2^31 and more in exponent notation.
     COUNT=$(awk '/^summary:/ {s += $2} END {printf "%.0f\n", s}' "$out"*)
+    if [ -n "${KEEP:-}" ]; then
+        mkdir -p "$KEEP"
+        for f in "$out"*; do cp "$f" "$KEEP/$(basename "$1")-$2-$3${f#"$out"}.out"; done
+    fi
 }
 
 printf '%-40s %-9s %12s\n' binary protocol "Ir/$unit"
