@@ -66,6 +66,34 @@ fn server_terminated_while_client_idle_in_transaction() {
     assert_ne!(first_value(&b.until_ready()), pid);
 }
 
+/// `client_idle_timeout` ends a client idle between transactions (FATAL 08P01 naming the
+/// setting), counting from its last transaction: a statement that runs longer than the
+/// timeout is not cut short.
+#[test]
+fn client_idle_timeout_closes_an_idle_client() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .general("client_idle_timeout", "0.5")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let mut a = Raw::login(s.port, "u_trust", "app");
+    a.send(&query("select pg_sleep(1)"));
+    let msgs = a.until_ready();
+    assert_eq!(common::raw::tags(&msgs), "TDCZ", "{msgs:?}");
+    let idle_from = std::time::Instant::now();
+    let (tag, body) = a.recv().expect("an error before the close");
+    assert!(idle_from.elapsed() >= Duration::from_millis(450), "closed after {:?} idle", idle_from.elapsed());
+    assert_eq!(tag, b'E');
+    assert_eq!(common::raw::sqlstate(&body), "08P01");
+    assert!(common::raw::field(&body, b'M').contains("client_idle_timeout"));
+    assert!(a.closed());
+    // Its server went back to the pool: the pool's one connection serves the next client.
+    let mut b = Raw::login(s.port, "u_trust", "app");
+    b.send(&query("select 1"));
+    assert_eq!(first_value(&b.until_ready()), "1");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restart_under_load_is_survived() {
     let mut pg = PgCluster::start();
