@@ -105,10 +105,11 @@ impl Session {
                         Ok(0) | Err(_) => return Err(self.server_gone()),
                         Ok(_) => Woke::Server,
                     },
-                    _ = sleep_opt(query_deadline.map(|d| d.saturating_duration_since(Instant::now()))) => {
+                    // Disabled branches are not polled: no timer work without a deadline.
+                    _ = sleep_opt(query_deadline.map(|d| d.saturating_duration_since(Instant::now()))), if query_deadline.is_some() => {
                         return Err(query_timed_out(server));
                     }
-                    _ = sleep_opt(idle_deadline.map(|d| d.saturating_duration_since(Instant::now()))) => {
+                    _ = sleep_opt(idle_deadline.map(|d| d.saturating_duration_since(Instant::now()))), if idle_deadline.is_some() => {
                         return Err(Exit::fatal(sqlstate::IDLE_IN_TRANSACTION_TIMEOUT, "idle_transaction_timeout: transaction left idle too long"));
                     }
                     // Killed or shutting down: the checks at the top of the loop say which.
@@ -157,7 +158,7 @@ impl Session {
                     Err(server_lost(None))
                 }
             },
-            _ = sleep_opt(query_deadline.map(|d| d.saturating_duration_since(Instant::now()))) => {
+            _ = sleep_opt(query_deadline.map(|d| d.saturating_duration_since(Instant::now()))), if query_deadline.is_some() => {
                 Err(query_timed_out(server))
             }
             // Killed or shutting down: the relay loop's checks say which.

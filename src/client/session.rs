@@ -178,7 +178,7 @@ impl Session {
                 },
                 // Killed or shutting down: the checks above say which.
                 _ = interrupt.fired() => {}
-                _ = sleep_opt(idle) => {
+                _ = sleep_opt(idle), if idle.is_some() => {
                     return Wanted::Leave(Exit::fatal(sqlstate::PROTOCOL_VIOLATION, "client_idle_timeout: closing idle connection"));
                 }
             }
