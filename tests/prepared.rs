@@ -515,6 +515,51 @@ fn a_refused_statement_does_not_run() {
     assert_eq!((errors("26"), errors("08")), (None, None), "the failing Binds' own errors were counted");
 }
 
+/// `query_timeout` runs while a client's message is held for a shape check: the Bind
+/// of a described statement waits while the statement's copy on the other server is
+/// parsed and described, and that Parse waits for a lock another client's transaction
+/// holds. The client is ended with 57014 when the timeout runs out, and the blocked
+/// server is cancelled and closed, not pooled.
+#[test]
+fn query_timeout_runs_while_a_message_is_held() {
+    let (pg, s) = setup(2, &[("query_timeout", "1")]);
+    pg.psql("create table held_t (a int); grant all on held_t to u_trust");
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "ins", "insert into held_t values (1) returning *"), "1Z");
+    let mut describe = msg(b'D', b"Sins\0");
+    describe.extend(sync());
+    c.send(&describe);
+    assert_eq!(tags(&c.until_ready()), "tTZ");
+    // b takes c's server and locks the table: c's next run goes to the other server,
+    // which lacks the statement, and the Parse Sluice sends there waits for b.
+    let mut b = login(&s);
+    b.send(&query("begin; lock table held_t"));
+    assert_eq!(tags(&b.until_ready()), "CCZ");
+    let mut run = bind("", "ins", &[]);
+    run.extend(execute("", 0));
+    run.extend(sync());
+    let started = std::time::Instant::now();
+    c.send(&run);
+    let mut m = Vec::new();
+    while let Some(x) = c.recv() {
+        m.push(x);
+    }
+    assert!(started.elapsed() >= Duration::from_millis(900), "ended after {:?}", started.elapsed());
+    assert_eq!(tags(&m), "E", "{m:?}");
+    assert_eq!(sqlstate(&m[0].1), "57014");
+    assert!(field(&m[0].1, b'M').contains("query_timeout"));
+    let unblocked = wait_until(Duration::from_secs(10), || pg.backends("wait_event_type = 'Lock'") == 0);
+    assert!(unblocked, "the held statement's Parse still waits for the lock");
+    b.send(&query("commit"));
+    assert_eq!(tags(&b.until_ready()), "CZ");
+    b.send(&query("select count(*) from held_t"));
+    assert_eq!(first_value(&b.until_ready()), "0", "the held INSERT ran");
+    // A new client gets a server: the closed one's slot was freed.
+    let mut d = login(&s);
+    d.send(&query("insert into held_t values (2)"));
+    assert_eq!(tags(&d.until_ready()), "CZ");
+}
+
 /// Sluice's own query on a server (here the check after `server_check_delay`) drops
 /// the server's unnamed statement, as any simple query does: a client binding its
 /// unnamed statement afterwards has it parsed again first.
