@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use crate::pool::Pool;
 use crate::server::ServerAddr;
-use crate::stats::{ClientInfo, ServerInfo};
+use crate::stats::{ClientInfo, ClientState, ServerInfo};
 
 /// The server a client's cancel would go to right now.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,14 +98,25 @@ impl CancelRegistry {
 
     /// Where a CancelRequest for this key should go: the server its client is linked
     /// to now, if any, and a guard that keeps that server from being lent to another
-    /// client until the request has been forwarded (drop it then).
+    /// client until the request has been forwarded (drop it then). A client waiting
+    /// for a server is asked to cancel its request itself (None here).
     pub fn target(&self, pid: u32, secret: u32) -> Option<(CancelTarget, InFlight)> {
         let owner = self.map.lock().get(&(pid, secret)).cloned()?;
         // SeqCst (covers the Acquire that makes the server's key, written at its login,
-        // visible): see the re-check below.
-        let id = owner.client.server_id.load(SeqCst);
+        // visible): see the re-checks below.
+        let mut id = owner.client.server_id.load(SeqCst);
         if id == 0 {
-            return None;
+            if owner.client.state() != ClientState::Waiting {
+                return None; // idle: nothing to cancel
+            }
+            // The session stores `server_id` and then takes the request, both SeqCst:
+            // either it sees the request, or this sees the server and takes the request
+            // back. Exactly one acts on it.
+            owner.client.request_cancel();
+            id = owner.client.server_id.load(SeqCst);
+            if id == 0 || !owner.client.take_cancel() {
+                return None;
+            }
         }
         let server = owner.pool.servers.get(id)?;
         server.cancel_started();

@@ -198,6 +198,9 @@ pub struct ClientInfo {
     pub interrupts: AtomicU64,
     /// Set by the console (KILL_CLIENT, KILL db): the session ends at once.
     pub killed: std::sync::atomic::AtomicBool,
+    /// A CancelRequest came while the client waited for a server: its session answers
+    /// the request instead of sending it (`cancel::CancelRegistry::target`).
+    cancel_pending: std::sync::atomic::AtomicBool,
 }
 
 impl ClientInfo {
@@ -218,6 +221,7 @@ impl ClientInfo {
             interrupt: tokio::sync::Notify::new(),
             interrupts: AtomicU64::new(0),
             killed: Default::default(),
+            cancel_pending: Default::default(),
         }
     }
 
@@ -260,6 +264,25 @@ impl ClientInfo {
 
     pub fn is_killed(&self) -> bool {
         self.killed.load(Relaxed)
+    }
+
+    /// Asks the session to cancel the request it waits with (a CancelRequest while it
+    /// waits for a server). SeqCst, like `take_cancel` and the session's store of
+    /// `server_id`: see `cancel::CancelRegistry::target`.
+    pub fn request_cancel(&self) {
+        self.cancel_pending.store(true, SeqCst);
+        self.wake();
+    }
+
+    /// Whether a cancel request waits to be taken (`take_cancel`).
+    pub fn cancel_requested(&self) -> bool {
+        self.cancel_pending.load(SeqCst)
+    }
+
+    /// Takes a cancel request: true for the one caller that acts on it.
+    pub fn take_cancel(&self) -> bool {
+        // A plain load first: nearly always false, and then no locked instruction.
+        self.cancel_requested() && self.cancel_pending.swap(false, SeqCst)
     }
 }
 

@@ -300,6 +300,57 @@ async fn cancel_in_session_mode_hits_only_that_client() {
     cancel_hits_only_that_client("session").await;
 }
 
+/// A CancelRequest for a client waiting in the pool's queue cancels its request as
+/// PostgreSQL cancels a running statement: 57014, and the statement never runs, not
+/// even once a server is free; the client goes on with its next request. Both
+/// protocols: a simple Query, and tokio-postgres's extended-protocol `execute`
+/// (Parse/Bind/Describe/Execute/Sync, skipped through its Sync).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_reaches_a_client_waiting_for_a_server() {
+    let pg = PgCluster::start();
+    let http = common::free_port();
+    let s = Sluice::builder(&pg)
+        .general("pool_mode", "\"transaction\"")
+        .general("admin_users", r#"["u_scram"]"#)
+        .general("metrics_listen", &format!("\"127.0.0.1:{http}\""))
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    a.simple_query("create table t_waited (a int); begin").await.unwrap();
+    let b = std::sync::Arc::new(connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await);
+    for extended in [false, true] {
+        let bq = b.clone();
+        let waiting = tokio::spawn(async move {
+            let sql = "insert into t_waited values (1)";
+            if extended { bq.execute(sql, &[]).await.map(|_| ()) } else { bq.simple_query(sql).await.map(|_| ()) }
+        });
+        let port = s.port;
+        let queued = tokio::task::spawn_blocking(move || {
+            wait_until(Duration::from_secs(10), || {
+                clients_waiting(port, Role::SCRAM.name, Role::SCRAM.password, "app") == 1
+            })
+        });
+        assert!(queued.await.unwrap(), "b never queued for the only server");
+        b.cancel_token().cancel_query(NoTls).await.unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("the cancel ends the wait");
+        let e = r.unwrap().expect_err("the waiting statement was cancelled");
+        assert_eq!(code(&e), "57014", "extended: {extended}: {e}");
+        assert_eq!(clients_waiting(port, Role::SCRAM.name, Role::SCRAM.password, "app"), 0);
+    }
+    a.simple_query("commit").await.unwrap();
+    assert_eq!(value(&b, "select count(*) from t_waited").await, "0", "a cancelled statement ran");
+    assert_eq!(value(&a, "select 5").await, "5");
+    // Counted as the errors the client got.
+    let cancelled = tokio::task::spawn_blocking(move || {
+        let errors = || {
+            let text = common::http::http_get(http, "/metrics").map(|r| r.1).unwrap_or_default();
+            common::http::sample(&text, r#"sluice_errors_total{database="app",user="u_scram",class="57"}"#)
+        };
+        wait_until(Duration::from_secs(10), || errors() == Some(2.0)).then_some(()).ok_or_else(errors)
+    });
+    cancelled.await.unwrap().expect("two cancelled requests in the error statistics");
+}
+
 /// A client that has given its server back cannot cancel the query the next client
 /// runs on that server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

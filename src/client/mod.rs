@@ -4,6 +4,7 @@
 
 #[doc(hidden)]
 pub mod bench_support;
+mod cancelled;
 mod extended;
 mod interrupt;
 mod login;

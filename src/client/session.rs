@@ -6,8 +6,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::{Relaxed, Release, SeqCst};
 use std::time::Duration;
 
+use bytes::BytesMut;
 use tokio::io::AsyncReadExt;
 
+use super::cancelled::{self, Skipping, cancellable};
 use super::interrupt::Interrupt;
 use super::track::{Track, client_need};
 use super::{ClientConn, Exit, WAITING_INPUT_LIMIT};
@@ -17,7 +19,7 @@ use crate::config::{PoolMode, secs};
 use crate::params::ClientParams;
 use crate::pool::{Borrowed, Pool, PoolError};
 use crate::prepared::ClientStatements;
-use crate::protocol::{Header, TxStatus, fe, sqlstate};
+use crate::protocol::{Header, TxStatus, build, fe, sqlstate};
 use crate::server::ServerConn;
 use crate::server::connect::CANCEL_TIMEOUT;
 use crate::stats::{ClientInfo, ClientState, ServerState};
@@ -49,6 +51,8 @@ pub struct Session {
     /// Client bytes the server's socket has not taken yet (the relay reads the server
     /// meanwhile).
     pub(super) to_server: crate::net::backlog::Backlog,
+    /// The rest of a request cancelled while it waited for a server, being dropped.
+    skipping: Skipping,
 }
 
 /// The end of a session, however it ends: the client leaves the list, and a server
@@ -77,6 +81,14 @@ enum Wanted {
     Leave(Exit),
 }
 
+/// How a wait for a server ended, when the client stays.
+enum Linked {
+    /// A server carries the client's settings and takes its request.
+    Server,
+    /// A CancelRequest came first: the request was answered with 57014, no server.
+    Cancelled,
+}
+
 impl Session {
     pub fn new(
         app: &Arc<App>,
@@ -103,6 +115,7 @@ impl Session {
             limits,
             stmts: ClientStatements::default(),
             to_server: Default::default(),
+            skipping: Skipping::No,
             pool,
             mode,
             params,
@@ -131,8 +144,10 @@ impl Session {
                     Wanted::Server => {}
                     Wanted::Leave(exit) => break exit,
                 }
-                if let Err(exit) = self.link(conn, &mut interrupt).await {
-                    break exit;
+                match self.link(conn, &mut interrupt).await {
+                    Ok(Linked::Server) => {}
+                    Ok(Linked::Cancelled) => continue,
+                    Err(exit) => break exit,
                 }
             }
             if let Err(exit) = self.relay(conn, &mut interrupt).await {
@@ -148,7 +163,22 @@ impl Session {
     /// that the server it gets can be given the message at once.
     async fn wait_for_work(&mut self, conn: &mut ClientConn, interrupt: &mut Interrupt<'_, '_>) -> Wanted {
         loop {
+            if self.skipping.is_active() {
+                match self.skipping.advance(&mut conn.buf) {
+                    Err(e) => return Wanted::Leave(Exit::protocol(e)),
+                    Ok(true) => {
+                        let mut out = BytesMut::new();
+                        build::ready_for_query(&mut out, TxStatus::Idle);
+                        if conn.stream.send(&out).await.is_err() {
+                            return Wanted::Leave(Exit::Closed);
+                        }
+                    }
+                    Ok(false) => {}
+                }
+            }
             match Header::peek(&conn.buf) {
+                // The rest of a cancelled request is still to come: read on.
+                _ if self.skipping.is_active() => {}
                 Err(e) => return Wanted::Leave(Exit::protocol(e)),
                 Ok(Some(h)) if h.tag == fe::TERMINATE => return Wanted::Leave(Exit::Terminated),
                 Ok(Some(h)) => {
@@ -193,7 +223,11 @@ impl Session {
     /// Gets a server for the client's transaction and makes it carry the client's
     /// settings. The client's EOF, a KILL or shutdown while waiting ends the wait; a
     /// client that sends more meanwhile has it kept, up to `WAITING_INPUT_LIMIT` bytes.
-    async fn link(&mut self, conn: &mut ClientConn, interrupt: &mut Interrupt<'_, '_>) -> Result<(), Exit> {
+    /// A CancelRequest while it waits ends the wait: the request is answered with
+    /// 57014 (`Linked::Cancelled`).
+    async fn link(&mut self, conn: &mut ClientConn, interrupt: &mut Interrupt<'_, '_>) -> Result<Linked, Exit> {
+        // A cancel request left from an earlier wait is void (`cancel::target`).
+        self.info.take_cancel();
         let asked_us = crate::clock::coarse_wall_us();
         self.info.set_state_at(ClientState::Waiting, asked_us);
         tracing::debug!(client = self.info.id, counts = ?self.pool.counts(), "waiting for a server");
@@ -202,26 +236,9 @@ impl Session {
         // or a SET), so the link's time must be read again.
         let mut round_trips = false;
         let mut server = loop {
-            let server = {
-                let checkout = self.pool.checkout_since(&mut since);
-                tokio::pin!(checkout);
-                loop {
-                    tokio::select! {
-                        // The common case, a server at once, polls nothing else.
-                        biased;
-                        r = &mut checkout => break r,
-                        r = conn.stream.read_buf(&mut conn.buf), if conn.buf.len() < WAITING_INPUT_LIMIT => {
-                            if matches!(r, Ok(0) | Err(_)) {
-                                return Err(Exit::Closed);
-                            }
-                        }
-                        _ = interrupt.fired() => if let Some(exit) = self.interruption() {
-                            return Err(exit);
-                        },
-                    }
-                }
+            let Some(server) = self.checkout(conn, interrupt, &mut since).await? else {
+                return self.cancelled(conn).await;
             };
-            let server = server.map_err(pool_failure)?;
             // Killed or shut down while it waited: the request is not sent.
             if since.is_some()
                 && let Some(exit) = self.interruption()
@@ -258,13 +275,70 @@ impl Session {
         // tick the request did.
         let now_us = if since.is_some() || round_trips { crate::clock::coarse_wall_us() } else { asked_us };
         server.info.set_state_at(ServerState::Active, self.info.id, now_us);
-        // Release: a cancel that reads this id sees the server's key (`cancel`).
-        self.info.server_id.store(server.id, Release);
+        // SeqCst (covers the Release that makes the server's key visible to a cancel
+        // that reads this id): paired with the cancel request taken below.
+        self.info.server_id.store(server.id, SeqCst);
         self.info.set_state_at(ClientState::Active, now_us);
         tracing::debug!(client = self.info.id, server = server.id, "linked");
         self.track.reset();
         self.server = Some(server);
-        Ok(())
+        // A cancel that found the client still waiting as the wait ended: answered as
+        // if it had come during the wait (the request has not been sent).
+        if self.info.cancel_requested() && cancellable(&conn.buf) && self.info.take_cancel() {
+            // Unused: back to the pool once any other cancel on its way has reached it.
+            self.unlink_for_cancels(self.server.as_deref().expect("just linked")).await;
+            self.give_back(true);
+            return self.cancelled(conn).await;
+        }
+        Ok(Linked::Server)
+    }
+
+    /// Waits for a server from the pool, reading what the client sends meanwhile. None:
+    /// a CancelRequest for the waiting request came first.
+    async fn checkout(
+        &self,
+        conn: &mut ClientConn,
+        interrupt: &mut Interrupt<'_, '_>,
+        since: &mut Option<std::time::Instant>,
+    ) -> Result<Option<Box<ServerConn>>, Exit> {
+        let checkout = self.pool.checkout_since(since);
+        tokio::pin!(checkout);
+        loop {
+            tokio::select! {
+                // The common case, a server at once, polls nothing else.
+                biased;
+                r = &mut checkout => return r.map(Some).map_err(pool_failure),
+                r = conn.stream.read_buf(&mut conn.buf), if conn.buf.len() < WAITING_INPUT_LIMIT => {
+                    if matches!(r, Ok(0) | Err(_)) {
+                        return Err(Exit::Closed);
+                    }
+                }
+                _ = interrupt.fired() => {
+                    if let Some(exit) = self.interruption() {
+                        return Err(exit);
+                    }
+                    // A request that is a lone Sync has nothing to cancel: the cancel
+                    // is dropped.
+                    if self.info.take_cancel() && cancellable(&conn.buf) {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Answers the request a CancelRequest reached while it waited for a server, as
+    /// PostgreSQL answers a cancelled statement (`cancelled::answer`); the rest of the
+    /// request is skipped as it arrives (`wait_for_work`).
+    async fn cancelled(&mut self, conn: &mut ClientConn) -> Result<Linked, Exit> {
+        tracing::debug!(client = self.info.id, "request cancelled while waiting for a server");
+        let mut out = BytesMut::new();
+        self.skipping = cancelled::answer(&conn.buf, &mut out);
+        self.info.set_state(ClientState::Idle);
+        self.track.errors.push(sqlstate::QUERY_CANCELED.into());
+        self.flush_stats();
+        conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;
+        Ok(Linked::Cancelled)
     }
 
     /// Returns the linked server to the pool (transaction ended). Here and in
