@@ -62,6 +62,11 @@ impl Scanner {
     /// see; a message is reported once that much is in, and its remaining bytes pass
     /// through in pieces. Returns how many bytes were consumed (the rest is an
     /// incomplete header or an incomplete needed part: keep it for next time).
+    ///
+    /// `#[inline]`: each use is its own instance (its closures), called from one place
+    /// per direction; left to itself the compiler sometimes keeps it out of line, for
+    /// ~+3% instructions per transaction (callgrind).
+    #[inline]
     pub fn scan<'a>(
         &mut self,
         buf: &'a [u8],
