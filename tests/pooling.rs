@@ -351,6 +351,52 @@ async fn cancel_reaches_a_client_waiting_for_a_server() {
     cancelled.await.unwrap().expect("two cancelled requests in the error statistics");
 }
 
+/// A cancelled wait, message by message: an extended-protocol request whose Sync has
+/// not been sent gets its ErrorResponse at once; what follows up to the Sync (here a
+/// Query) is skipped, as PostgreSQL skips a failed request, and the Sync gets the
+/// ReadyForQuery; the next request is served.
+#[test]
+fn a_cancelled_wait_skips_its_request_through_the_sync() {
+    use common::raw::{bind, execute, parse, sqlstate, sync, tags};
+    use std::io::{Read, Write};
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .general("pool_mode", "\"transaction\"")
+        .general("admin_users", r#"["u_scram"]"#)
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let mut a = Raw::login(s.port, "u_trust", "app");
+    a.send(&query("begin"));
+    a.until_ready();
+    let mut b = Raw::open(s.port);
+    b.send(&startup(&[("user", "u_trust"), ("database", "app")], 3 << 16));
+    let login = b.until_ready();
+    let key = &login.iter().find(|m| m.0 == b'K').expect("BackendKeyData").1;
+    let mut req = parse("", "select 1");
+    req.extend(bind("", "", &[]));
+    req.extend(execute("", 0));
+    b.send(&req);
+    let waiting = || clients_waiting(s.port, Role::SCRAM.name, Role::SCRAM.password, "app") == 1;
+    assert!(wait_until(Duration::from_secs(10), waiting), "b never queued for the only server");
+    let mut cancel = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    let mut packet = vec![0, 0, 0, 16, 0x04, 0xd2, 0x16, 0x2e];
+    packet.extend_from_slice(&key[..8]);
+    cancel.write_all(&packet).unwrap();
+    cancel.read_to_end(&mut Vec::new()).unwrap();
+    let (tag, body) = b.recv().expect("an error for the cancelled request");
+    assert_eq!(tag, b'E');
+    assert_eq!(sqlstate(&body), "57014");
+    let mut rest = query("select 7");
+    rest.extend(sync());
+    b.send(&rest);
+    assert_eq!(tags(&b.until_ready()), "Z", "the Query before the Sync was not skipped");
+    a.send(&query("commit"));
+    a.until_ready();
+    b.send(&query("select 8"));
+    assert_eq!(first_value(&b.until_ready()), "8");
+}
+
 /// A client that has given its server back cannot cancel the query the next client
 /// runs on that server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
