@@ -231,9 +231,7 @@ fn absurd_message_length_closes_only_that_client() {
     let (pg, s) = setup(1, "transaction");
     let mut bad = trust(&s);
     bad.send(&[b'Q', 0x7f, 0xff, 0xff, 0xff]);
-    let (tag, body) = bad.recv().expect("an error before closing");
-    assert_eq!(tag, b'E');
-    assert_eq!(sqlstate(&body), "08P01");
+    bad.expect_error("08P01", "");
     assert!(bad.closed());
     // Mid-transaction too: the server must not stay stuck in the transaction.
     let mut c = trust(&s);
@@ -418,9 +416,7 @@ fn failed_extended_copy_in_keeps_the_server_until_sync() {
     assert_eq!(tags(&c.take(3)), "12G");
     let data = copy_rows(b"1\nnot a number\n");
     c.send(&data);
-    let (tag, body) = c.recv().expect("the COPY's error");
-    assert_eq!(tag, b'E');
-    assert_eq!(sqlstate(&body), "22P02");
+    c.expect_error("22P02", "");
     // Another client asks for the only server meanwhile: it must not get it before
     // the first client's Sync.
     let mut d = trust(&s);
@@ -496,9 +492,6 @@ fn notices_pass_through_and_login_timeout_applies() {
     assert_eq!(field(&m[0].1, b'M'), "hello there");
     // A client that never finishes its login is closed with an error.
     let mut idle = Raw::open(s.port);
-    let (tag, body) = idle.recv().expect("an error, then the close");
-    assert_eq!(tag, b'E');
-    assert_eq!(sqlstate(&body), "08P01");
-    assert!(field(&body, b'M').contains("client_login_timeout"));
+    idle.expect_error("08P01", "client_login_timeout");
     assert!(idle.closed());
 }

@@ -145,6 +145,15 @@ impl Raw {
         (0..n).map(|_| self.recv().expect("message")).collect()
     }
 
+    /// Reads the next message, which must be an ErrorResponse with SQLSTATE `code` and
+    /// a message containing `text`.
+    pub fn expect_error(&mut self, code: &str, text: &str) {
+        let (tag, body) = self.recv().unwrap_or_else(|| panic!("connection closed before the {code} error"));
+        assert_eq!(tag, b'E', "expected the {code} error, got {:?}", String::from_utf8_lossy(&body));
+        assert_eq!(sqlstate(&body), code, "{:?}", String::from_utf8_lossy(&body));
+        assert!(field(&body, b'M').contains(text), "{:?} lacks {text:?}", field(&body, b'M'));
+    }
+
     /// Whether the peer closed the connection (after draining any pending messages).
     pub fn closed(&mut self) -> bool {
         while self.recv().is_some() {}
