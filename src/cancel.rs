@@ -217,6 +217,29 @@ mod tests {
     }
 
     #[test]
+    fn a_waiting_client_is_asked_to_cancel_its_request() {
+        let r = Arc::new(CancelRegistry::default());
+        let (p, c) = (pool(), client(1));
+        server(&p, 7, 9, 8);
+        let k = r.register(&c, &p);
+        // Idle (between requests): nothing to cancel, nothing asked.
+        c.set_state(ClientState::Idle);
+        assert_eq!(tgt(&r, k.pid, k.secret), None);
+        assert!(!c.take_cancel());
+        // Waiting for a server: nothing forwarded, the session asked once.
+        c.set_state(ClientState::Waiting);
+        let woken = c.interrupts.load(SeqCst);
+        assert_eq!(tgt(&r, k.pid, k.secret), None);
+        assert!(c.interrupts.load(SeqCst) > woken, "the session was not woken");
+        assert!(c.take_cancel());
+        assert!(!c.take_cancel());
+        // Linked (the state not updated yet): forwarded, the session not asked.
+        c.server_id.store(7, SeqCst);
+        assert_eq!(tgt(&r, k.pid, k.secret).map(|t| t.pid), Some(9));
+        assert!(!c.take_cancel());
+    }
+
+    #[test]
     fn session_keys_share_the_pid_not_the_secret() {
         let r = Arc::new(CancelRegistry::default());
         let p = pool();

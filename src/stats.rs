@@ -188,8 +188,9 @@ pub struct ClientInfo {
     /// When the current request or wait began (µs since epoch).
     pub request_time_us: AtomicU64,
     /// The id of the linked server connection, 0 when none. A CancelRequest for this
-    /// client goes to that server (`cancel`): stored with Release when a server is
-    /// linked, SeqCst when it is given back (paired with the cancel's in-flight mark).
+    /// client goes to that server (`cancel`): stored with SeqCst when a server is
+    /// linked (paired with a cancel request for a waiting client) and when it is given
+    /// back (paired with the cancel's in-flight mark).
     pub server_id: AtomicU64,
     pub prepared_statements: AtomicU64,
     /// Wakes the session: the console killed it (`killed`), or the pooler's phase

@@ -354,7 +354,8 @@ async fn cancel_reaches_a_client_waiting_for_a_server() {
 /// A cancelled wait, message by message: an extended-protocol request whose Sync has
 /// not been sent gets its ErrorResponse at once; what follows up to the Sync (here a
 /// Query) is skipped, as PostgreSQL skips a failed request, and the Sync gets the
-/// ReadyForQuery; the next request is served.
+/// ReadyForQuery; the next request is served. Then a whole request with a Query
+/// pipelined behind it: only the request is cancelled.
 #[test]
 fn a_cancelled_wait_skips_its_request_through_the_sync() {
     use common::raw::{bind, execute, parse, sync, tags};
@@ -377,13 +378,17 @@ fn a_cancelled_wait_skips_its_request_through_the_sync() {
     req.extend(bind("", "", &[]));
     req.extend(execute("", 0));
     b.send(&req);
-    let waiting = || clients_waiting(s.port, Role::SCRAM.name, Role::SCRAM.password, "app") == 1;
-    assert!(wait_until(Duration::from_secs(10), waiting), "b never queued for the only server");
-    let mut cancel = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
-    let mut packet = vec![0, 0, 0, 16, 0x04, 0xd2, 0x16, 0x2e];
-    packet.extend_from_slice(&key[..8]);
-    cancel.write_all(&packet).unwrap();
-    cancel.read_to_end(&mut Vec::new()).unwrap();
+    // Once b waits in the queue: its CancelRequest, sent as psql sends it.
+    let cancel_waiting = || {
+        let waiting = || clients_waiting(s.port, Role::SCRAM.name, Role::SCRAM.password, "app") == 1;
+        assert!(wait_until(Duration::from_secs(10), waiting), "b never queued for the only server");
+        let mut cancel = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+        let mut packet = vec![0, 0, 0, 16, 0x04, 0xd2, 0x16, 0x2e];
+        packet.extend_from_slice(&key[..8]);
+        cancel.write_all(&packet).unwrap();
+        cancel.read_to_end(&mut Vec::new()).unwrap();
+    };
+    cancel_waiting();
     b.expect_error("57014", "canceling statement due to user request");
     let mut rest = query("select 7");
     rest.extend(sync());
@@ -393,6 +398,22 @@ fn a_cancelled_wait_skips_its_request_through_the_sync() {
     a.until_ready();
     b.send(&query("select 8"));
     assert_eq!(first_value(&b.until_ready()), "8");
+    // A whole extended request with a Query behind it in one write: the request is
+    // answered (the error, and ReadyForQuery for its Sync); the Query waits its turn.
+    a.send(&query("begin"));
+    a.until_ready();
+    let mut pipeline = parse("", "select 1");
+    pipeline.extend(bind("", "", &[]));
+    pipeline.extend(execute("", 0));
+    pipeline.extend(sync());
+    pipeline.extend(query("select 9"));
+    b.send(&pipeline);
+    cancel_waiting();
+    b.expect_error("57014", "canceling statement due to user request");
+    assert_eq!(tags(&b.until_ready()), "Z");
+    a.send(&query("commit"));
+    a.until_ready();
+    assert_eq!(first_value(&b.until_ready()), "9");
 }
 
 /// A client that has given its server back cannot cancel the query the next client

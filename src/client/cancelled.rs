@@ -16,15 +16,23 @@ pub(super) enum Skipping {
     /// been sent).
     Bytes(usize),
     /// Extended protocol: every message up to and including the next Sync, whose
-    /// ReadyForQuery ends the request; `rest` bytes of the current message are still
-    /// to drop.
+    /// ReadyForQuery ends the request (a Terminate ends the skipping, unanswered);
+    /// `rest` bytes of the current message are still to drop.
     ToSync { rest: usize },
 }
 
-/// Whether the request at the front of `buf` can be cancelled: it runs something (a
-/// lone Sync only asks for ReadyForQuery, which a cancel leaves alone).
+/// Whether the request at the front of `buf` can be cancelled: it starts a statement.
+/// Anything else a client may send between transactions (a Sync or Flush asking for
+/// what is pending, the leftovers of a failed COPY) is left alone, as an idle
+/// PostgreSQL backend ignores a cancel.
 pub(super) fn cancellable(buf: &[u8]) -> bool {
-    matches!(Header::peek(buf), Ok(Some(h)) if h.tag != fe::SYNC)
+    matches!(
+        Header::peek(buf),
+        Ok(Some(h)) if matches!(
+            h.tag,
+            fe::QUERY | fe::FUNCTION_CALL | fe::PARSE | fe::BIND | fe::DESCRIBE | fe::EXECUTE | fe::CLOSE
+        )
+    )
 }
 
 /// The answer to the cancelled request at the front of `buf`, and how the rest of it is
@@ -68,6 +76,11 @@ impl Skipping {
                 }
                 Skipping::ToSync { rest } => {
                     let Some(h) = Header::peek(buf)? else { return Ok(false) };
+                    // PostgreSQL stops skipping at a Terminate too: it is the caller's.
+                    if h.tag == fe::TERMINATE {
+                        *self = Skipping::No;
+                        return Ok(false);
+                    }
                     if h.tag != fe::SYNC {
                         *rest = h.frame_len;
                         continue;
@@ -160,10 +173,26 @@ mod tests {
     }
 
     #[test]
-    fn a_lone_sync_is_not_cancelled() {
-        assert!(!cancellable(&msg(fe::SYNC, b"")));
-        assert!(cancellable(&msg(fe::QUERY, b"select 1\0")));
-        assert!(cancellable(&msg(fe::PARSE, b"\0select 1\0\0\0")));
+    fn only_requests_that_start_a_statement_are_cancelled() {
+        for tag in [fe::QUERY, fe::FUNCTION_CALL, fe::PARSE, fe::BIND, fe::DESCRIBE, fe::EXECUTE, fe::CLOSE] {
+            assert!(cancellable(&msg(tag, b"x\0")), "{}", tag as char);
+        }
+        for tag in [fe::SYNC, fe::FLUSH, fe::COPY_DATA, fe::COPY_DONE, fe::COPY_FAIL] {
+            assert!(!cancellable(&msg(tag, b"")), "{}", tag as char);
+        }
         assert!(!cancellable(b""));
+    }
+
+    #[test]
+    fn a_terminate_ends_the_skipping_and_is_left_for_the_session() {
+        let mut out = BytesMut::new();
+        let mut s = answer(&msg(fe::BIND, &[0u8; 8]), &mut out);
+        let terminate = msg(fe::TERMINATE, b"");
+        let mut buf = BytesMut::from(
+            &[msg(fe::BIND, &[0u8; 8]), msg(fe::EXECUTE, b"\0\0\0\0\0"), terminate.clone()].concat()[..],
+        );
+        assert!(!s.advance(&mut buf).unwrap(), "no ReadyForQuery without a Sync");
+        assert!(!s.is_active());
+        assert_eq!(&buf[..], &terminate[..]);
     }
 }

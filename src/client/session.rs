@@ -226,7 +226,9 @@ impl Session {
     /// A CancelRequest while it waits ends the wait: the request is answered with
     /// 57014 (`Linked::Cancelled`).
     async fn link(&mut self, conn: &mut ClientConn, interrupt: &mut Interrupt<'_, '_>) -> Result<Linked, Exit> {
-        // A cancel request left from an earlier wait is void (`cancel::target`).
+        // A cancel request set after the client's last wait had ended (late for that
+        // request) is dropped; one set from here on may still reach this request, as a
+        // delayed cancel may reach the next query on PostgreSQL (`cancel::target`).
         self.info.take_cancel();
         let asked_us = crate::clock::coarse_wall_us();
         self.info.set_state_at(ClientState::Waiting, asked_us);
