@@ -303,8 +303,8 @@ async fn cancel_in_session_mode_hits_only_that_client() {
 /// A CancelRequest for a client waiting in the pool's queue cancels its request as
 /// PostgreSQL cancels a running statement: 57014, and the statement never runs, not
 /// even once a server is free; the client goes on with its next request. Both
-/// protocols: a simple Query, and tokio-postgres's extended-protocol `execute`
-/// (Parse/Bind/Describe/Execute/Sync, skipped through its Sync).
+/// protocols: a simple Query, and tokio-postgres's extended-protocol `execute` (which
+/// prepares first: its Parse/Describe/Sync is what waits and is cancelled).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_reaches_a_client_waiting_for_a_server() {
     let pg = PgCluster::start();
@@ -335,7 +335,9 @@ async fn cancel_reaches_a_client_waiting_for_a_server() {
         let r = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("the cancel ends the wait");
         let e = r.unwrap().expect_err("the waiting statement was cancelled");
         assert_eq!(code(&e), "57014", "extended: {extended}: {e}");
-        assert_eq!(clients_waiting(port, Role::SCRAM.name, Role::SCRAM.password, "app"), 0);
+        let waiting =
+            tokio::task::block_in_place(|| clients_waiting(port, Role::SCRAM.name, Role::SCRAM.password, "app"));
+        assert_eq!(waiting, 0);
     }
     a.simple_query("commit").await.unwrap();
     assert_eq!(value(&b, "select count(*) from t_waited").await, "0", "a cancelled statement ran");

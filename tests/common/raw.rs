@@ -154,10 +154,23 @@ impl Raw {
         assert!(field(&body, b'M').contains(text), "{:?} lacks {text:?}", field(&body, b'M'));
     }
 
-    /// Whether the peer closed the connection (after draining any pending messages).
+    /// Whether the peer closed the connection, after draining any pending messages;
+    /// false when it stays open (the read times out).
     pub fn closed(&mut self) -> bool {
-        while self.recv().is_some() {}
-        true
+        let mut head = [0u8; 5];
+        loop {
+            let r = self.s.read_exact(&mut head).and_then(|()| {
+                let len = u32::from_be_bytes(head[1..5].try_into().unwrap()) as usize;
+                self.s.read_exact(&mut vec![0u8; len.saturating_sub(4)])
+            });
+            match r {
+                Ok(()) => continue,
+                Err(e) => {
+                    use std::io::ErrorKind::*;
+                    return matches!(e.kind(), UnexpectedEof | ConnectionReset | ConnectionAborted | BrokenPipe);
+                }
+            }
+        }
     }
 }
 
