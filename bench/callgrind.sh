@@ -20,12 +20,14 @@
 # PROTOCOLS, PORT (26990). RECONNECT=1 runs pgbench -C, a new connection per
 # transaction: the count is then per connection (login, one transaction, close; the
 # logins are not cancelled out), e.g. RECONNECT=1 N1=5 N2=15 PROTOCOLS=simple.
-# KEEP=DIR keeps each run's callgrind output there (BINARY-PROTOCOL-N.out), for
-# callgrind_annotate or a per-function difference of the N1 and N2 runs.
+# KEEP=DIR keeps each run's callgrind output there (I-BINARY-PROTOCOL-N.out, I the
+# binary's place in the arguments), for callgrind_annotate or a per-function
+# difference of the N1 and N2 runs.
 set -euo pipefail
 
 BINS=()
 for b in "$@"; do BINS+=("$(realpath "$b")"); done
+if [ -n "${KEEP:-}" ]; then KEEP=$(realpath -m "$KEEP"); fi
 cd "$(dirname "$0")/.."
 [ ${#BINS[@]} -gt 0 ] || BINS=("$PWD/target/release/sluice")
 PG_HOST=${PG_HOST:-127.0.0.1} PG_PORT=${PG_PORT:-5432}
@@ -71,7 +73,7 @@ TOML
 # Total instructions of one Sluice process, into COUNT: warm-up (20 per client), then N
 # per client. Runs in this shell (not in $(...)), so the EXIT trap and -e cover it.
 COUNT=
-count() { # binary protocol N
+count() { # binary protocol N index
     local out="$work/cg.out" i t
     rm -f "$out"*
     valgrind --tool=callgrind --callgrind-out-file="$out" "$1" --config "$work/sluice.toml" \
@@ -96,16 +98,17 @@ count() { # binary protocol N
     COUNT=$(awk '/^summary:/ {s += $2} END {printf "%.0f\n", s}' "$out"*)
     if [ -n "${KEEP:-}" ]; then
         mkdir -p "$KEEP"
-        for f in "$out"*; do cp "$f" "$KEEP/$(basename "$1")-$2-$3${f#"$out"}.out"; done
+        for f in "$out"*; do cp "$f" "$KEEP/$4-$(basename "$1")-$2-$3${f#"$out"}.out"; done
     fi
 }
 
 printf '%-40s %-9s %12s\n' binary protocol "Ir/$unit"
-for b in "${BINS[@]}"; do
+for i in "${!BINS[@]}"; do
+    b=${BINS[$i]}
     for p in $PROTOCOLS; do
-        count "$b" "$p" "$N1"
+        count "$b" "$p" "$N1" "$i"
         a=$COUNT
-        count "$b" "$p" "$N2"
+        count "$b" "$p" "$N2" "$i"
         printf '%-40s %-9s %12d\n' "$b" "$p" $(((COUNT - a) / (CLIENTS * (N2 - N1))))
     done
 done

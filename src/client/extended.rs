@@ -210,8 +210,7 @@ impl Extended {
         self.refuse = false;
         self.emptied = false;
         self.discarded = false;
-        // Checked first: clearing runs the elements' drop glue even when empty, and
-        // these are empty on nearly every transaction.
+        // Checked first: clearing runs drop glue even when empty (nearly always).
         for v in [&mut self.undefined, &mut self.redefined, &mut self.reopened] {
             if !v.is_empty() {
                 v.clear();
