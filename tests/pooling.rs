@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::raw::{Raw, first_value, query, startup};
-use common::{PgCluster, Role, Sluice, clients_waiting, code, connect, try_connect, value, wait_until};
+use common::{
+    PgCluster, Role, Sluice, clients_waiting, code, connect, one_client_queued, try_connect, value, wait_until,
+};
 use futures_util::StreamExt;
 use tokio_postgres::{AsyncMessage, NoTls};
 
@@ -87,11 +89,8 @@ async fn two_clients_interleave_on_a_pool_of_one() {
     });
     // b's query is in the pool's queue (not served) while a holds the server.
     let port = s.port;
-    let queued = tokio::task::spawn_blocking(move || {
-        wait_until(Duration::from_secs(10), || {
-            clients_waiting(port, Role::SCRAM.name, Role::SCRAM.password, "app") == 1
-        })
-    });
+    let queued =
+        tokio::task::spawn_blocking(move || one_client_queued(port, Role::SCRAM.name, Role::SCRAM.password, "app"));
     assert!(queued.await.unwrap(), "b never queued for the only server");
     assert!(!waiter.is_finished(), "b was served while a held the only server in a transaction");
     a.simple_query("commit").await.unwrap();
@@ -325,11 +324,8 @@ async fn cancel_reaches_a_client_waiting_for_a_server() {
             if extended { bq.execute(sql, &[]).await.map(|_| ()) } else { bq.simple_query(sql).await.map(|_| ()) }
         });
         let port = s.port;
-        let queued = tokio::task::spawn_blocking(move || {
-            wait_until(Duration::from_secs(10), || {
-                clients_waiting(port, Role::SCRAM.name, Role::SCRAM.password, "app") == 1
-            })
-        });
+        let queued =
+            tokio::task::spawn_blocking(move || one_client_queued(port, Role::SCRAM.name, Role::SCRAM.password, "app"));
         assert!(queued.await.unwrap(), "b never queued for the only server");
         b.cancel_token().cancel_query(NoTls).await.unwrap();
         let r = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("the cancel ends the wait");
@@ -382,11 +378,12 @@ fn a_cancelled_wait_skips_its_request_through_the_sync() {
     b.send(&req);
     // Once b waits in the queue: its CancelRequest, sent as psql sends it.
     let cancel_waiting = || {
-        let waiting = || clients_waiting(s.port, Role::SCRAM.name, Role::SCRAM.password, "app") == 1;
-        assert!(wait_until(Duration::from_secs(10), waiting), "b never queued for the only server");
+        let queued = one_client_queued(s.port, Role::SCRAM.name, Role::SCRAM.password, "app");
+        assert!(queued, "b never queued for the only server");
         let mut cancel = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
-        let mut packet = vec![0, 0, 0, 16, 0x04, 0xd2, 0x16, 0x2e];
-        packet.extend_from_slice(&key[..8]);
+        let mut packet = bytes::BytesMut::new();
+        let word = |at: usize| u32::from_be_bytes(key[at..at + 4].try_into().unwrap());
+        sluice::protocol::build::cancel_request(&mut packet, word(0), word(4));
         cancel.write_all(&packet).unwrap();
         cancel.read_to_end(&mut Vec::new()).unwrap();
     };

@@ -43,6 +43,18 @@ fn run(c: &mut Raw, name: &str, params: &[&str]) -> Vec<(u8, Vec<u8>)> {
     c.until_ready()
 }
 
+/// Describe of a named statement + Sync, as drivers describe what they prepared;
+/// returns the tags received.
+fn describe_stmt(c: &mut Raw, name: &str) -> String {
+    let mut b = vec![b'S'];
+    b.extend_from_slice(name.as_bytes());
+    b.push(0);
+    let mut m = msg(b'D', &b);
+    m.extend(sync());
+    c.send(&m);
+    tags(&c.until_ready())
+}
+
 fn close_stmt(name: &str) -> Vec<u8> {
     let mut b = vec![b'S'];
     b.extend_from_slice(name.as_bytes());
@@ -414,10 +426,7 @@ fn a_refused_run_with_a_long_result_is_dropped_whole() {
     let mut c = login(&s);
     assert_eq!(prepare(&mut c, "p", "select * from long_t"), "1Z");
     // Described, as drivers do: Sluice keeps the result type the client saw.
-    let mut describe = msg(b'D', b"Sp\0");
-    describe.extend(sync());
-    c.send(&describe);
-    assert_eq!(tags(&c.until_ready()), "tTZ");
+    assert_eq!(describe_stmt(&mut c, "p"), "tTZ");
     assert_eq!(run(&mut c, "p", &[]).len(), 3003);
     // b holds c's server; d leaves the other one idle, without the statement.
     let mut b = login(&s);
@@ -452,10 +461,7 @@ fn a_refused_statement_does_not_run() {
     let mut c = login(&s);
     assert_eq!(prepare(&mut c, "ins", "insert into ref_t values (1) returning *"), "1Z");
     assert_eq!(prepare(&mut c, "side", "insert into ref_t values (2)"), "1Z");
-    let mut describe = msg(b'D', b"Sins\0");
-    describe.extend(sync());
-    c.send(&describe);
-    assert_eq!(tags(&c.until_ready()), "tTZ");
+    assert_eq!(describe_stmt(&mut c, "ins"), "tTZ");
     assert_eq!(tags(&run(&mut c, "ins", &[])), "2DCZ");
     // b holds c's server; d leaves the other one idle, without the statements, but
     // with one prepared in SQL under the name of the Bind Sluice makes fail.
@@ -526,10 +532,7 @@ fn query_timeout_runs_while_a_message_is_held() {
     pg.psql("create table held_t (a int); grant all on held_t to u_trust");
     let mut c = login(&s);
     assert_eq!(prepare(&mut c, "ins", "insert into held_t values (1) returning *"), "1Z");
-    let mut describe = msg(b'D', b"Sins\0");
-    describe.extend(sync());
-    c.send(&describe);
-    assert_eq!(tags(&c.until_ready()), "tTZ");
+    assert_eq!(describe_stmt(&mut c, "ins"), "tTZ");
     // b takes c's server and locks the table: c's next run goes to the other server,
     // which lacks the statement, and the Parse Sluice sends there waits for b.
     let mut b = login(&s);

@@ -4,10 +4,8 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::raw::*;
-use common::{PgCluster, Sluice, clients_waiting, wait_until};
+use common::{PgCluster, Sluice, one_client_queued};
 
 fn setup(pool_size: usize, mode: &str) -> (PgCluster, Sluice) {
     let pg = PgCluster::start();
@@ -88,7 +86,7 @@ fn flush_without_sync_keeps_the_server_linked() {
         first_value(&b.until_ready())
     });
     // B's query is in the pool's queue (not served) while A holds the server.
-    let queued = wait_until(Duration::from_secs(10), || clients_waiting(port, "u_trust", "", "app") == 1);
+    let queued = one_client_queued(port, "u_trust", "", "app");
     assert!(queued, "second client never queued for the only server");
     assert!(!b.is_finished(), "second client got a server while the first had not synced");
     a.send(&sync());
@@ -421,10 +419,7 @@ fn failed_extended_copy_in_keeps_the_server_until_sync() {
     // the first client's Sync.
     let mut d = trust(&s);
     d.send(&query("select 5"));
-    assert!(
-        wait_until(Duration::from_secs(10), || clients_waiting(s.port, "u_trust", "", "app") == 1),
-        "the second client never queued"
-    );
+    assert!(one_client_queued(s.port, "u_trust", "", "app"), "the second client never queued");
     c.send(&sync());
     assert_eq!(tags(&c.until_ready()), "Z");
     assert_eq!(first_value(&d.until_ready()), "5");

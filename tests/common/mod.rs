@@ -178,6 +178,12 @@ pub fn clients_waiting(port: u16, user: &str, password: &str, db: &str) -> usize
     console_cell(port, user, password, "SHOW POOLS", db, 3).and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
+/// Polls `clients_waiting` until one client of `db` waits for a server; false after 10 s.
+/// Blocks the thread (from an async test: `spawn_blocking` or `block_in_place`).
+pub fn one_client_queued(port: u16, user: &str, password: &str, db: &str) -> bool {
+    wait_until(Duration::from_secs(10), || clients_waiting(port, user, password, db) == 1)
+}
+
 /// The one polling loop of the tests: calls `condition` until it holds (true) or `timeout`
 /// passes (false), every 10 ms, and once more at the deadline.
 /// Blocks the thread: from an async test use `eventually`; in a current-thread tokio test,
