@@ -104,13 +104,7 @@ impl Skipping {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::build::frame;
-
-    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-        let mut b = BytesMut::new();
-        frame(&mut b, tag, |b| b.extend_from_slice(body));
-        b.to_vec()
-    }
+    use crate::protocol::build::message as msg;
 
     fn tags(out: &BytesMut) -> Vec<u8> {
         let mut tags = Vec::new();

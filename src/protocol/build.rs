@@ -224,6 +224,14 @@ pub fn startup_message(buf: &mut BytesMut, params: &[(&str, &str)]) {
     buf[at..at + 4].copy_from_slice(&len.to_be_bytes());
 }
 
+/// One whole message as bytes, for unit tests.
+#[cfg(test)]
+pub(crate) fn message(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut b = BytesMut::new();
+    frame(&mut b, tag, |b| b.extend_from_slice(body));
+    b.to_vec()
+}
+
 pub fn cancel_request(buf: &mut BytesMut, pid: u32, secret: u32) {
     buf.put_u32(16);
     buf.put_u32(super::startup::CANCEL_REQUEST_CODE);

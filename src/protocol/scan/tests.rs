@@ -6,12 +6,7 @@ fn whole_if(tags: &'static [u8]) -> impl Fn(u8) -> Need {
 }
 use proptest::prelude::*;
 
-fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
-    let mut v = vec![tag];
-    v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-    v.extend_from_slice(body);
-    v
-}
+use crate::protocol::build::message as msg;
 
 fn collect(sc: &mut Scanner, buf: &[u8], whole: &[u8]) -> (usize, Vec<(u8, bool)>) {
     let mut seen = Vec::new();
