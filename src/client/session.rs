@@ -286,7 +286,7 @@ impl Session {
         self.server = Some(server);
         // A cancel that found the client still waiting as the wait ended: answered as
         // if it had come during the wait (the request has not been sent).
-        if self.info.cancel_requested() && cancellable(&conn.buf) && self.info.take_cancel() {
+        if self.cancel_taken(&conn.buf) {
             // Unused: back to the pool once any other cancel on its way has reached it.
             self.unlink_for_cancels(self.server.as_deref().expect("just linked")).await;
             self.give_back(true);
@@ -319,14 +319,19 @@ impl Session {
                     if let Some(exit) = self.interruption() {
                         return Err(exit);
                     }
-                    // A request that is a lone Sync has nothing to cancel: the cancel
-                    // is dropped.
-                    if self.info.take_cancel() && cancellable(&conn.buf) {
+                    if self.cancel_taken(&conn.buf) {
                         return Ok(None);
                     }
                 }
             }
         }
+    }
+
+    /// Takes a cancel request for the waiting request at the front of `buf`, if it can
+    /// be cancelled (`cancelled::cancellable`); one that cannot (a Sync, say) is left,
+    /// and dropped when the next wait starts.
+    fn cancel_taken(&self, buf: &[u8]) -> bool {
+        self.info.cancel_requested() && cancellable(buf) && self.info.take_cancel()
     }
 
     /// Answers the request a CancelRequest reached while it waited for a server, as
