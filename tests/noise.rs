@@ -1,0 +1,374 @@
+//! Noise: clients that send random sequences of valid, mangled and made-up protocol
+//! messages, cancel themselves at random moments and leave in every way (a clean finish,
+//! a bad length, a half-sent message, a dropped socket), in all three pool modes at once,
+//! while a witness client checks its own answers. Afterwards Sluice must still run, have
+//! logged no panic, hold no server connection or client, and have left no server
+//! connection in a transaction; no client may have seen another client's data, and a
+//! client that finished cleanly must have got its last answer or a closed connection,
+//! never a hang.
+//!
+//! The sequences come from a seed (printed; set `SLUICE_NOISE_SEED` to replay one).
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use common::raw::*;
+use common::{PgCluster, Sluice, console_cell_where, wait_until};
+
+const POOL_SIZE: usize = 2;
+const DATABASES: [&str; 3] = ["app", "app_statement", "app_session"];
+const THREADS: u64 = 6;
+const CLIENTS_PER_THREAD: u64 = 40;
+/// How long a cleanly finishing client may wait for its last answer.
+const ANSWER_WITHIN: Duration = Duration::from_secs(15);
+
+/// xorshift64*: small, seedable, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len())]
+    }
+
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// SQL the noise runs; `{m}` is replaced by the client's own marker.
+const SQL: &[&str] = &[
+    "select '{m}'",
+    "select $1::text || '{m}'",
+    "begin",
+    "commit",
+    "rollback",
+    "select 1/0",
+    "selec nonsense",
+    "select pg_sleep(0.02), '{m}'",
+    "copy (select '{m}' from generate_series(1, 3)) to stdout",
+    "copy noise from stdin",
+    "set application_name = '{m}'",
+    // Not the marker: SQL-level PREPARE stays on the server in transaction mode, by design.
+    "prepare p1 as select 1",
+    "execute p1",
+    "deallocate all",
+    "discard all",
+    "listen noise_channel",
+    "select 1; select '{m}'",
+    "",
+];
+const NAMES: &[&str] = &["", "s1", "s2", "s3", "p1", "s_{m}"];
+
+fn sql(rng: &mut Rng, marker: &str) -> String {
+    rng.pick(SQL).replace("{m}", marker)
+}
+
+fn name(rng: &mut Rng, marker: &str) -> String {
+    rng.pick(NAMES).replace("{m}", marker)
+}
+
+fn target(kind: u8, name: &str) -> Vec<u8> {
+    [&[kind][..], name.as_bytes(), &[0]].concat()
+}
+
+/// One well-formed message (which the server may still refuse).
+fn valid_message(rng: &mut Rng, marker: &str) -> Vec<u8> {
+    let (sql, n1, n2) = (sql(rng, marker), name(rng, marker), name(rng, marker));
+    match rng.below(13) {
+        0 | 1 => query(&sql),
+        2 | 3 => parse(&n1, &sql),
+        4 | 5 => {
+            let params: [&[&str]; 3] = [&[], &[marker], &["1", "2"]];
+            bind(&n1, &n2, params[rng.below(params.len())])
+        }
+        6 => execute(&n1, *rng.pick(&[0, 1, 2])),
+        7 => msg(b'D', &target(*rng.pick(b"SP"), &n1)),
+        8 => msg(b'C', &target(*rng.pick(b"SP"), &n1)),
+        9 => sync(),
+        10 => flush(),
+        11 => msg(*rng.pick(b"dcf"), format!("{marker}\n\0").as_bytes()),
+        _ => msg(b'F', &[0, 0, 0x04, 0xd2, 0, 0, 0, 0, 0, 0]),
+    }
+}
+
+/// A message with a consistent length whose tag or body is wrong.
+fn mangled_message(rng: &mut Rng, marker: &str) -> Vec<u8> {
+    let mut m = valid_message(rng, marker);
+    match rng.below(4) {
+        0 => {
+            // Cut the body short (a Parse without its NUL, a Bind missing its counts).
+            let keep = 5 + rng.below(m.len() - 4);
+            m.truncate(keep);
+            let len = (keep - 1) as u32;
+            m[1..5].copy_from_slice(&len.to_be_bytes());
+        }
+        1 => {
+            for _ in 0..1 + rng.below(4) {
+                let at = 5 + rng.below((m.len() - 5).max(1));
+                if at < m.len() {
+                    // High bit set: never a digit, so a flip cannot forge another marker.
+                    m[at] = rng.next() as u8 | 0x80;
+                }
+            }
+        }
+        2 => m[0] = rng.next() as u8,
+        _ => {
+            let len = rng.below(40);
+            m = msg(rng.next() as u8, &rng.bytes(len));
+        }
+    }
+    m
+}
+
+/// How a noise client leaves.
+#[derive(Debug, Clone, Copy)]
+enum Leave {
+    /// Ends any COPY and error state, then asks for its marker and reads the answer.
+    Clean,
+    /// Drops the socket.
+    Drop,
+    /// Sends half a message, then drops the socket.
+    HalfMessage,
+    /// Sends a length field below 4 or beyond any limit.
+    BadLength,
+}
+
+struct Client {
+    raw: Raw,
+    pid: u32,
+    secret: u32,
+    marker: String,
+    seen: Vec<u8>,
+}
+
+impl Client {
+    fn login(port: u16, db: &str, marker: String) -> Client {
+        let mut raw = Raw::open(port);
+        raw.send(&startup(&[("user", "u_trust"), ("database", db)], 3 << 16));
+        let reply = raw.until_ready();
+        let key = reply.iter().find(|(t, _)| *t == b'K').expect("BackendKeyData").1.clone();
+        let word = |at: usize| u32::from_be_bytes(key[at..at + 4].try_into().unwrap());
+        raw.s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+        Client { pid: word(0), secret: word(4), raw, marker, seen: Vec::new() }
+    }
+
+    /// Reads whatever has arrived without waiting for more.
+    fn drain(&mut self) -> bool {
+        use std::io::Read;
+        let mut buf = [0u8; 8192];
+        loop {
+            match self.raw.s.read(&mut buf) {
+                Ok(0) => return false,
+                Ok(n) => self.seen.extend_from_slice(&buf[..n]),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    return true;
+                }
+                Err(_) => return false,
+            }
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) -> bool {
+        use std::io::Write;
+        self.raw.s.write_all(bytes).is_ok()
+    }
+
+    fn cancel(&self, port: u16) {
+        let mut packet = BytesMut::new();
+        sluice::protocol::build::cancel_request(&mut packet, self.pid, self.secret);
+        let mut c = Raw::open(port);
+        c.send(&packet);
+        c.closed();
+    }
+
+    /// After `Leave::Clean`: reads until its marker's row and the ReadyForQuery after it,
+    /// or until the connection closes. Err on a timeout, with what was read.
+    fn finish(&mut self) -> Result<(), String> {
+        use std::io::Read;
+        let end = format!("end{}", self.marker);
+        let deadline = Instant::now() + ANSWER_WITHIN;
+        self.raw.s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+        let mut buf = [0u8; 8192];
+        while Instant::now() < deadline {
+            match self.raw.s.read(&mut buf) {
+                Ok(0) => return Ok(()),
+                Ok(n) => self.seen.extend_from_slice(&buf[..n]),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(_) => return Ok(()),
+            }
+            if answered(&self.seen, end.as_bytes()) {
+                return Ok(());
+            }
+        }
+        Err(format!("no answer within {ANSWER_WITHIN:?}; got {:?}", String::from_utf8_lossy(&self.seen)))
+    }
+}
+
+/// Whether `seen` holds `end` followed later by a ReadyForQuery ('Z', length 5).
+fn answered(seen: &[u8], end: &[u8]) -> bool {
+    let Some(at) = seen.windows(end.len()).position(|w| w == end) else { return false };
+    seen[at..].windows(5).any(|w| w == [b'Z', 0, 0, 0, 5])
+}
+
+/// Markers of other clients in `seen` ("mark", five digits, "x", not `own`), and any
+/// answer of the witness's.
+fn foreign_markers(seen: &[u8], own: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    if seen.windows(7).any(|w| w == b"witness") {
+        out.push("witness".to_string());
+    }
+    for w in seen.windows(own.len()) {
+        let digits = &w[4..9];
+        if w.starts_with(b"mark") && w[9] == b'x' && digits.iter().all(u8::is_ascii_digit) && w != own.as_bytes() {
+            out.push(String::from_utf8_lossy(w).into_owned());
+        }
+    }
+    out
+}
+
+/// One noise client's life; Err describes a hang or another client's data.
+fn noise_client(port: u16, seed: u64, id: u64) -> Result<(), String> {
+    let mut rng = Rng(seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let marker = format!("mark{id:05}x");
+    let db = *rng.pick(&DATABASES);
+    let mut c = Client::login(port, db, marker.clone());
+    let leave =
+        *rng.pick(&[Leave::Clean, Leave::Clean, Leave::Clean, Leave::Drop, Leave::HalfMessage, Leave::BadLength]);
+    let mut alive = true;
+    for _ in 0..1 + rng.below(25) {
+        let m = if rng.below(4) == 0 { mangled_message(&mut rng, &marker) } else { valid_message(&mut rng, &marker) };
+        alive = c.send(&m) && c.drain();
+        if !alive {
+            break;
+        }
+        if rng.below(10) == 0 {
+            c.cancel(port);
+        }
+    }
+    let mut result = Ok(());
+    if alive {
+        match leave {
+            Leave::Clean => {
+                let bye = [msg(b'f', b"noise\0"), sync(), query("rollback"), query(&format!("select 'end{marker}'"))];
+                if c.send(&bye.concat()) {
+                    result = c.finish();
+                }
+            }
+            Leave::Drop => {}
+            Leave::HalfMessage => {
+                let m = valid_message(&mut rng, &marker);
+                c.send(&m[..1 + rng.below(m.len() - 1)]);
+            }
+            Leave::BadLength => {
+                let len: u32 = *rng.pick(&[0, 1, 3, 0x7fff_ffff, u32::MAX]);
+                c.send(&[&[b'Q'][..], &len.to_be_bytes()].concat());
+                c.drain();
+            }
+        }
+    }
+    let foreign = foreign_markers(&c.seen, &marker);
+    if !foreign.is_empty() {
+        return Err(format!("client {marker} ({db}) saw other clients' data: {foreign:?}"));
+    }
+    result.map_err(|e| format!("client {marker} ({db}, seed {seed}, {leave:?}): {e}"))
+}
+
+/// A client that checks every answer is its own, in simple and extended protocol.
+fn witness(port: u16, stop: &AtomicBool) -> Result<u64, String> {
+    let mut c = Raw::login(port, "u_trust", "app");
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let want = format!("witness{n}");
+        let sql = format!("select '{want}'");
+        c.send(&if n % 2 == 0 { query(&sql) } else { extended_query(&sql) });
+        let got = first_value(&c.until_ready());
+        if got != want {
+            return Err(format!("witness asked for {want:?}, got {got:?}"));
+        }
+    }
+    Ok(n)
+}
+
+fn seed() -> u64 {
+    match std::env::var("SLUICE_NOISE_SEED") {
+        Ok(s) => s.parse().expect("SLUICE_NOISE_SEED is a number"),
+        Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64,
+    }
+}
+
+fn pool_cell(s: &Sluice, db: &str, column: usize) -> Option<usize> {
+    console_cell_where(s.port, "u_trust", "", "SHOW POOLS", &[db, "u_trust"], column)?.parse().ok()
+}
+
+#[test]
+fn noise_in_every_pool_mode_leaves_sluice_clean() {
+    let pg = PgCluster::start();
+    pg.psql_db("app", "create table noise (t text); grant all on noise to u_trust");
+    let pool = POOL_SIZE.to_string();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .general("pool_mode", "\"transaction\"")
+        .general("admin_users", r#"["u_trust"]"#)
+        .general("max_prepared_statements", "3")
+        .general("max_client_prepared_statements", "4")
+        .database("app", &[("pool_size", &pool)])
+        .database("app_statement", &[("pool_size", &pool), ("pool_mode", "\"statement\"")])
+        .database("app_session", &[("pool_size", &pool), ("pool_mode", "\"session\"")])
+        .start();
+    let seed = seed();
+    println!("SLUICE_NOISE_SEED={seed}");
+    let stop = AtomicBool::new(false);
+    let (witnessed, failures) = thread::scope(|scope| {
+        let w = scope.spawn(|| witness(s.port, &stop));
+        let noise: Vec<_> = (0..THREADS)
+            .map(|t| {
+                scope.spawn(move || {
+                    let ids = t * CLIENTS_PER_THREAD..(t + 1) * CLIENTS_PER_THREAD;
+                    ids.filter_map(|id| noise_client(s.port, seed, id).err()).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let failures: Vec<String> = noise.into_iter().flat_map(|h| h.join().unwrap()).collect();
+        stop.store(true, Ordering::Relaxed);
+        (w.join().unwrap(), failures)
+    });
+    assert!(failures.is_empty(), "seed {seed}: {failures:#?}");
+    let witnessed = witnessed.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    assert!(witnessed > 0);
+
+    // Every client is gone; nothing may stay lent, queued or in a transaction.
+    for db in DATABASES {
+        let settled =
+            wait_until(Duration::from_secs(20), || [2, 3, 6, 12].iter().all(|&col| pool_cell(&s, db, col) == Some(0)));
+        assert!(settled, "seed {seed}: pool {db} did not settle: {:?}", [2, 3, 6, 9, 12].map(|c| pool_cell(&s, db, c)));
+        assert!(pool_cell(&s, db, 9).unwrap() <= POOL_SIZE);
+    }
+    let idle = wait_until(Duration::from_secs(20), || pg.backends("usename = 'u_trust' and state <> 'idle'") == 0);
+    assert!(idle, "seed {seed}: server connections left busy or in a transaction");
+    assert!(pg.backends("usename = 'u_trust'") <= POOL_SIZE * DATABASES.len());
+    let log = s.log();
+    assert!(!log.contains("panicked"), "seed {seed}: Sluice panicked:\n{log}");
+
+    // And it still serves.
+    for db in DATABASES {
+        let mut c = Raw::login(s.port, "u_trust", db);
+        c.send(&query("select 'after'"));
+        assert_eq!(first_value(&c.until_ready()), "after");
+    }
+}
