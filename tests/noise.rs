@@ -45,7 +45,9 @@ impl Rng {
         &items[self.below(items.len())]
     }
 
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
+    /// Up to `max - 1` random bytes.
+    fn bytes(&mut self, max: usize) -> Vec<u8> {
+        let n = self.below(max);
         (0..n).map(|_| self.next() as u8).collect()
     }
 }
@@ -128,8 +130,8 @@ fn mangled_message(rng: &mut Rng, marker: &str) -> Vec<u8> {
         }
         2 => m[0] = rng.next() as u8,
         _ => {
-            let len = rng.below(40);
-            m = msg(rng.next() as u8, &rng.bytes(len));
+            let tag = rng.next() as u8;
+            m = msg(tag, &rng.bytes(40));
         }
     }
     m
@@ -371,4 +373,120 @@ fn noise_in_every_pool_mode_leaves_sluice_clean() {
         c.send(&query("select 'after'"));
         assert_eq!(first_value(&c.until_ready()), "after");
     }
+}
+
+/// One login that goes wrong: a mangled startup packet, or a SCRAM exchange with garbage
+/// at a random step. Err when Sluice neither refuses nor closes it in time, or lets it in.
+fn bad_login(port: u16, rng: &mut Rng) -> Result<(), String> {
+    let mut c = Raw::open(port);
+    c.s.set_read_timeout(Some(ANSWER_WITHIN)).unwrap();
+    let good = startup(&[("user", "u_scram"), ("database", "app")], 3 << 16);
+    let step = rng.below(6);
+    if step == 0 {
+        let mut m = good.clone();
+        let at = rng.below(m.len());
+        m[at] = rng.next() as u8;
+        m.truncate(m.len() - rng.below(3));
+        c.send(&m);
+        // A cut-short packet is waited for: end it with an EOF.
+        c.s.shutdown(std::net::Shutdown::Write).unwrap();
+        return refused(&mut c, rng, "mangled startup");
+    }
+    c.send(&good);
+    if c.recv().map(|m| m.0) != Some(b'R') {
+        return Err("no AuthenticationSASL".into());
+    }
+    let first = b"n,,n=,r=noisenoisenoise";
+    let initial = [&b"SCRAM-SHA-256\0"[..], &(first.len() as i32).to_be_bytes(), first].concat();
+    let garbage = match step {
+        1 => msg(b'p', &rng.bytes(60)),
+        2 => {
+            let tag = rng.next() as u8;
+            msg(tag, &rng.bytes(20))
+        }
+        3 => {
+            let mut m = msg(b'p', &initial);
+            let at = 5 + rng.below(m.len() - 5);
+            m[at] = rng.next() as u8;
+            m
+        }
+        _ => {
+            c.send(&msg(b'p', &initial));
+            if c.recv().map(|m| m.0) != Some(b'R') {
+                return Err("no SASLContinue".into());
+            }
+            let last = rng.bytes(120);
+            if step == 4 { msg(b'p', &last) } else { msg(b'p', &last)[..3].to_vec() }
+        }
+    };
+    c.send(&garbage);
+    if step == 5 {
+        drop(c); // half a message, then gone
+        return Ok(());
+    }
+    refused(&mut c, rng, &format!("garbage at step {step}"))
+}
+
+/// The next message; None when the connection closed, Err when none came in time.
+fn next_message(c: &mut Raw) -> Result<Option<(u8, Vec<u8>)>, String> {
+    use std::io::{ErrorKind::*, Read};
+    let mut head = [0u8; 5];
+    if let Err(e) = c.s.read_exact(&mut head) {
+        return if matches!(e.kind(), WouldBlock | TimedOut) {
+            Err(format!("no answer in {ANSWER_WITHIN:?}"))
+        } else {
+            Ok(None)
+        };
+    }
+    let len = u32::from_be_bytes(head[1..5].try_into().unwrap()) as usize;
+    let mut body = vec![0u8; len.saturating_sub(4)];
+    Ok(c.s.read_exact(&mut body).ok().map(|()| (head[0], body)))
+}
+
+/// The connection ends, after at most ErrorResponses, and never with AuthenticationOk. A
+/// corruption can leave the login valid (another user name, another nonce): each further
+/// authentication request is answered with garbage.
+fn refused(c: &mut Raw, rng: &mut Rng, what: &str) -> Result<(), String> {
+    for _ in 0..4 {
+        match next_message(c).map_err(|e| format!("{what}: {e}"))? {
+            None => return Ok(()),
+            Some((b'E', _)) => return if c.closed() { Ok(()) } else { Err(format!("{what}: open after an error")) },
+            Some((b'R', body)) if body.starts_with(&0u32.to_be_bytes()) => return Err(format!("{what}: logged in")),
+            // A corrupted minor version: negotiated down, the login goes on.
+            Some((b'v', _)) => continue,
+            Some((b'R', _)) => {
+                // Ignore a failed write: Sluice may have closed already.
+                let _ = std::io::Write::write_all(&mut c.s, &msg(b'p', &rng.bytes(60)));
+            }
+            Some((tag, body)) => return Err(format!("{what}: unexpected {} {body:?}", tag as char)),
+        }
+    }
+    Err(format!("{what}: still asked to authenticate after three garbage answers"))
+}
+
+#[test]
+fn noise_in_scram_logins_is_refused_and_leaves_sluice_serving() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("auth_type", "\"scram-sha-256\"").start();
+    let seed = seed();
+    println!("SLUICE_NOISE_SEED={seed}");
+    let failures: Vec<String> = thread::scope(|scope| {
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                scope.spawn(move || {
+                    let mut rng = Rng(seed ^ (t + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+                    (0..CLIENTS_PER_THREAD).filter_map(|_| bad_login(s.port, &mut rng).err()).collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        threads.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    });
+    assert!(failures.is_empty(), "seed {seed}: {failures:#?}");
+    let log = s.log();
+    assert!(!log.contains("panicked"), "seed {seed}: Sluice panicked:\n{log}");
+    let out = common::psql_cmd(s.port, "127.0.0.1", "u_scram", "pw_scram", "app")
+        .args(["-tAc", "select 'after'"])
+        .output()
+        .expect("psql runs");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "after", "{}", String::from_utf8_lossy(&out.stderr));
 }
