@@ -194,6 +194,29 @@ fn unnamed_statement_is_reparsed_on_another_server() {
     holder.until_ready();
 }
 
+/// A client with no unnamed statement that binds or describes one gets 26000, as from
+/// PostgreSQL, never the unnamed statement another client left on the server.
+#[test]
+fn another_clients_unnamed_statement_is_out_of_reach() {
+    let (_pg, s) = setup(1, &[]);
+    let mut a = login(&s);
+    assert_eq!(prepare(&mut a, "", "select 'secret of a'"), "1Z");
+    let mut b = login(&s);
+    let m = run(&mut b, "", &[]);
+    assert_eq!(tags(&m), "EZ", "{m:?}");
+    assert_eq!(sqlstate(&m[0].1), "26000");
+    assert_eq!(describe_stmt(&mut b, ""), "EZ");
+    // The same after closing its own.
+    b.send(&[parse("", "select 'b'"), close_stmt(""), sync()].concat());
+    assert_eq!(tags(&b.until_ready()), "13Z");
+    let m = run(&mut b, "", &[]);
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "26000".to_string()));
+    // The client that parsed it still has it.
+    let m = run(&mut a, "", &[]);
+    assert_eq!(tags(&m), "2DCZ", "{m:?}");
+    assert_eq!(first_value(&m), "secret of a");
+}
+
 #[test]
 fn deallocate_and_discard_behave_as_on_a_server() {
     let (_pg, s) = setup(1, &[("query_wait_timeout", "5")]);

@@ -19,101 +19,8 @@ use crate::protocol::build;
 use crate::protocol::scan::{Msg, Splice};
 use crate::protocol::{ProtocolError, TxStatus, be, body, fe};
 
-/// What a message sent to the server will be answered with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Parse,
-    Bind,
-    Describe,
-    Execute,
-    Close,
-    Sync,
-    Query,
-    Call,
-    /// A reply Sluice makes up with no server message behind it.
-    Local,
-}
-
-impl Kind {
-    /// Whether a server message with `tag` is the last of this kind's reply.
-    fn done_by(self, tag: u8) -> bool {
-        match self {
-            Kind::Parse => tag == be::PARSE_COMPLETE,
-            Kind::Bind => tag == be::BIND_COMPLETE,
-            Kind::Close => tag == be::CLOSE_COMPLETE,
-            Kind::Describe => matches!(tag, be::ROW_DESCRIPTION | be::NO_DATA),
-            Kind::Execute => {
-                matches!(tag, be::COMMAND_COMPLETE | be::EMPTY_QUERY_RESPONSE | be::PORTAL_SUSPENDED)
-            }
-            Kind::Sync | Kind::Query | Kind::Call => tag == be::READY_FOR_QUERY,
-            Kind::Local => false,
-        }
-    }
-
-    /// Extended-protocol messages: after an error the server skips them up to Sync.
-    fn skippable(self) -> bool {
-        matches!(self, Kind::Parse | Kind::Bind | Kind::Describe | Kind::Execute | Kind::Close | Kind::Local)
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Reply {
-    Forward,
-    /// The reply to a message Sluice injected: the client must not see it (an error
-    /// still reaches it, as the error of the client message that follows).
-    Swallow,
-    /// A message whose failure the client has already been told of (the failing Bind
-    /// of `refuse_held`): nothing of its reply reaches the client, errors included.
-    Refused,
-    /// Sluice's own reply to a message it did not forward.
-    Synthetic(Bytes),
-}
-
-/// What the outcome of a message changes in Sluice's books.
-#[derive(Debug, Default)]
-enum Effect {
-    #[default]
-    None,
-    /// A Parse defined this client name: undone if the server rejects or skips it.
-    Define(Bytes, Arc<Statement>),
-    /// A Parse of a name already defined earlier in the pipeline: it fails as a
-    /// duplicate, unless that earlier Parse was skipped, and then the name stands.
-    Redefine(Bytes, Arc<Statement>),
-    /// DEALLOCATE ALL / DISCARD ALL run on the server (a simple query, or the Execute
-    /// of a prepared one): on success the server and the client hold no statements any
-    /// more (and after DISCARD ALL, no settings).
-    Empties { discard: bool },
-    /// The client's Describe of its statement (at this generation): remember the
-    /// shape it saw.
-    Capture(Arc<Statement>, u64),
-    /// A Close of this client name, answered by Sluice: undone if the server skips
-    /// that point of the pipeline after an error (PostgreSQL would not have closed it).
-    Close(Bytes, Arc<Statement>),
-    /// Sluice's Describe of a copy (of this generation) the client has not seen: if
-    /// the shape differs from what the client saw, it gets 0A000 as from PostgreSQL.
-    Verify(Arc<Statement>, u64),
-}
-
-#[derive(Debug)]
-struct Expect {
-    kind: Kind,
-    reply: Reply,
-    /// The server-side statement concerned (Parse, Bind, Execute).
-    stmt: Option<u64>,
-    effect: Effect,
-    failed: bool,
-}
-
-impl Expect {
-    fn new(kind: Kind, reply: Reply, stmt: Option<u64>) -> Self {
-        Expect { kind, reply, stmt, effect: Effect::None, failed: false }
-    }
-
-    fn with(mut self, effect: Effect) -> Self {
-        self.effect = effect;
-        self
-    }
-}
+mod expect;
+use expect::{Effect, Expect, Kind, Reply};
 
 /// The shape a Describe reply gives: the RowDescription frame, or NoData.
 fn shape_of(m: &Msg) -> Bytes {
@@ -415,17 +322,7 @@ impl Extended {
         let mut effect = Effect::None;
         let mut effects = TextEffects::default();
         if name.is_empty() {
-            if let Some(u) = cx.stmts.unnamed.as_ref() {
-                if cx.server.unnamed != u.id {
-                    // The unnamed statement was parsed on another server: parse it here.
-                    sp.insert(m.start, &u.parse);
-                    flush_injected(m.start, sp);
-                    self.server_parses += 1;
-                    self.push(Kind::Parse, Reply::Swallow, None);
-                    cx.server.unnamed = u.id;
-                }
-                effects = u.effects.clone();
-            }
+            effects = self.unnamed_here(m.start, sp, cx);
         } else if let Some(st) = cx.stmts.get(name).cloned() {
             effects = st.effects.clone();
             if kind == Kind::Describe {
@@ -448,6 +345,30 @@ impl Extended {
         }
         self.queue.push_back(Expect::new(kind, Reply::Forward, stmt).with(effect));
         Ok(())
+    }
+
+    /// The effects of the client's unnamed statement, made sure to be the server's:
+    /// parsed here if it was parsed on another server. A client with none gets the
+    /// server's closed, as it may be another client's: the server then refuses the
+    /// Bind or Describe (26000) as PostgreSQL would.
+    fn unnamed_here(&mut self, at: usize, sp: &mut Splice, cx: &mut ClientCtx) -> TextEffects {
+        let Some(u) = cx.stmts.unnamed.as_ref() else {
+            let (buf, from) = sp.insert_buf();
+            build::close(buf, b'S', b"");
+            sp.commit_insert(at, from);
+            flush_injected(at, sp);
+            self.push(Kind::Close, Reply::Swallow, None);
+            cx.server.unnamed = 0;
+            return TextEffects::default();
+        };
+        if cx.server.unnamed != u.id {
+            sp.insert(at, &u.parse);
+            flush_injected(at, sp);
+            self.server_parses += 1;
+            self.push(Kind::Parse, Reply::Swallow, None);
+            cx.server.unnamed = u.id;
+        }
+        u.effects.clone()
     }
 
     fn on_close(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {

@@ -63,10 +63,11 @@ impl Scanner {
     /// through in pieces. Returns how many bytes were consumed (the rest is an
     /// incomplete header or an incomplete needed part: keep it for next time).
     ///
-    /// `#[inline]`: each use is its own instance (its closures), called from one place
-    /// per direction; left to itself the compiler sometimes keeps it out of line, for
-    /// ~+3% instructions per transaction (callgrind).
-    #[inline]
+    /// `#[inline(always)]`: each use is its own instance (its closures), called from one
+    /// place per direction; left to itself the compiler sometimes keeps it out of line,
+    /// for ~+3% instructions per transaction (callgrind), and a plain `#[inline]` was not
+    /// always enough (it was not once `client::extended` grew a method).
+    #[inline(always)]
     pub fn scan<'a>(
         &mut self,
         buf: &'a [u8],

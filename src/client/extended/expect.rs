@@ -1,0 +1,109 @@
+//! The queue items of `client::extended`: what each message sent to the server will be
+//! answered with, what Sluice does with that reply, and what its outcome changes.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::prepared::Statement;
+use crate::protocol::be;
+
+/// What a message sent to the server will be answered with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Parse,
+    Bind,
+    Describe,
+    Execute,
+    Close,
+    Sync,
+    Query,
+    Call,
+    /// A reply Sluice makes up with no server message behind it.
+    Local,
+}
+
+impl Kind {
+    /// Whether a server message with `tag` is the last of this kind's reply.
+    #[inline]
+    pub fn done_by(self, tag: u8) -> bool {
+        match self {
+            Kind::Parse => tag == be::PARSE_COMPLETE,
+            Kind::Bind => tag == be::BIND_COMPLETE,
+            Kind::Close => tag == be::CLOSE_COMPLETE,
+            Kind::Describe => matches!(tag, be::ROW_DESCRIPTION | be::NO_DATA),
+            Kind::Execute => {
+                matches!(tag, be::COMMAND_COMPLETE | be::EMPTY_QUERY_RESPONSE | be::PORTAL_SUSPENDED)
+            }
+            Kind::Sync | Kind::Query | Kind::Call => tag == be::READY_FOR_QUERY,
+            Kind::Local => false,
+        }
+    }
+
+    /// Extended-protocol messages: after an error the server skips them up to Sync.
+    #[inline]
+    pub fn skippable(self) -> bool {
+        matches!(self, Kind::Parse | Kind::Bind | Kind::Describe | Kind::Execute | Kind::Close | Kind::Local)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Reply {
+    Forward,
+    /// The reply to a message Sluice injected: the client must not see it (an error
+    /// still reaches it, as the error of the client message that follows).
+    Swallow,
+    /// A message whose failure the client has already been told of (the failing Bind
+    /// of `refuse_held`): nothing of its reply reaches the client, errors included.
+    Refused,
+    /// Sluice's own reply to a message it did not forward.
+    Synthetic(Bytes),
+}
+
+/// What the outcome of a message changes in Sluice's books.
+#[derive(Debug, Default)]
+pub(super) enum Effect {
+    #[default]
+    None,
+    /// A Parse defined this client name: undone if the server rejects or skips it.
+    Define(Bytes, Arc<Statement>),
+    /// A Parse of a name already defined earlier in the pipeline: it fails as a
+    /// duplicate, unless that earlier Parse was skipped, and then the name stands.
+    Redefine(Bytes, Arc<Statement>),
+    /// DEALLOCATE ALL / DISCARD ALL run on the server (a simple query, or the Execute
+    /// of a prepared one): on success the server and the client hold no statements any
+    /// more (and after DISCARD ALL, no settings).
+    Empties { discard: bool },
+    /// The client's Describe of its statement (at this generation): remember the
+    /// shape it saw.
+    Capture(Arc<Statement>, u64),
+    /// A Close of this client name, answered by Sluice: undone if the server skips
+    /// that point of the pipeline after an error (PostgreSQL would not have closed it).
+    Close(Bytes, Arc<Statement>),
+    /// Sluice's Describe of a copy (of this generation) the client has not seen: if
+    /// the shape differs from what the client saw, it gets 0A000 as from PostgreSQL.
+    Verify(Arc<Statement>, u64),
+}
+
+#[derive(Debug)]
+pub(super) struct Expect {
+    pub kind: Kind,
+    pub reply: Reply,
+    /// The server-side statement concerned (Parse, Bind, Execute).
+    pub stmt: Option<u64>,
+    pub effect: Effect,
+    pub failed: bool,
+}
+
+impl Expect {
+    #[inline]
+    pub fn new(kind: Kind, reply: Reply, stmt: Option<u64>) -> Self {
+        Expect { kind, reply, stmt, effect: Effect::None, failed: false }
+    }
+
+    #[inline]
+    pub fn with(mut self, effect: Effect) -> Self {
+        self.effect = effect;
+        self
+    }
+}
