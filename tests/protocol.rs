@@ -463,6 +463,24 @@ fn error_before_the_rest_of_a_pipeline_arrives() {
 
 /// An ErrorResponse longer than what Sluice reads whole (it quotes a 2 MB value)
 /// reaches the client intact, and the connection goes on.
+/// PostgreSQL skips everything up to the Sync after an error in an extended-protocol
+/// message, a simple query or function call pipelined there too: no ReadyForQuery comes
+/// for them, and the server must still go back to the pool at the end.
+#[test]
+fn requests_skipped_after_an_extended_error_release_the_server() {
+    for mode in ["transaction", "statement"] {
+        let (_pg, s) = setup(1, mode);
+        let mut c = trust(&s);
+        let call = msg(b'F', &[0, 0, 0, 1, 0, 0, 0, 0, 0, 0]);
+        c.send(&[parse("", "selec 1"), query("select 1"), call, flush(), sync(), query("select 2")].concat());
+        let m = c.until_ready();
+        assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "42601".to_string()), "{mode}");
+        let m = c.until_ready();
+        assert_eq!((tags(&m), first_value(&m)), ("TDCZ".to_string(), "2".to_string()), "{mode}");
+        assert_eq!(from_another_client(&s, "select 3"), "3", "{mode}");
+    }
+}
+
 #[test]
 fn a_long_error_message_passes_through() {
     let (_pg, s) = setup(1, "transaction");

@@ -63,6 +63,10 @@ pub struct Extended {
     /// The shape check refused: the held message (`holding`) is replaced by one the
     /// server fails.
     refuse: bool,
+    /// Simple queries and function calls the server skipped after an error (they were
+    /// pipelined behind the failed message): the caller expects no ReadyForQuery for
+    /// them, and takes the count.
+    pub skipped_requests: u32,
     /// Set when a prepared DEALLOCATE ALL / DISCARD ALL ran: the client's statements
     /// are gone.
     pub emptied: bool,
@@ -115,6 +119,7 @@ impl Extended {
         self.last_bind_command = None;
         self.skipping = false;
         self.refuse = false;
+        self.skipped_requests = 0;
         self.emptied = false;
         self.discarded = false;
         // Checked first: clearing runs drop glue even when empty (nearly always).
@@ -588,9 +593,13 @@ impl Extended {
             }
         }
         while let Some(next) = self.queue.front() {
-            if !next.kind.skippable() {
+            // The server skips a simple query or function call pipelined before the
+            // Sync as well: no ReadyForQuery comes for it.
+            let request = matches!(next.kind, Kind::Query | Kind::Call);
+            if !next.kind.skippable() && !request {
                 break;
             }
+            self.skipped_requests += u32::from(request);
             let dropped = self.queue.pop_front().expect("front exists");
             if let (Kind::Parse, Some(id)) = (dropped.kind, dropped.stmt) {
                 server.forget(id);

@@ -409,6 +409,10 @@ impl Track {
                         if *copy_in == CopyIn::Extended {
                             *copy_in = CopyIn::Off;
                         }
+                        // Requests pipelined behind a failed extended message, skipped.
+                        let skipped = std::mem::take(&mut ext.skipped_requests);
+                        *pending = pending.saturating_sub(skipped);
+                        *before_execute = before_execute.saturating_sub(skipped);
                         let f = error_fields(&m)?;
                         // A refused message's error stands for the 0A000 the client got
                         // (a FATAL is the server's own).
