@@ -5,7 +5,8 @@
 //! logged no panic, hold no server connection or client, and have left no server
 //! connection in a transaction; no client may have seen another client's data, and a
 //! client that finished cleanly must have got its last answer or a closed connection,
-//! never a hang.
+//! never a hang. The same runs again while servers are killed at random, and a third
+//! test sends noise into SCRAM logins.
 //!
 //! The sequences come from a seed (printed; set `SLUICE_NOISE_SEED` to replay one).
 
@@ -159,14 +160,13 @@ struct Client {
 }
 
 impl Client {
-    fn login(port: u16, db: &str, marker: String) -> Client {
-        let mut raw = Raw::open(port);
-        raw.send(&startup(&[("user", "u_trust"), ("database", db)], 3 << 16));
-        let reply = raw.until_ready();
+    /// None when the login failed with FATAL (its server was killed during it).
+    fn login(port: u16, db: &str, marker: String) -> Result<Option<Client>, String> {
+        let Some((raw, reply)) = try_login(port, db)? else { return Ok(None) };
         let key = reply.iter().find(|(t, _)| *t == b'K').expect("BackendKeyData").1.clone();
         let word = |at: usize| u32::from_be_bytes(key[at..at + 4].try_into().unwrap());
         raw.s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
-        Client { pid: word(0), secret: word(4), raw, marker, seen: Vec::new() }
+        Ok(Some(Client { pid: word(0), secret: word(4), raw, marker, seen: Vec::new() }))
     }
 
     /// Reads whatever has arrived without waiting for more.
@@ -248,7 +248,7 @@ fn noise_client(port: u16, seed: u64, id: u64) -> Result<(), String> {
     let mut rng = Rng(seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let marker = format!("mark{id:05}x");
     let db = *rng.pick(&DATABASES);
-    let mut c = Client::login(port, db, marker.clone());
+    let Some(mut c) = Client::login(port, db, marker.clone())? else { return Ok(()) };
     let leave =
         *rng.pick(&[Leave::Clean, Leave::Clean, Leave::Clean, Leave::Drop, Leave::HalfMessage, Leave::BadLength]);
     let mut alive = true;
@@ -290,21 +290,61 @@ fn noise_client(port: u16, seed: u64, id: u64) -> Result<(), String> {
     result.map_err(|e| format!("client {marker} ({db}, seed {seed}, {leave:?}): {e}"))
 }
 
-/// A client that checks every answer is its own, in simple and extended protocol.
+/// A client that checks every answer is its own, in simple and extended protocol. A
+/// FATAL error or a closed connection (its server was killed) makes it log in again.
 fn witness(port: u16, stop: &AtomicBool) -> Result<u64, String> {
-    let mut c = Raw::login(port, "u_trust", "app");
+    let mut conn = None;
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
+        if conn.is_none() {
+            conn = try_login(port, "app")?.map(|(raw, _)| raw);
+        }
+        let Some(c) = conn.as_mut() else { continue };
         n += 1;
         let want = format!("witness{n}");
         let sql = format!("select '{want}'");
         c.send(&if n % 2 == 0 { query(&sql) } else { extended_query(&sql) });
-        let got = first_value(&c.until_ready());
-        if got != want {
-            return Err(format!("witness asked for {want:?}, got {got:?}"));
+        match witness_answer(c)? {
+            Some(got) if got == want => {}
+            Some(got) => return Err(format!("witness asked for {want:?}, got {got:?}")),
+            None => conn = None,
         }
     }
     Ok(n)
+}
+
+/// The witness's value up to ReadyForQuery; None when the connection ended (after a
+/// FATAL), Err on any other error.
+fn witness_answer(c: &mut Raw) -> Result<Option<String>, String> {
+    let mut value = None;
+    while let Some((tag, body)) = next_message(c)? {
+        match tag {
+            b'D' => value = Some(first_column(&body)),
+            b'E' if field(&body, b'V') != "FATAL" => {
+                return Err(format!("witness got {:?}", String::from_utf8_lossy(&body)));
+            }
+            b'Z' => return Ok(Some(value.unwrap_or_default())),
+            _ => {}
+        }
+    }
+    Ok(None)
+}
+
+/// Terminates a random third of the test user's backends, over and over, until `stop`
+/// (over one connection straight to PostgreSQL, as that user, kept for the whole run: a
+/// psql per round could time out connecting on a loaded machine).
+fn kill_servers(pg: &PgCluster, stop: &AtomicBool) -> usize {
+    let mut c = Raw::login(pg.port, "u_trust", "app");
+    let sql = "select count(pg_terminate_backend(pid)) from pg_stat_activity \
+               where usename = 'u_trust' and pid <> pg_backend_pid() and random() < 0.3";
+    let mut killed = 0;
+    while !stop.load(Ordering::Relaxed) {
+        c.send(&query(sql));
+        killed += first_value(&c.until_ready()).parse::<usize>().unwrap();
+        // Pace the kills so that most requests still get through.
+        thread::sleep(Duration::from_millis(30));
+    }
+    killed
 }
 
 fn seed() -> u64 {
@@ -320,6 +360,16 @@ fn pool_cell(s: &Sluice, db: &str, column: usize) -> Option<usize> {
 
 #[test]
 fn noise_in_every_pool_mode_leaves_sluice_clean() {
+    noise_run(false);
+}
+
+/// The same noise while a third of the servers is killed every few tens of milliseconds.
+#[test]
+fn noise_with_servers_killed_leaves_sluice_clean() {
+    noise_run(true);
+}
+
+fn noise_run(kill: bool) {
     let pg = PgCluster::start();
     pg.psql_db("app", "create table noise (t text); grant all on noise to u_trust");
     let pool = POOL_SIZE.to_string();
@@ -336,8 +386,9 @@ fn noise_in_every_pool_mode_leaves_sluice_clean() {
     let seed = seed();
     println!("SLUICE_NOISE_SEED={seed}");
     let stop = AtomicBool::new(false);
-    let (witnessed, failures) = thread::scope(|scope| {
+    let (witnessed, killed, failures) = thread::scope(|scope| {
         let w = scope.spawn(|| witness(s.port, &stop));
+        let k = scope.spawn(|| if kill { kill_servers(&pg, &stop) } else { 0 });
         let noise: Vec<_> = (0..THREADS)
             .map(|t| {
                 scope.spawn(move || {
@@ -348,11 +399,12 @@ fn noise_in_every_pool_mode_leaves_sluice_clean() {
             .collect();
         let failures: Vec<String> = noise.into_iter().flat_map(|h| h.join().unwrap()).collect();
         stop.store(true, Ordering::Relaxed);
-        (w.join().unwrap(), failures)
+        (w.join().unwrap(), k.join().unwrap(), failures)
     });
     assert!(failures.is_empty(), "seed {seed}: {failures:#?}");
     let witnessed = witnessed.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     assert!(witnessed > 0);
+    assert_eq!(kill, killed > 0, "servers killed: {killed}");
 
     // Every client is gone; nothing may stay lent, queued or in a transaction.
     for db in DATABASES {
@@ -363,7 +415,9 @@ fn noise_in_every_pool_mode_leaves_sluice_clean() {
     }
     let idle = wait_until(Duration::from_secs(20), || pg.backends("usename = 'u_trust' and state <> 'idle'") == 0);
     assert!(idle, "seed {seed}: server connections left busy or in a transaction");
-    assert!(pg.backends("usename = 'u_trust'") <= POOL_SIZE * DATABASES.len());
+    let within_pools =
+        wait_until(Duration::from_secs(20), || pg.backends("usename = 'u_trust'") <= POOL_SIZE * DATABASES.len());
+    assert!(within_pools, "seed {seed}: more server connections than the pools hold");
     let log = s.log();
     assert!(!log.contains("panicked"), "seed {seed}: Sluice panicked:\n{log}");
 
@@ -425,6 +479,26 @@ fn bad_login(port: u16, rng: &mut Rng) -> Result<(), String> {
         return Ok(());
     }
     refused(&mut c, rng, &format!("garbage at step {step}"))
+}
+
+type Messages = Vec<(u8, Vec<u8>)>;
+
+/// Logs in as u_trust: the connection and the messages up to ReadyForQuery; None when
+/// the login ends with a FATAL error and a close.
+fn try_login(port: u16, db: &str) -> Result<Option<(Raw, Messages)>, String> {
+    let mut raw = Raw::open(port);
+    raw.send(&startup(&[("user", "u_trust"), ("database", db)], 3 << 16));
+    let mut reply = Vec::new();
+    while let Some(m) = next_message(&mut raw)? {
+        match m.0 {
+            b'Z' => return Ok(Some((raw, reply))),
+            b'E' if field(&m.1, b'V') != "FATAL" => {
+                return Err(format!("login error {:?}", String::from_utf8_lossy(&m.1)));
+            }
+            _ => reply.push(m),
+        }
+    }
+    Ok(None)
 }
 
 /// The next message; None when the connection closed, Err when none came in time.
