@@ -92,8 +92,11 @@ fn target(kind: u8, name: &str) -> Vec<u8> {
 /// One well-formed message (which the server may still refuse).
 fn valid_message(rng: &mut Rng, marker: &str) -> Vec<u8> {
     let (sql, n1, n2) = (sql(rng, marker), name(rng, marker), name(rng, marker));
-    match rng.below(13) {
+    match rng.below(15) {
         0 | 1 => query(&sql),
+        // Long enough to arrive in pieces and to pass Sluice's read buffer.
+        13 => query(&format!("select '{marker}' /* {} */", "x".repeat(rng.below(70_000)))),
+        14 => bind(&n1, &n2, &[&"y".repeat(rng.below(70_000))]),
         2 | 3 => parse(&n1, &sql),
         4 | 5 => {
             let params: [&[&str]; 3] = [&[], &[marker], &["1", "2"]];
@@ -190,6 +193,20 @@ impl Client {
         self.raw.s.write_all(bytes).is_ok()
     }
 
+    /// Sends `bytes` in up to four writes cut at random places (inside headers too).
+    fn send_split(&mut self, bytes: &[u8], rng: &mut Rng) -> bool {
+        let mut cuts: Vec<usize> = (0..rng.below(4)).map(|_| rng.below(bytes.len())).collect();
+        cuts.sort_unstable();
+        let mut from = 0;
+        for cut in cuts.into_iter().chain([bytes.len()]) {
+            if !self.send(&bytes[from..cut.max(from)]) {
+                return false;
+            }
+            from = cut.max(from);
+        }
+        true
+    }
+
     fn cancel(&self, port: u16) {
         let mut packet = BytesMut::new();
         sluice::protocol::build::cancel_request(&mut packet, self.pid, self.secret);
@@ -253,8 +270,18 @@ fn noise_client(port: u16, seed: u64, id: u64) -> Result<(), String> {
         *rng.pick(&[Leave::Clean, Leave::Clean, Leave::Clean, Leave::Drop, Leave::HalfMessage, Leave::BadLength]);
     let mut alive = true;
     for _ in 0..1 + rng.below(25) {
-        let m = if rng.below(4) == 0 { mangled_message(&mut rng, &marker) } else { valid_message(&mut rng, &marker) };
-        alive = c.send(&m) && c.drain();
+        // One message, or a pipeline of a few.
+        let mut m = Vec::new();
+        for _ in 0..*rng.pick(&[1, 1, 1, 2, 3, 5]) {
+            // Mangled ones mostly end the session (the server refuses an unknown tag
+            // with FATAL): rare enough that most clients live on to the clean finish.
+            m.extend(if rng.below(15) == 0 {
+                mangled_message(&mut rng, &marker)
+            } else {
+                valid_message(&mut rng, &marker)
+            });
+        }
+        alive = c.send_split(&m, &mut rng) && c.drain();
         if !alive {
             break;
         }
