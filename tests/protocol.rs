@@ -243,6 +243,27 @@ fn absurd_message_length_closes_only_that_client() {
     assert_eq!(pg.backends("state like 'idle in transaction%'"), 0);
 }
 
+/// A message type no client may send is refused by Sluice with PostgreSQL's FATAL,
+/// before it reaches the server: the server stays in the pool (rolled back when the
+/// client was in a transaction) instead of being ended by PostgreSQL over it.
+#[test]
+fn unknown_message_types_are_refused_and_the_server_kept() {
+    let (pg, s) = setup(1, "transaction");
+    let pid = from_another_client(&s, "select pg_backend_pid()");
+    for (setup_sql, tag) in [(None, b'?'), (Some("begin; select 1"), b'p'), (None, 0xa3)] {
+        let mut c = trust(&s);
+        if let Some(sql) = setup_sql {
+            c.send(&query(sql));
+            c.until_ready();
+        }
+        c.send(&msg(tag, b"noise"));
+        c.expect_error("08P01", &format!("invalid frontend message type {tag}"));
+        assert!(c.closed());
+        assert_eq!(from_another_client(&s, "select pg_backend_pid()"), pid, "type {tag}");
+    }
+    assert_eq!(pg.backends("state like 'idle in transaction%'"), 0);
+}
+
 #[test]
 fn statement_mode_refuses_transaction_blocks() {
     let (_pg, s) = setup(2, "statement");

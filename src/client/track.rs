@@ -272,7 +272,10 @@ impl Track {
                         stats.binds += 1;
                         *unsynced = true;
                     }
-                    _ => *unsynced = true,
+                    fe::DESCRIBE | fe::CLOSE | fe::FLUSH => *unsynced = true,
+                    // Refused before it reaches the server, which would end the
+                    // connection over it (FATAL 08P01) and cost the pool a server.
+                    tag => return Err(ProtocolError::UnknownMessage(tag)),
                 }
                 Ok(())
             },

@@ -110,6 +110,9 @@ pub enum ProtocolError {
     TooLarge { tag: u8, len: usize },
     #[error("malformed {0} message")]
     Malformed(&'static str),
+    /// A message type a client may not send once logged in (PostgreSQL's wording).
+    #[error("invalid frontend message type {0}")]
+    UnknownMessage(u8),
     #[error("invalid startup packet length {0}")]
     BadStartupLength(usize),
     #[error("{0}")]

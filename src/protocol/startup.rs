@@ -129,6 +129,7 @@ impl Clone for ProtocolError {
             Self::BadLength { tag, len } => Self::BadLength { tag: *tag, len: *len },
             Self::TooLarge { tag, len } => Self::TooLarge { tag: *tag, len: *len },
             Self::Malformed(s) => Self::Malformed(s),
+            Self::UnknownMessage(t) => Self::UnknownMessage(*t),
             Self::Limit(s) => Self::Limit(s),
             Self::BadStartupLength(n) => Self::BadStartupLength(*n),
             Self::UnsupportedVersion { major, minor } => Self::UnsupportedVersion { major: *major, minor: *minor },
