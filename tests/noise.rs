@@ -5,8 +5,9 @@
 //! logged no panic, hold no server connection or client, and have left no server
 //! connection in a transaction; no client may have seen another client's data, and a
 //! client that finished cleanly must have got its last answer or a closed connection,
-//! never a hang. The same runs again while servers are killed at random, and a third
-//! test sends noise into SCRAM logins.
+//! never a hang. The same runs again while servers are killed at random, and again
+//! while the admin console pauses, kills and reconnects; another test sends noise into
+//! SCRAM logins.
 //!
 //! The sequences come from a seed (printed; set `SLUICE_NOISE_SEED` to replay one).
 
@@ -374,6 +375,47 @@ fn kill_servers(pg: &PgCluster, stop: &AtomicBool) -> usize {
     killed
 }
 
+/// Random console commands until `stop`; each pause, kill or disable is undone in the
+/// same step. Returns how many steps ran.
+fn console_commands(port: u16, seed: u64, stop: &AtomicBool) -> usize {
+    let mut rng = Rng(seed.rotate_left(17) | 1);
+    let mut console = Raw::login(port, "u_trust", "pgbouncer");
+    let mut second = Raw::login(port, "u_trust", "pgbouncer");
+    let run = |c: &mut Raw, sql: &str| {
+        c.send(&query(sql));
+        c.until_ready()
+    };
+    let mut steps = 0;
+    while !stop.load(Ordering::Relaxed) {
+        steps += 1;
+        let db = *rng.pick(&DATABASES);
+        match rng.below(8) {
+            0 => {
+                // PAUSE waits for the lent servers: RESUME from a second console ends it.
+                console.send(&query(&format!("PAUSE {db}")));
+                thread::sleep(Duration::from_millis(rng.below(40) as u64));
+                run(&mut second, &format!("RESUME {db}"));
+                console.until_ready();
+            }
+            1 => {
+                run(&mut console, &format!("KILL {db}"));
+                run(&mut console, &format!("RESUME {db}"));
+            }
+            2 => {
+                run(&mut console, &format!("DISABLE {db}"));
+                run(&mut console, &format!("ENABLE {db}"));
+            }
+            3 => drop(run(&mut console, &format!("RECONNECT {db}"))),
+            4 => drop(run(&mut console, "RELOAD")),
+            _ => {
+                let show = rng.pick(&["POOLS", "CLIENTS", "SERVERS", "STATS", "PREPARED_STATEMENTS", "LATENCY", "MEM"]);
+                drop(run(&mut console, &format!("SHOW {show}")));
+            }
+        }
+    }
+    steps
+}
+
 fn seed() -> u64 {
     match std::env::var("SLUICE_NOISE_SEED") {
         Ok(s) => s.parse().expect("SLUICE_NOISE_SEED is a number"),
@@ -387,16 +429,31 @@ fn pool_cell(s: &Sluice, db: &str, column: usize) -> Option<usize> {
 
 #[test]
 fn noise_in_every_pool_mode_leaves_sluice_clean() {
-    noise_run(false);
+    noise_run(Chaos::None);
 }
 
 /// The same noise while a third of the servers is killed every few tens of milliseconds.
 #[test]
 fn noise_with_servers_killed_leaves_sluice_clean() {
-    noise_run(true);
+    noise_run(Chaos::KillServers);
 }
 
-fn noise_run(kill: bool) {
+/// The same noise while the admin console pauses, resumes, kills, disables, enables,
+/// reconnects and reloads the databases at random, and reads every SHOW.
+#[test]
+fn noise_with_console_commands_leaves_sluice_clean() {
+    noise_run(Chaos::Console);
+}
+
+/// What else goes on during a noise run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chaos {
+    None,
+    KillServers,
+    Console,
+}
+
+fn noise_run(chaos: Chaos) {
     let pg = PgCluster::start();
     pg.psql_db("app", "create table noise (t text); grant all on noise to u_trust");
     let pool = POOL_SIZE.to_string();
@@ -415,7 +472,11 @@ fn noise_run(kill: bool) {
     let stop = AtomicBool::new(false);
     let (witnessed, killed, failures) = thread::scope(|scope| {
         let w = scope.spawn(|| witness(s.port, &stop));
-        let k = scope.spawn(|| if kill { kill_servers(&pg, &stop) } else { 0 });
+        let k = scope.spawn(|| match chaos {
+            Chaos::None => 0,
+            Chaos::KillServers => kill_servers(&pg, &stop),
+            Chaos::Console => console_commands(s.port, seed, &stop),
+        });
         let noise: Vec<_> = (0..THREADS)
             .map(|t| {
                 scope.spawn(move || {
@@ -431,7 +492,7 @@ fn noise_run(kill: bool) {
     assert!(failures.is_empty(), "seed {seed}: {failures:#?}");
     let witnessed = witnessed.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     assert!(witnessed > 0);
-    assert_eq!(kill, killed > 0, "servers killed: {killed}");
+    assert_eq!(chaos != Chaos::None, killed > 0, "{chaos:?}: {killed} servers killed or commands run");
 
     // Every client is gone; nothing may stay lent, queued or in a transaction.
     for db in DATABASES {
