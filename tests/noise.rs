@@ -463,6 +463,9 @@ fn noise_run(chaos: Chaos) {
         .general("admin_users", r#"["u_trust"]"#)
         .general("max_prepared_statements", "3")
         .general("max_client_prepared_statements", "4")
+        // Two workers (the multi-threaded runtime: sessions, pools and cancels race for
+        // real) except while servers are killed.
+        .general("workers", if chaos == Chaos::KillServers { "1" } else { "2" })
         .database("app", &[("pool_size", &pool)])
         .database("app_statement", &[("pool_size", &pool), ("pool_mode", "\"statement\"")])
         .database("app_session", &[("pool_size", &pool), ("pool_mode", "\"session\"")])

@@ -245,19 +245,27 @@ fn absurd_message_length_closes_only_that_client() {
 
 /// A message type no client may send is refused by Sluice with PostgreSQL's FATAL,
 /// before it reaches the server: the server stays in the pool (rolled back when the
-/// client was in a transaction) instead of being ended by PostgreSQL over it.
+/// client was in a transaction) instead of being ended by PostgreSQL over it. So is a
+/// Flush with a body: the server would fail it and skip to the next Sync unannounced.
 #[test]
 fn unknown_message_types_are_refused_and_the_server_kept() {
     let (pg, s) = setup(1, "transaction");
     let pid = from_another_client(&s, "select pg_backend_pid()");
-    for (setup_sql, tag) in [(None, b'?'), (Some("begin; select 1"), b'p'), (None, 0xa3)] {
+    let unknown = |tag: u8| format!("invalid frontend message type {tag}");
+    let cases = [
+        (None, b'?', unknown(b'?')),
+        (Some("begin; select 1"), b'p', unknown(b'p')),
+        (None, 0xa3, unknown(0xa3)),
+        (None, b'H', "invalid message length 9 for message type 'H'".to_string()),
+    ];
+    for (setup_sql, tag, error) in cases {
         let mut c = trust(&s);
         if let Some(sql) = setup_sql {
             c.send(&query(sql));
             c.until_ready();
         }
         c.send(&msg(tag, b"noise"));
-        c.expect_error("08P01", &format!("invalid frontend message type {tag}"));
+        c.expect_error("08P01", &error);
         assert!(c.closed());
         assert_eq!(from_another_client(&s, "select pg_backend_pid()"), pid, "type {tag}");
     }

@@ -272,6 +272,12 @@ impl Track {
                         stats.binds += 1;
                         *unsynced = true;
                     }
+                    // A Flush with a body would fail on the server and start a skip to
+                    // the next Sync that nothing else announces (the server answers a
+                    // Flush with nothing): refused here instead.
+                    fe::FLUSH if m.frame_len != 5 => {
+                        return Err(ProtocolError::BadLength { tag: m.tag, len: m.frame_len - 1 });
+                    }
                     fe::DESCRIBE | fe::CLOSE | fe::FLUSH => *unsynced = true,
                     // Refused before it reaches the server, which would end the
                     // connection over it (FATAL 08P01) and cost the pool a server.
