@@ -74,6 +74,13 @@ const SQL: &[&str] = &[
     "discard all",
     "listen noise_channel",
     "select 1; select '{m}'",
+    // Schema and settings changes under prepared statements: plans go stale, result
+    // types change, what a name resolves to moves.
+    "select * from noise",
+    "alter table noise add column if not exists c int",
+    "alter table noise drop column if exists c",
+    "set search_path = pg_catalog, public",
+    "reset search_path",
     "",
 ];
 const NAMES: &[&str] = &["", "s1", "s2", "s3", "p1", "s_{m}"];
@@ -455,7 +462,7 @@ enum Chaos {
 
 fn noise_run(chaos: Chaos) {
     let pg = PgCluster::start();
-    pg.psql_db("app", "create table noise (t text); grant all on noise to u_trust");
+    pg.psql_db("app", "create table noise (t text); alter table noise owner to u_trust");
     let pool = POOL_SIZE.to_string();
     let s = Sluice::builder(&pg)
         .general("auth_type", "\"trust\"")
