@@ -6,7 +6,8 @@
 //! connection in a transaction; no client may have seen another client's data, and a
 //! client that finished cleanly must have got its last answer or a closed connection,
 //! never a hang. The same runs again while servers are killed at random, and again
-//! while the admin console pauses, kills and reconnects; another test sends noise into
+//! while the admin console pauses, kills and reconnects and gets noise of its own;
+//! another test sends noise into
 //! SCRAM logins.
 //!
 //! The sequences come from a seed (printed; set `SLUICE_NOISE_SEED` to replay one).
@@ -85,8 +86,8 @@ const SQL: &[&str] = &[
 ];
 const NAMES: &[&str] = &["", "s1", "s2", "s3", "p1", "s_{m}"];
 
-fn sql(rng: &mut Rng, marker: &str) -> String {
-    rng.pick(SQL).replace("{m}", marker)
+fn sql(rng: &mut Rng, marker: &str, texts: &[&str]) -> String {
+    rng.pick(texts).replace("{m}", marker)
 }
 
 fn name(rng: &mut Rng, marker: &str) -> String {
@@ -98,8 +99,8 @@ fn target(kind: u8, name: &str) -> Vec<u8> {
 }
 
 /// One well-formed message (which the server may still refuse).
-fn valid_message(rng: &mut Rng, marker: &str) -> Vec<u8> {
-    let (sql, n1, n2) = (sql(rng, marker), name(rng, marker), name(rng, marker));
+fn valid_message(rng: &mut Rng, marker: &str, texts: &[&str]) -> Vec<u8> {
+    let (sql, n1, n2) = (sql(rng, marker, texts), name(rng, marker), name(rng, marker));
     match rng.below(15) {
         0 | 1 => query(&sql),
         // Long enough to arrive in pieces and to pass Sluice's read buffer.
@@ -121,8 +122,8 @@ fn valid_message(rng: &mut Rng, marker: &str) -> Vec<u8> {
 }
 
 /// A message with a consistent length whose tag or body is wrong.
-fn mangled_message(rng: &mut Rng, marker: &str) -> Vec<u8> {
-    let mut m = valid_message(rng, marker);
+fn mangled_message(rng: &mut Rng, marker: &str, texts: &[&str]) -> Vec<u8> {
+    let mut m = valid_message(rng, marker, texts);
     match rng.below(4) {
         0 => {
             // Cut the body short (a Parse without its NUL, a Bind missing its counts).
@@ -173,7 +174,7 @@ struct Client {
 impl Client {
     /// None when the login failed with FATAL (its server was killed during it).
     fn login(port: u16, db: &str, marker: String) -> Result<Option<Client>, String> {
-        let Some((raw, reply)) = try_login(port, db)? else { return Ok(None) };
+        let Some((raw, reply)) = try_login(port, "u_trust", db)? else { return Ok(None) };
         let key = reply.iter().find(|(t, _)| *t == b'K').expect("BackendKeyData").1.clone();
         let word = |at: usize| u32::from_be_bytes(key[at..at + 4].try_into().unwrap());
         raw.s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
@@ -284,9 +285,9 @@ fn noise_client(port: u16, seed: u64, id: u64) -> Result<(), String> {
             // Mangled ones mostly end the session (the server refuses an unknown tag
             // with FATAL): rare enough that most clients live on to the clean finish.
             m.extend(if rng.below(15) == 0 {
-                mangled_message(&mut rng, &marker)
+                mangled_message(&mut rng, &marker, SQL)
             } else {
-                valid_message(&mut rng, &marker)
+                valid_message(&mut rng, &marker, SQL)
             });
         }
         alive = c.send_split(&m, &mut rng) && c.drain();
@@ -308,7 +309,7 @@ fn noise_client(port: u16, seed: u64, id: u64) -> Result<(), String> {
             }
             Leave::Drop => {}
             Leave::HalfMessage => {
-                let m = valid_message(&mut rng, &marker);
+                let m = valid_message(&mut rng, &marker, SQL);
                 c.send(&m[..1 + rng.below(m.len() - 1)]);
             }
             Leave::BadLength => {
@@ -332,7 +333,7 @@ fn witness(port: u16, stop: &AtomicBool) -> Result<u64, String> {
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         if conn.is_none() {
-            conn = try_login(port, "app")?.map(|(raw, _)| raw);
+            conn = try_login(port, "u_trust", "app")?.map(|(raw, _)| raw);
         }
         let Some(c) = conn.as_mut() else { continue };
         n += 1;
@@ -380,6 +381,54 @@ fn kill_servers(pg: &PgCluster, stop: &AtomicBool) -> usize {
         thread::sleep(Duration::from_millis(30));
     }
     killed
+}
+
+/// What console noise sends: SHOW commands, commands a stats user may not run, junk.
+const CONSOLE_SQL: &[&str] = &[
+    "SHOW POOLS",
+    "SHOW CLIENTS",
+    "SHOW SERVERS",
+    "SHOW STATS",
+    "SHOW CONFIG",
+    "SHOW HELP",
+    "SHOW PREPARED_STATEMENTS",
+    "SHOW {m}",
+    "SHOW POOLS; SHOW STATS",
+    "PAUSE app",
+    "KILL app",
+    "select 1",
+    "",
+];
+
+/// Noise clients on the console, as a stats user, until `stop`: random and mangled
+/// messages, then a request whose error names the client's marker, which must come
+/// back (or the connection close) in time. Err describes a hang.
+fn console_noise(port: u16, seed: u64, stop: &AtomicBool) -> Result<u64, String> {
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let mut rng = Rng(seed.rotate_left(29) ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let marker = format!("console{n}x");
+        let Some((raw, _)) = try_login(port, "u_plain", "pgbouncer")? else { continue };
+        let mut c = Client { pid: 0, secret: 0, raw, marker: marker.clone(), seen: Vec::new() };
+        c.raw.s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+        let mut alive = true;
+        for _ in 0..1 + rng.below(10) {
+            let m = if rng.below(10) == 0 {
+                mangled_message(&mut rng, &marker, CONSOLE_SQL)
+            } else {
+                valid_message(&mut rng, &marker, CONSOLE_SQL)
+            };
+            alive = c.send_split(&m, &mut rng) && c.drain();
+            if !alive {
+                break;
+            }
+        }
+        if alive && c.send(&[msg(b'f', b"noise\0"), sync(), query(&format!("SHOW end{marker}"))].concat()) {
+            c.finish().map_err(|e| format!("console client {marker} (seed {seed}): {e}"))?;
+        }
+    }
+    Ok(n)
 }
 
 /// Random console commands until `stop`; each pause, kill or disable is undone in the
@@ -468,6 +517,7 @@ fn noise_run(chaos: Chaos) {
         .general("auth_type", "\"trust\"")
         .general("pool_mode", "\"transaction\"")
         .general("admin_users", r#"["u_trust"]"#)
+        .general("stats_users", r#"["u_plain"]"#)
         .general("max_prepared_statements", "3")
         .general("max_client_prepared_statements", "4")
         // Two workers (the multi-threaded runtime: sessions, pools and cancels race for
@@ -485,7 +535,13 @@ fn noise_run(chaos: Chaos) {
         let k = scope.spawn(|| match chaos {
             Chaos::None => 0,
             Chaos::KillServers => kill_servers(&pg, &stop),
-            Chaos::Console => console_commands(s.port, seed, &stop),
+            Chaos::Console => {
+                let noise = scope.spawn(|| console_noise(s.port, seed, &stop));
+                let steps = console_commands(s.port, seed, &stop);
+                let clients = noise.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+                assert!(clients > 0);
+                steps
+            }
         });
         let noise: Vec<_> = (0..THREADS)
             .map(|t| {
@@ -581,11 +637,11 @@ fn bad_login(port: u16, rng: &mut Rng) -> Result<(), String> {
 
 type Messages = Vec<(u8, Vec<u8>)>;
 
-/// Logs in as u_trust: the connection and the messages up to ReadyForQuery; None when
+/// Logs in as `user`: the connection and the messages up to ReadyForQuery; None when
 /// the login ends with a FATAL error and a close.
-fn try_login(port: u16, db: &str) -> Result<Option<(Raw, Messages)>, String> {
+fn try_login(port: u16, user: &str, db: &str) -> Result<Option<(Raw, Messages)>, String> {
     let mut raw = Raw::open(port);
-    raw.send(&startup(&[("user", "u_trust"), ("database", db)], 3 << 16));
+    raw.send(&startup(&[("user", user), ("database", db)], 3 << 16));
     let mut reply = Vec::new();
     while let Some(m) = next_message(&mut raw)? {
         match m.0 {
