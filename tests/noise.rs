@@ -7,8 +7,7 @@
 //! client that finished cleanly must have got its last answer or a closed connection,
 //! never a hang. The same runs again while servers are killed at random, and again
 //! while the admin console pauses, kills and reconnects and gets noise of its own;
-//! another test sends noise into
-//! SCRAM logins.
+//! another test sends noise into SCRAM logins.
 //!
 //! The sequences come from a seed (printed; set `SLUICE_NOISE_SEED` to replay one).
 
