@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use common::raw::*;
-use common::{PgCluster, Sluice, console_cell_where, wait_until};
+use common::{PgCluster, PgOptions, PgSsl, Sluice, TestCerts, console_cell_where, wait_until};
 
 const POOL_SIZE: usize = 2;
 const DATABASES: [&str; 3] = ["app", "app_statement", "app_session"];
@@ -487,7 +487,8 @@ fn noise_in_every_pool_mode_leaves_sluice_clean() {
     noise_run(Chaos::None);
 }
 
-/// The same noise while a third of the servers is killed every few tens of milliseconds.
+/// The same noise while a third of the servers is killed every few tens of milliseconds;
+/// Sluice reaches PostgreSQL over TLS here.
 #[test]
 fn noise_with_servers_killed_leaves_sluice_clean() {
     noise_run(Chaos::KillServers);
@@ -509,7 +510,13 @@ enum Chaos {
 }
 
 fn noise_run(chaos: Chaos) {
-    let pg = PgCluster::start();
+    let certs = TestCerts::generate();
+    let pg = if chaos == Chaos::KillServers {
+        let ssl = PgSsl { cert: certs.server.cert.clone(), key: certs.server.key.clone(), ca: None };
+        PgCluster::start_with(PgOptions { ssl: Some(ssl), ..PgOptions::default() })
+    } else {
+        PgCluster::start()
+    };
     pg.psql_db("app", "create table noise (t text); alter table noise owner to u_trust");
     let pool = POOL_SIZE.to_string();
     let s = Sluice::builder(&pg)
@@ -522,6 +529,7 @@ fn noise_run(chaos: Chaos) {
         // Two workers (the multi-threaded runtime: sessions, pools and cancels race for
         // real) except while servers are killed.
         .general("workers", if chaos == Chaos::KillServers { "1" } else { "2" })
+        .general("server_tls_sslmode", if chaos == Chaos::KillServers { "\"require\"" } else { "\"disable\"" })
         .database("app", &[("pool_size", &pool)])
         .database("app_statement", &[("pool_size", &pool), ("pool_mode", "\"statement\"")])
         .database("app_session", &[("pool_size", &pool), ("pool_mode", "\"session\"")])
