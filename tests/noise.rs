@@ -149,6 +149,11 @@ fn mangled_message(rng: &mut Rng, marker: &str, texts: &[&str]) -> Vec<u8> {
     m
 }
 
+/// A valid message, or one time in `one_in` a mangled one.
+fn some_message(rng: &mut Rng, marker: &str, texts: &[&str], one_in: usize) -> Vec<u8> {
+    if rng.below(one_in) == 0 { mangled_message(rng, marker, texts) } else { valid_message(rng, marker, texts) }
+}
+
 /// How a noise client leaves.
 #[derive(Debug, Clone, Copy)]
 enum Leave {
@@ -281,13 +286,9 @@ fn noise_client(port: u16, seed: u64, id: u64) -> Result<(), String> {
         // One message, or a pipeline of a few.
         let mut m = Vec::new();
         for _ in 0..*rng.pick(&[1, 1, 1, 2, 3, 5]) {
-            // Mangled ones mostly end the session (the server refuses an unknown tag
-            // with FATAL): rare enough that most clients live on to the clean finish.
-            m.extend(if rng.below(15) == 0 {
-                mangled_message(&mut rng, &marker, SQL)
-            } else {
-                valid_message(&mut rng, &marker, SQL)
-            });
+            // Mangled ones mostly end the session (an unknown tag gets FATAL): rare
+            // enough that most clients live on to the clean finish.
+            m.extend(some_message(&mut rng, &marker, SQL, 15));
         }
         alive = c.send_split(&m, &mut rng) && c.drain();
         if !alive {
@@ -413,11 +414,7 @@ fn console_noise(port: u16, seed: u64, stop: &AtomicBool) -> Result<u64, String>
         c.raw.s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
         let mut alive = true;
         for _ in 0..1 + rng.below(10) {
-            let m = if rng.below(10) == 0 {
-                mangled_message(&mut rng, &marker, CONSOLE_SQL)
-            } else {
-                valid_message(&mut rng, &marker, CONSOLE_SQL)
-            };
+            let m = some_message(&mut rng, &marker, CONSOLE_SQL, 10);
             alive = c.send_split(&m, &mut rng) && c.drain();
             if !alive {
                 break;
