@@ -55,7 +55,14 @@ pub struct ParseView<'a> {
 pub fn parse_view(frame: &[u8]) -> Result<ParseView<'_>, ProtocolError> {
     let bad = ProtocolError::Malformed("Parse");
     let (name, rest) = read_cstr(body(frame)).ok_or(bad.clone())?;
-    let (query, types) = read_cstr(rest).ok_or(bad)?;
+    let (query, types) = read_cstr(rest).ok_or(bad.clone())?;
+    // The parameter types must be all there is: PostgreSQL would fail the message while
+    // reading it, before it drops the previous unnamed statement, which could be
+    // another client's.
+    let count = types.get(..2).map(|c| i16::from_be_bytes([c[0], c[1]])).ok_or(bad.clone())?;
+    if types.len() != 2 + 4 * count.max(0) as usize {
+        return Err(bad);
+    }
     Ok(ParseView { name, query, types })
 }
 

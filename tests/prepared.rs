@@ -217,6 +217,37 @@ fn another_clients_unnamed_statement_is_out_of_reach() {
     assert_eq!(first_value(&m), "secret of a");
 }
 
+/// A client whose unnamed Parse the server skipped (after an earlier error) or failed
+/// while reading it (invalid encoding: before PostgreSQL drops its previous unnamed
+/// statement) has no unnamed statement, and the server may still hold another
+/// client's: its Bind gets 26000, never that statement.
+#[test]
+fn a_skipped_or_unreadable_unnamed_parse_leaves_nothing_to_bind() {
+    let (_pg, s) = setup(1, &[]);
+    let mut b = login(&s);
+    let mut a = login(&s);
+    let skipped = [parse("s1", "selec"), parse("", "select 'mine'"), sync()].concat();
+    let unreadable = [msg(b'P', b"\0select '\xff'\0\0\0"), sync()].concat();
+    for (what, batch) in [("skipped", skipped), ("unreadable", unreadable)] {
+        b.send(&extended_query("select 'secret of b'"));
+        assert_eq!(first_value(&b.until_ready()), "secret of b");
+        a.send(&batch);
+        assert_eq!(tags(&a.until_ready()), "EZ", "{what}");
+        let m = run(&mut a, "", &[]);
+        assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "26000".to_string()), "{what}: {m:?}");
+    }
+    // The same in one pipeline, the Bind sent before the error is known: Sluice parses
+    // the client's statement again for it (PostgreSQL alone would answer 26000).
+    b.send(&extended_query("select 'secret of b'"));
+    assert_eq!(first_value(&b.until_ready()), "secret of b");
+    a.send(
+        &[parse("s1", "selec"), parse("", "select 'mine'"), sync(), bind("", "", &[]), execute("", 0), sync()].concat(),
+    );
+    assert_eq!(tags(&a.until_ready()), "EZ");
+    let m = a.until_ready();
+    assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "mine".to_string()), "{m:?}");
+}
+
 #[test]
 fn deallocate_and_discard_behave_as_on_a_server() {
     let (_pg, s) = setup(1, &[("query_wait_timeout", "5")]);

@@ -74,6 +74,13 @@ pub struct Extended {
     pub discarded: bool,
     /// Client statements whose Parse failed or was skipped: the caller forgets them.
     pub undefined: Vec<(Bytes, Arc<Statement>)>,
+    /// The id of the client's unnamed statement whose Parse failed or was skipped: the
+    /// caller forgets it, unless the client has parsed another since.
+    pub unnamed_lost: Option<u64>,
+    /// The client's latest unnamed Parse while the server has not confirmed it, and
+    /// whether a Sync was sent since: a Bind after that Sync cannot rely on it (the
+    /// server may have skipped it, keeping another client's unnamed statement).
+    unnamed_unconfirmed: Option<(u64, bool)>,
     /// Client statements a Parse re-established (after an earlier Parse of the same
     /// name in the pipeline was skipped): the caller records them again.
     pub redefined: Vec<(Bytes, Arc<Statement>)>,
@@ -120,6 +127,8 @@ impl Extended {
         self.skipping = false;
         self.refuse = false;
         self.skipped_requests = 0;
+        self.unnamed_lost = None;
+        self.unnamed_unconfirmed = None;
         self.emptied = false;
         self.discarded = false;
         // Checked first: clearing runs drop glue even when empty (nearly always).
@@ -140,6 +149,11 @@ impl Extended {
     /// `redefined`, `reopened`, in that order).
     #[inline]
     pub fn settle_names(&mut self, stmts: &mut ClientStatements) {
+        if let Some(id) = self.unnamed_lost.take() {
+            if stmts.unnamed.as_ref().is_some_and(|u| u.id == id) {
+                stmts.forget_unnamed();
+            }
+        }
         if self.undefined.is_empty() && self.redefined.is_empty() && self.reopened.is_empty() {
             return; // the usual case, without three empty drains
         }
@@ -195,6 +209,9 @@ impl Extended {
                 Ok(false)
             }
             fe::SYNC => {
+                if let Some((_, synced)) = self.unnamed_unconfirmed.as_mut() {
+                    *synced = true;
+                }
                 self.push(Kind::Sync, Reply::Forward, None);
                 Ok(false)
             }
@@ -215,7 +232,8 @@ impl Extended {
             cx.stmts.set_unnamed(frame, id, TextEffects::of(p.query));
             cx.server.unnamed = id;
             self.server_parses += 1;
-            self.push(Kind::Parse, Reply::Forward, None);
+            self.unnamed_unconfirmed = Some((id, false));
+            self.queue.push_back(Expect::new(Kind::Parse, Reply::Forward, None).with(Effect::Unnamed(id)));
             return Ok(());
         }
         if let Some(existing) = cx.stmts.get(p.name).cloned() {
@@ -366,11 +384,13 @@ impl Extended {
             cx.server.unnamed = 0;
             return TextEffects::default();
         };
-        if cx.server.unnamed != u.id {
+        let unsure = self.unnamed_unconfirmed == Some((u.id, true));
+        if cx.server.unnamed != u.id || unsure {
             sp.insert(at, &u.parse);
             flush_injected(at, sp);
             self.server_parses += 1;
-            self.push(Kind::Parse, Reply::Swallow, None);
+            self.unnamed_unconfirmed = Some((u.id, false));
+            self.queue.push_back(Expect::new(Kind::Parse, Reply::Swallow, None).with(Effect::Unnamed(u.id)));
             cx.server.unnamed = u.id;
         }
         u.effects.clone()
@@ -499,6 +519,9 @@ impl Extended {
         let item = self.queue.pop_front().expect("head exists");
         let end = m.start + m.frame_len;
         match item.effect {
+            Effect::Unnamed(id) if self.unnamed_unconfirmed.is_some_and(|(u, _)| u == id) => {
+                self.unnamed_unconfirmed = None;
+            }
             Effect::Redefine(name, st) => {
                 server.add(st.id, usize::MAX);
                 self.redefined.push((name, st));
@@ -572,11 +595,25 @@ impl Extended {
         self.push(Kind::Bind, Reply::Refused, None);
     }
 
+    /// The unnamed Parse of `id` failed or was skipped: the server does not hold it
+    /// (unless a later Parse replaces whatever it holds anyway), nor does the client.
+    fn lose_unnamed(&mut self, id: u64, server: &mut ServerStatements) {
+        if server.unnamed == id {
+            server.unnamed = 0;
+        }
+        if self.unnamed_unconfirmed.is_some_and(|(u, _)| u == id) {
+            self.unnamed_unconfirmed = None;
+        }
+        self.unnamed_lost = Some(id);
+    }
+
     /// An error ended an extended-protocol message: the server now skips everything up
     /// to the next Sync, so drop what was expected of those messages.
     fn after_error(&mut self, item: Expect, m: &Msg, server: &mut ServerStatements) -> Result<(), ProtocolError> {
-        if let Effect::Define(name, st) = item.effect {
-            self.undefined.push((name, st));
+        match item.effect {
+            Effect::Define(name, st) => self.undefined.push((name, st)),
+            Effect::Unnamed(id) => self.lose_unnamed(id, server),
+            _ => {}
         }
         if let Some(id) = item.stmt {
             let f = super::track::error_fields(m)?;
@@ -607,6 +644,7 @@ impl Extended {
             match dropped.effect {
                 Effect::Define(name, st) => self.undefined.push((name, st)),
                 Effect::Close(name, st) => self.reopened.push((name, st)),
+                Effect::Unnamed(id) => self.lose_unnamed(id, server),
                 _ => {}
             }
         }

@@ -67,6 +67,10 @@ pub(super) enum Effect {
     None,
     /// A Parse defined this client name: undone if the server rejects or skips it.
     Define(Bytes, Arc<Statement>),
+    /// A Parse of the unnamed statement (the client's, or Sluice's re-parse of it) with
+    /// this id: if the server rejects or skips it, the server's unnamed statement is not
+    /// this one (it may still be another client's), and the client has none.
+    Unnamed(u64),
     /// A Parse of a name already defined earlier in the pipeline: it fails as a
     /// duplicate, unless that earlier Parse was skipped, and then the name stands.
     Redefine(Bytes, Arc<Statement>),
