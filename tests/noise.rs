@@ -527,6 +527,10 @@ fn noise_run(chaos: Chaos) {
         // real) except while servers are killed.
         .general("workers", if chaos == Chaos::KillServers { "1" } else { "2" })
         .general("server_tls_sslmode", if chaos == Chaos::KillServers { "\"require\"" } else { "\"disable\"" })
+        // Servers checked before nearly every loan (Sluice's own query between clients'
+        // exchanges) and retired every second.
+        .general("server_check_delay", "0.001")
+        .general("server_lifetime", "1")
         .database("app", &[("pool_size", &pool)])
         .database("app_statement", &[("pool_size", &pool), ("pool_mode", "\"statement\"")])
         .database("app_session", &[("pool_size", &pool), ("pool_mode", "\"session\"")])
