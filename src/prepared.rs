@@ -158,9 +158,10 @@ impl ClientStatements {
         self.map.entry(name).or_insert(st);
     }
 
+    /// Forgets the named statements (DEALLOCATE ALL, DISCARD ALL). The unnamed one stays,
+    /// as on PostgreSQL, which keeps it apart from the named ones.
     pub fn clear(&mut self) {
         self.map.clear();
-        self.forget_unnamed();
     }
 
     /// Keeps `frame` as the client's unnamed-statement Parse, in a reused buffer (an

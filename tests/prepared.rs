@@ -248,6 +248,38 @@ fn a_skipped_or_unreadable_unnamed_parse_leaves_nothing_to_bind() {
     assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "mine".to_string()), "{m:?}");
 }
 
+/// The client's own unnamed statement stays usable wherever PostgreSQL keeps it: after
+/// Sluice's re-parse of it is skipped, after another client's Close of the server's
+/// unnamed statement, after its own Close is skipped, after DEALLOCATE ALL through the
+/// extended protocol.
+#[test]
+fn the_clients_own_unnamed_statement_lasts_as_on_postgresql() {
+    let (_pg, s) = setup(1, &[]);
+    let mut b = login(&s);
+    let mut other = login(&s);
+    let runs_mine = |b: &mut Raw, what: &str| {
+        let m = run(b, "", &[]);
+        assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "mine".to_string()), "{what}: {m:?}");
+    };
+    b.send(&[parse("", "select 'mine'"), sync()].concat());
+    assert_eq!(tags(&b.until_ready()), "1Z");
+    // Another client's unnamed statement on the server: the next Bind re-parses, and
+    // here that re-parse is skipped after an error.
+    assert_eq!(prepare(&mut other, "", "select 'other'"), "1Z");
+    b.send(&[bind("", "nope", &[]), bind("", "", &[]), execute("", 0), sync()].concat());
+    assert_eq!(tags(&b.until_ready()), "EZ");
+    runs_mine(&mut b, "after a skipped re-parse");
+    other.send(&[close_stmt(""), sync()].concat());
+    assert_eq!(tags(&other.until_ready()), "3Z");
+    runs_mine(&mut b, "after another client's Close");
+    b.send(&[bind("", "nope", &[]), close_stmt(""), sync()].concat());
+    assert_eq!(tags(&b.until_ready()), "EZ");
+    runs_mine(&mut b, "after its own Close was skipped");
+    b.send(&[parse("d", "deallocate all"), bind("", "d", &[]), execute("", 0), sync()].concat());
+    assert_eq!(tags(&b.until_ready()), "12CZ");
+    runs_mine(&mut b, "after DEALLOCATE ALL");
+}
+
 #[test]
 fn deallocate_and_discard_behave_as_on_a_server() {
     let (_pg, s) = setup(1, &[("query_wait_timeout", "5")]);

@@ -77,6 +77,9 @@ pub struct Extended {
     /// The id of the client's unnamed statement whose Parse failed or was skipped: the
     /// caller forgets it, unless the client has parsed another since.
     pub unnamed_lost: Option<u64>,
+    /// The client's unnamed statement whose Close the server skipped: the caller gives
+    /// it back, unless the client has parsed another since.
+    pub unnamed_reopened: Option<prepared::Unnamed>,
     /// The client's latest unnamed Parse while the server has not confirmed it, and
     /// whether a Sync was sent since: a Bind after that Sync cannot rely on it (the
     /// server may have skipped it, keeping another client's unnamed statement).
@@ -128,6 +131,7 @@ impl Extended {
         self.refuse = false;
         self.skipped_requests = 0;
         self.unnamed_lost = None;
+        self.unnamed_reopened = None;
         self.unnamed_unconfirmed = None;
         self.emptied = false;
         self.discarded = false;
@@ -153,6 +157,9 @@ impl Extended {
             if stmts.unnamed.as_ref().is_some_and(|u| u.id == id) {
                 stmts.forget_unnamed();
             }
+        }
+        if let Some(u) = self.unnamed_reopened.take() {
+            stmts.unnamed.get_or_insert(u);
         }
         if self.undefined.is_empty() && self.redefined.is_empty() && self.reopened.is_empty() {
             return; // the usual case, without three empty drains
@@ -390,7 +397,7 @@ impl Extended {
             flush_injected(at, sp);
             self.server_parses += 1;
             self.unnamed_unconfirmed = Some((u.id, false));
-            self.queue.push_back(Expect::new(Kind::Parse, Reply::Swallow, None).with(Effect::Unnamed(u.id)));
+            self.queue.push_back(Expect::new(Kind::Parse, Reply::Swallow, None).with(Effect::UnnamedAgain(u.id)));
             cx.server.unnamed = u.id;
         }
         u.effects.clone()
@@ -401,7 +408,15 @@ impl Extended {
         let (_, name) = prepared::name_field(frame, m.tag)?;
         if body(frame).first() == Some(&b'S') {
             if name.is_empty() {
-                cx.stmts.forget_unnamed();
+                // The server drops whatever unnamed statement it holds; should it skip
+                // this Close after an error, the client's statement stands again.
+                cx.server.unnamed = 0;
+                let item = Expect::new(Kind::Close, Reply::Forward, None);
+                self.queue.push_back(match cx.stmts.unnamed.take() {
+                    Some(u) => item.with(Effect::CloseUnnamed(u)),
+                    None => item,
+                });
+                return Ok(());
             } else {
                 // Other clients may share the server-side statement: answer here.
                 let closed = cx.stmts.remove(name);
@@ -519,7 +534,9 @@ impl Extended {
         let item = self.queue.pop_front().expect("head exists");
         let end = m.start + m.frame_len;
         match item.effect {
-            Effect::Unnamed(id) if self.unnamed_unconfirmed.is_some_and(|(u, _)| u == id) => {
+            Effect::Unnamed(id) | Effect::UnnamedAgain(id)
+                if self.unnamed_unconfirmed.is_some_and(|(u, _)| u == id) =>
+            {
                 self.unnamed_unconfirmed = None;
             }
             Effect::Redefine(name, st) => {
@@ -595,26 +612,33 @@ impl Extended {
         self.push(Kind::Bind, Reply::Refused, None);
     }
 
-    /// The unnamed Parse of `id` failed or was skipped: the server does not hold it
-    /// (unless a later Parse replaces whatever it holds anyway), nor does the client.
-    fn lose_unnamed(&mut self, id: u64, server: &mut ServerStatements) {
-        if server.unnamed == id {
-            server.unnamed = 0;
+    /// Undoes what a message the server failed or skipped was expected to do.
+    fn undo(&mut self, effect: Effect, server: &mut ServerStatements) {
+        match effect {
+            Effect::Define(name, st) => self.undefined.push((name, st)),
+            Effect::Close(name, st) => self.reopened.push((name, st)),
+            Effect::CloseUnnamed(u) => self.unnamed_reopened = Some(u),
+            // The server does not hold that unnamed statement (a later Parse replaces
+            // whatever it holds anyway); after the client's own Parse, nor does the client.
+            Effect::Unnamed(id) | Effect::UnnamedAgain(id) => {
+                if server.unnamed == id {
+                    server.unnamed = 0;
+                }
+                if self.unnamed_unconfirmed.is_some_and(|(u, _)| u == id) {
+                    self.unnamed_unconfirmed = None;
+                }
+                if matches!(effect, Effect::Unnamed(_)) {
+                    self.unnamed_lost = Some(id);
+                }
+            }
+            _ => {}
         }
-        if self.unnamed_unconfirmed.is_some_and(|(u, _)| u == id) {
-            self.unnamed_unconfirmed = None;
-        }
-        self.unnamed_lost = Some(id);
     }
 
     /// An error ended an extended-protocol message: the server now skips everything up
     /// to the next Sync, so drop what was expected of those messages.
     fn after_error(&mut self, item: Expect, m: &Msg, server: &mut ServerStatements) -> Result<(), ProtocolError> {
-        match item.effect {
-            Effect::Define(name, st) => self.undefined.push((name, st)),
-            Effect::Unnamed(id) => self.lose_unnamed(id, server),
-            _ => {}
-        }
+        self.undo(item.effect, server);
         if let Some(id) = item.stmt {
             let f = super::track::error_fields(m)?;
             // 26000: the server lost it behind Sluice's back (a DEALLOCATE Sluice did
@@ -641,12 +665,7 @@ impl Extended {
             if let (Kind::Parse, Some(id)) = (dropped.kind, dropped.stmt) {
                 server.forget(id);
             }
-            match dropped.effect {
-                Effect::Define(name, st) => self.undefined.push((name, st)),
-                Effect::Close(name, st) => self.reopened.push((name, st)),
-                Effect::Unnamed(id) => self.lose_unnamed(id, server),
-                _ => {}
-            }
+            self.undo(dropped.effect, server);
         }
         // The Sync that ends the skipping is still to come from the client. (A shape
         // check skipped here leaves the queue: the message held for it goes on, and is

@@ -67,10 +67,17 @@ pub(super) enum Effect {
     None,
     /// A Parse defined this client name: undone if the server rejects or skips it.
     Define(Bytes, Arc<Statement>),
-    /// A Parse of the unnamed statement (the client's, or Sluice's re-parse of it) with
-    /// this id: if the server rejects or skips it, the server's unnamed statement is not
-    /// this one (it may still be another client's), and the client has none.
+    /// The client's Parse of the unnamed statement, with this id: if the server rejects
+    /// or skips it, the server's unnamed statement is not this one (it may still be
+    /// another client's), and the client has none.
     Unnamed(u64),
+    /// Sluice's own Parse of the client's unnamed statement (this id) ahead of a Bind or
+    /// Describe: if the server rejects or skips it, the server does not hold it, but the
+    /// client still does (on PostgreSQL this Parse would not exist).
+    UnnamedAgain(u64),
+    /// The client's Close of its unnamed statement, answered by the server: if the
+    /// server skips it after an error, the client keeps the statement.
+    CloseUnnamed(crate::prepared::Unnamed),
     /// A Parse of a name already defined earlier in the pipeline: it fails as a
     /// duplicate, unless that earlier Parse was skipped, and then the name stands.
     Redefine(Bytes, Arc<Statement>),
