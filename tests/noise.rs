@@ -443,9 +443,12 @@ fn console_commands(port: u16, seed: u64, stop: &AtomicBool) -> usize {
         let db = *rng.pick(&DATABASES);
         match rng.below(8) {
             0 => {
-                // PAUSE waits for the lent servers: RESUME from a second console ends it.
+                // PAUSE waits for the lent servers: RESUME from a second console ends it,
+                // once the database shows as paused (a RESUME before would be lost).
                 console.send(&query(&format!("PAUSE {db}")));
                 thread::sleep(Duration::from_millis(rng.below(40) as u64));
+                let paused = wait_until(ANSWER_WITHIN, || paused(&run(&mut second, "SHOW DATABASES"), db));
+                assert!(paused, "{db} never showed as paused");
                 run(&mut second, &format!("RESUME {db}"));
                 console.until_ready();
             }
@@ -466,6 +469,21 @@ fn console_commands(port: u16, seed: u64, stop: &AtomicBool) -> usize {
         }
     }
     steps
+}
+
+/// Whether SHOW DATABASES (its messages) has `db` paused.
+fn paused(reply: &[(u8, Vec<u8>)], db: &str) -> bool {
+    reply.iter().filter(|(t, _)| *t == b'D').any(|(_, row)| {
+        let mut cols = Vec::new();
+        let mut at = 2;
+        while at + 4 <= row.len() {
+            let len = i32::from_be_bytes(row[at..at + 4].try_into().unwrap());
+            let value = if len < 0 { &[][..] } else { &row[at + 4..at + 4 + len as usize] };
+            cols.push(value);
+            at += 4 + len.max(0) as usize;
+        }
+        cols.first() == Some(&db.as_bytes()) && cols.get(15) == Some(&&b"1"[..])
+    })
 }
 
 fn seed() -> u64 {
