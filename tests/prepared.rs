@@ -278,6 +278,21 @@ fn the_clients_own_unnamed_statement_lasts_as_on_postgresql() {
     b.send(&[parse("d", "deallocate all"), bind("", "d", &[]), execute("", 0), sync()].concat());
     assert_eq!(tags(&b.until_ready()), "12CZ");
     runs_mine(&mut b, "after DEALLOCATE ALL");
+    // A skipped Close does not bring back a statement a later Close dropped, nor one
+    // whose Parse was skipped with it (PostgreSQL would still hold the statement from
+    // before that Parse; Sluice replaced it when the Parse went by, and answers 26000).
+    let closes = [bind("", "nope", &[]), close_stmt(""), sync(), close_stmt(""), sync()].concat();
+    let parse_and_close = [bind("", "nope", &[]), parse("", "select 'new'"), close_stmt(""), sync()].concat();
+    for (what, batch, replies) in [("a later Close", closes, 2), ("a skipped Parse", parse_and_close, 1)] {
+        b.send(&[parse("", "select 'mine'"), sync()].concat());
+        assert_eq!(tags(&b.until_ready()), "1Z");
+        b.send(&batch);
+        for _ in 0..replies {
+            b.until_ready();
+        }
+        let m = run(&mut b, "", &[]);
+        assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "26000".to_string()), "{what}: {m:?}");
+    }
 }
 
 #[test]

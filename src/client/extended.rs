@@ -80,6 +80,8 @@ pub struct Extended {
     /// The client's unnamed statement whose Close the server skipped: the caller gives
     /// it back, unless the client has parsed another since.
     pub unnamed_reopened: Option<prepared::Unnamed>,
+    /// The client's unnamed Parses and Closes so far (`Effect::CloseUnnamed`).
+    unnamed_changes: u64,
     /// The client's latest unnamed Parse while the server has not confirmed it, and
     /// whether a Sync was sent since: a Bind after that Sync cannot rely on it (the
     /// server may have skipped it, keeping another client's unnamed statement).
@@ -237,6 +239,7 @@ impl Extended {
         if p.name.is_empty() {
             let id = rand::random::<u64>() | 1;
             cx.stmts.set_unnamed(frame, id, TextEffects::of(p.query));
+            self.unnamed_changes += 1;
             cx.server.unnamed = id;
             self.server_parses += 1;
             self.unnamed_unconfirmed = Some((id, false));
@@ -411,9 +414,10 @@ impl Extended {
                 // The server drops whatever unnamed statement it holds; should it skip
                 // this Close after an error, the client's statement stands again.
                 cx.server.unnamed = 0;
+                self.unnamed_changes += 1;
                 let item = Expect::new(Kind::Close, Reply::Forward, None);
                 self.queue.push_back(match cx.stmts.unnamed.take() {
-                    Some(u) => item.with(Effect::CloseUnnamed(u)),
+                    Some(u) => item.with(Effect::CloseUnnamed(u, self.unnamed_changes)),
                     None => item,
                 });
                 return Ok(());
@@ -617,7 +621,11 @@ impl Extended {
         match effect {
             Effect::Define(name, st) => self.undefined.push((name, st)),
             Effect::Close(name, st) => self.reopened.push((name, st)),
-            Effect::CloseUnnamed(u) => self.unnamed_reopened = Some(u),
+            // Given back only if it was the client's last word on its unnamed statement,
+            // and not from a Parse that failed or was skipped too.
+            Effect::CloseUnnamed(u, at) if at == self.unnamed_changes && self.unnamed_lost != Some(u.id) => {
+                self.unnamed_reopened = Some(u);
+            }
             // The server does not hold that unnamed statement (a later Parse replaces
             // whatever it holds anyway); after the client's own Parse, nor does the client.
             Effect::Unnamed(id) | Effect::UnnamedAgain(id) => {

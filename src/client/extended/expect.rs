@@ -75,9 +75,11 @@ pub(super) enum Effect {
     /// Describe: if the server rejects or skips it, the server does not hold it, but the
     /// client still does (on PostgreSQL this Parse would not exist).
     UnnamedAgain(u64),
-    /// The client's Close of its unnamed statement, answered by the server: if the
-    /// server skips it after an error, the client keeps the statement.
-    CloseUnnamed(crate::prepared::Unnamed),
+    /// The client's Close of its unnamed statement, answered by the server, and the
+    /// count of the client's unnamed Parses and Closes it was: if the server skips it
+    /// after an error, the client keeps the statement, unless a later Parse or Close
+    /// came since.
+    CloseUnnamed(crate::prepared::Unnamed, u64),
     /// A Parse of a name already defined earlier in the pipeline: it fails as a
     /// duplicate, unless that earlier Parse was skipped, and then the name stands.
     Redefine(Bytes, Arc<Statement>),
