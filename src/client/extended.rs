@@ -82,10 +82,6 @@ pub struct Extended {
     pub unnamed_reopened: Option<prepared::Unnamed>,
     /// The client's unnamed Parses and Closes so far (`Effect::CloseUnnamed`).
     unnamed_changes: u64,
-    /// The client's latest unnamed Parse while the server has not confirmed it, and
-    /// whether a Sync was sent since: a Bind after that Sync cannot rely on it (the
-    /// server may have skipped it, keeping another client's unnamed statement).
-    unnamed_unconfirmed: Option<(u64, bool)>,
     /// Client statements a Parse re-established (after an earlier Parse of the same
     /// name in the pipeline was skipped): the caller records them again.
     pub redefined: Vec<(Bytes, Arc<Statement>)>,
@@ -134,7 +130,6 @@ impl Extended {
         self.skipped_requests = 0;
         self.unnamed_lost = None;
         self.unnamed_reopened = None;
-        self.unnamed_unconfirmed = None;
         self.emptied = false;
         self.discarded = false;
         // Checked first: clearing runs drop glue even when empty (nearly always).
@@ -151,8 +146,9 @@ impl Extended {
         self.queue.push_back(Expect::new(kind, reply, stmt));
     }
 
-    /// Applies what the server's answers decided about the client's names (`undefined`,
-    /// `redefined`, `reopened`, in that order).
+    /// Applies what the server's answers decided about the client's names: its unnamed
+    /// statement (`unnamed_lost`, then `unnamed_reopened`), then `undefined`,
+    /// `redefined`, `reopened`, in that order.
     #[inline]
     pub fn settle_names(&mut self, stmts: &mut ClientStatements) {
         if let Some(id) = self.unnamed_lost.take() {
@@ -218,9 +214,6 @@ impl Extended {
                 Ok(false)
             }
             fe::SYNC => {
-                if let Some((_, synced)) = self.unnamed_unconfirmed.as_mut() {
-                    *synced = true;
-                }
                 self.push(Kind::Sync, Reply::Forward, None);
                 Ok(false)
             }
@@ -242,7 +235,6 @@ impl Extended {
             self.unnamed_changes += 1;
             cx.server.unnamed = id;
             self.server_parses += 1;
-            self.unnamed_unconfirmed = Some((id, false));
             self.queue.push_back(Expect::new(Kind::Parse, Reply::Forward, None).with(Effect::Unnamed(id)));
             return Ok(());
         }
@@ -381,8 +373,9 @@ impl Extended {
     }
 
     /// The effects of the client's unnamed statement, made sure to be the server's:
-    /// parsed here if it was parsed on another server. A client with none gets the
-    /// server's closed, as it may be another client's: the server then refuses the
+    /// parsed here if it was parsed on another server, or if its Parse is still
+    /// unanswered behind a Sync (the server may yet skip it). A client with none gets
+    /// the server's closed, as it may be another client's: the server then refuses the
     /// Bind or Describe (26000) as PostgreSQL would.
     fn unnamed_here(&mut self, at: usize, sp: &mut Splice, cx: &mut ClientCtx) -> TextEffects {
         let Some(u) = cx.stmts.unnamed.as_ref() else {
@@ -394,16 +387,22 @@ impl Extended {
             cx.server.unnamed = 0;
             return TextEffects::default();
         };
-        let unsure = self.unnamed_unconfirmed == Some((u.id, true));
-        if cx.server.unnamed != u.id || unsure {
+        if cx.server.unnamed != u.id || self.unanswered_before_sync(u.id) {
             sp.insert(at, &u.parse);
             flush_injected(at, sp);
             self.server_parses += 1;
-            self.unnamed_unconfirmed = Some((u.id, false));
             self.queue.push_back(Expect::new(Kind::Parse, Reply::Swallow, None).with(Effect::UnnamedAgain(u.id)));
             cx.server.unnamed = u.id;
         }
         u.effects.clone()
+    }
+
+    /// Whether a Parse of the unnamed statement `id` is unanswered with a Sync queued
+    /// behind it (the queue holds exactly what the server has not answered yet).
+    fn unanswered_before_sync(&self, id: u64) -> bool {
+        let mut rest = self.queue.iter();
+        rest.any(|e| matches!(e.effect, Effect::Unnamed(u) | Effect::UnnamedAgain(u) if u == id))
+            && rest.any(|e| e.kind == Kind::Sync)
     }
 
     fn on_close(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
@@ -417,7 +416,7 @@ impl Extended {
                 self.unnamed_changes += 1;
                 let item = Expect::new(Kind::Close, Reply::Forward, None);
                 self.queue.push_back(match cx.stmts.unnamed.take() {
-                    Some(u) => item.with(Effect::CloseUnnamed(u, self.unnamed_changes)),
+                    Some(u) => item.with(Effect::CloseUnnamed(Box::new((u, self.unnamed_changes)))),
                     None => item,
                 });
                 return Ok(());
@@ -508,7 +507,7 @@ impl Extended {
             sp.drop_range(m.start, m.start + m.frame_len);
         }
         if m.tag == be::ERROR_RESPONSE {
-            if !head.kind.skippable() {
+            if !head.kind.starts_skip() {
                 head.failed = true;
                 return Ok(refused);
             }
@@ -538,11 +537,6 @@ impl Extended {
         let item = self.queue.pop_front().expect("head exists");
         let end = m.start + m.frame_len;
         match item.effect {
-            Effect::Unnamed(id) | Effect::UnnamedAgain(id)
-                if self.unnamed_unconfirmed.is_some_and(|(u, _)| u == id) =>
-            {
-                self.unnamed_unconfirmed = None;
-            }
             Effect::Redefine(name, st) => {
                 server.add(st.id, usize::MAX);
                 self.redefined.push((name, st));
@@ -623,17 +617,17 @@ impl Extended {
             Effect::Close(name, st) => self.reopened.push((name, st)),
             // Given back only if it was the client's last word on its unnamed statement,
             // and not from a Parse that failed or was skipped too.
-            Effect::CloseUnnamed(u, at) if at == self.unnamed_changes && self.unnamed_lost != Some(u.id) => {
-                self.unnamed_reopened = Some(u);
+            Effect::CloseUnnamed(closed) => {
+                let (u, at) = *closed;
+                if at == self.unnamed_changes && self.unnamed_lost != Some(u.id) {
+                    self.unnamed_reopened = Some(u);
+                }
             }
             // The server does not hold that unnamed statement (a later Parse replaces
             // whatever it holds anyway); after the client's own Parse, nor does the client.
             Effect::Unnamed(id) | Effect::UnnamedAgain(id) => {
                 if server.unnamed == id {
                     server.unnamed = 0;
-                }
-                if self.unnamed_unconfirmed.is_some_and(|(u, _)| u == id) {
-                    self.unnamed_unconfirmed = None;
                 }
                 if matches!(effect, Effect::Unnamed(_)) {
                     self.unnamed_lost = Some(id);
@@ -662,14 +656,11 @@ impl Extended {
             }
         }
         while let Some(next) = self.queue.front() {
-            // The server skips a simple query or function call pipelined before the
-            // Sync as well: no ReadyForQuery comes for it.
-            let request = matches!(next.kind, Kind::Query | Kind::Call);
-            if !next.kind.skippable() && !request {
+            if !next.kind.skipped() {
                 break;
             }
-            self.skipped_requests += u32::from(request);
             let dropped = self.queue.pop_front().expect("front exists");
+            self.skipped_requests += u32::from(matches!(dropped.kind, Kind::Query | Kind::Call));
             if let (Kind::Parse, Some(id)) = (dropped.kind, dropped.stmt) {
                 server.forget(id);
             }

@@ -40,10 +40,18 @@ impl Kind {
         }
     }
 
-    /// Extended-protocol messages: after an error the server skips them up to Sync.
+    /// Extended-protocol messages: an error in one makes the server skip everything
+    /// up to the next Sync.
     #[inline]
-    pub fn skippable(self) -> bool {
+    pub fn starts_skip(self) -> bool {
         matches!(self, Kind::Parse | Kind::Bind | Kind::Describe | Kind::Execute | Kind::Close | Kind::Local)
+    }
+
+    /// What the server skips after such an error: everything but the Sync, a simple
+    /// query or function call included (no ReadyForQuery comes for those).
+    #[inline]
+    pub fn skipped(self) -> bool {
+        self != Kind::Sync
     }
 }
 
@@ -79,7 +87,8 @@ pub(super) enum Effect {
     /// count of the client's unnamed Parses and Closes it was: if the server skips it
     /// after an error, the client keeps the statement, unless a later Parse or Close
     /// came since.
-    CloseUnnamed(crate::prepared::Unnamed, u64),
+    /// (Boxed: a rare case, kept from making every queue item bigger.)
+    CloseUnnamed(Box<(crate::prepared::Unnamed, u64)>),
     /// A Parse of a name already defined earlier in the pipeline: it fails as a
     /// duplicate, unless that earlier Parse was skipped, and then the name stands.
     Redefine(Bytes, Arc<Statement>),
