@@ -228,9 +228,10 @@ impl Client {
         c.closed();
     }
 
-    /// After `Leave::Clean`: reads until its marker's row and the ReadyForQuery after it,
-    /// or until the connection closes. Err on a timeout, with what was read.
-    fn finish(&mut self) -> Result<(), String> {
+    /// After `Leave::Clean`: reads until its marker's row and the ReadyForQuery after it
+    /// (true), or until the connection closes (false). Err on a timeout, with what was
+    /// read.
+    fn finish(&mut self) -> Result<bool, String> {
         use std::io::Read;
         let end = format!("end{}", self.marker);
         let deadline = Instant::now() + ANSWER_WITHIN;
@@ -238,13 +239,13 @@ impl Client {
         let mut buf = [0u8; 8192];
         while Instant::now() < deadline {
             match self.raw.s.read(&mut buf) {
-                Ok(0) => return Ok(()),
+                Ok(0) => return Ok(false),
                 Ok(n) => self.seen.extend_from_slice(&buf[..n]),
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-                Err(_) => return Ok(()),
+                Err(_) => return Ok(false),
             }
             if answered(&self.seen, end.as_bytes()) {
-                return Ok(());
+                return Ok(true);
             }
         }
         Err(format!("no answer within {ANSWER_WITHIN:?}; got {:?}", String::from_utf8_lossy(&self.seen)))
@@ -273,12 +274,13 @@ fn foreign_markers(seen: &[u8], own: &str) -> Vec<String> {
     out
 }
 
-/// One noise client's life; Err describes a hang or another client's data.
-fn noise_client(port: u16, seed: u64, id: u64) -> Result<(), String> {
+/// One noise client's life: whether it finished cleanly with its last answer; Err
+/// describes a hang or another client's data.
+fn noise_client(port: u16, seed: u64, id: u64) -> Result<bool, String> {
     let mut rng = Rng(seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     let marker = format!("mark{id:05}x");
     let db = *rng.pick(&DATABASES);
-    let Some(mut c) = Client::login(port, db, marker.clone())? else { return Ok(()) };
+    let Some(mut c) = Client::login(port, db, marker.clone())? else { return Ok(false) };
     let leave =
         *rng.pick(&[Leave::Clean, Leave::Clean, Leave::Clean, Leave::Drop, Leave::HalfMessage, Leave::BadLength]);
     let mut alive = true;
@@ -298,7 +300,7 @@ fn noise_client(port: u16, seed: u64, id: u64) -> Result<(), String> {
             c.cancel(port);
         }
     }
-    let mut result = Ok(());
+    let mut result = Ok(false);
     if alive {
         match leave {
             Leave::Clean => {
@@ -326,13 +328,22 @@ fn noise_client(port: u16, seed: u64, id: u64) -> Result<(), String> {
     result.map_err(|e| format!("client {marker} ({db}, seed {seed}, {leave:?}): {e}"))
 }
 
+/// What the witness saw: answers checked, and logins after the first.
+#[derive(Debug, Default)]
+struct Witnessed {
+    answers: u64,
+    relogins: u64,
+}
+
 /// A client that checks every answer is its own, in simple and extended protocol. A
 /// FATAL error or a closed connection (its server was killed) makes it log in again.
-fn witness(port: u16, stop: &AtomicBool) -> Result<u64, String> {
+fn witness(port: u16, stop: &AtomicBool) -> Result<Witnessed, String> {
     let mut conn = None;
     let mut n = 0u64;
+    let mut seen = Witnessed::default();
     while !stop.load(Ordering::Relaxed) {
         if conn.is_none() {
+            seen.relogins += u64::from(n > 0);
             conn = try_login(port, "u_trust", "app")?.map(|(raw, _)| raw);
         }
         let Some(c) = conn.as_mut() else { continue };
@@ -341,12 +352,12 @@ fn witness(port: u16, stop: &AtomicBool) -> Result<u64, String> {
         let sql = format!("select '{want}'");
         c.send(&if n % 2 == 0 { query(&sql) } else { extended_query(&sql) });
         match witness_answer(c)? {
-            Some(got) if got == want => {}
+            Some(got) if got == want => seen.answers += 1,
             Some(got) => return Err(format!("witness asked for {want:?}, got {got:?}")),
             None => conn = None,
         }
     }
-    Ok(n)
+    Ok(seen)
 }
 
 /// The witness's value up to ReadyForQuery; None when the connection ended (after a
@@ -402,9 +413,10 @@ const CONSOLE_SQL: &[&str] = &[
 
 /// Noise clients on the console, as a stats user, until `stop`: random and mangled
 /// messages, then a request whose error names the client's marker, which must come
-/// back (or the connection close) in time. Err describes a hang.
+/// back (or the connection close) in time. How many got that answer; Err describes a
+/// hang.
 fn console_noise(port: u16, seed: u64, stop: &AtomicBool) -> Result<u64, String> {
-    let mut n = 0u64;
+    let (mut n, mut answered) = (0u64, 0u64);
     while !stop.load(Ordering::Relaxed) {
         n += 1;
         let mut rng = Rng(seed.rotate_left(29) ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
@@ -421,10 +433,11 @@ fn console_noise(port: u16, seed: u64, stop: &AtomicBool) -> Result<u64, String>
             }
         }
         if alive && c.send(&[msg(b'f', b"noise\0"), sync(), query(&format!("SHOW end{marker}"))].concat()) {
-            c.finish().map_err(|e| format!("console client {marker} (seed {seed}): {e}"))?;
+            let got = c.finish().map_err(|e| format!("console client {marker} (seed {seed}): {e}"))?;
+            answered += u64::from(got);
         }
     }
-    Ok(n)
+    Ok(answered)
 }
 
 /// Random console commands until `stop`; each pause, kill or disable is undone in the
@@ -446,7 +459,6 @@ fn console_commands(port: u16, seed: u64, stop: &AtomicBool) -> usize {
                 // PAUSE waits for the lent servers: RESUME from a second console ends it,
                 // once the database shows as paused (a RESUME before would be lost).
                 console.send(&query(&format!("PAUSE {db}")));
-                thread::sleep(Duration::from_millis(rng.below(40) as u64));
                 let paused = wait_until(ANSWER_WITHIN, || paused(&run(&mut second, "SHOW DATABASES"), db));
                 assert!(paused, "{db} never showed as paused");
                 run(&mut second, &format!("RESUME {db}"));
@@ -556,7 +568,7 @@ fn noise_run(chaos: Chaos) {
     let seed = seed();
     println!("SLUICE_NOISE_SEED={seed}");
     let stop = AtomicBool::new(false);
-    let (witnessed, killed, failures) = thread::scope(|scope| {
+    let (witnessed, killed, results) = thread::scope(|scope| {
         let w = scope.spawn(|| witness(s.port, &stop));
         let k = scope.spawn(|| match chaos {
             Chaos::None => 0,
@@ -564,8 +576,8 @@ fn noise_run(chaos: Chaos) {
             Chaos::Console => {
                 let noise = scope.spawn(|| console_noise(s.port, seed, &stop));
                 let steps = console_commands(s.port, seed, &stop);
-                let clients = noise.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
-                assert!(clients > 0);
+                let answered = noise.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+                assert!(answered > 0, "no console noise client got its last answer");
                 steps
             }
         });
@@ -573,17 +585,24 @@ fn noise_run(chaos: Chaos) {
             .map(|t| {
                 scope.spawn(move || {
                     let ids = t * CLIENTS_PER_THREAD..(t + 1) * CLIENTS_PER_THREAD;
-                    ids.filter_map(|id| noise_client(s.port, seed, id).err()).collect::<Vec<_>>()
+                    ids.map(|id| noise_client(s.port, seed, id)).collect::<Vec<_>>()
                 })
             })
             .collect();
-        let failures: Vec<String> = noise.into_iter().flat_map(|h| h.join().unwrap()).collect();
+        let results: Vec<_> = noise.into_iter().flat_map(|h| h.join().unwrap()).collect();
         stop.store(true, Ordering::Relaxed);
-        (w.join().unwrap(), k.join().unwrap(), failures)
+        (w.join().unwrap(), k.join().unwrap(), results)
     });
+    let failures: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert!(failures.is_empty(), "seed {seed}: {failures:#?}");
+    // A Sluice that closed every connection would pass the checks above.
+    let answered = results.iter().filter(|r| matches!(r, Ok(true))).count();
+    assert!(answered > 0, "seed {seed}: no noise client got its last answer");
     let witnessed = witnessed.unwrap_or_else(|e| panic!("seed {seed}: {e}"));
-    assert!(witnessed > 0);
+    assert!(witnessed.answers > 0, "seed {seed}: {witnessed:?}");
+    if chaos == Chaos::None {
+        assert_eq!(witnessed.relogins, 0, "seed {seed}: the witness lost its connection with nothing killing it");
+    }
     assert_eq!(chaos != Chaos::None, killed > 0, "{chaos:?}: {killed} servers killed or commands run");
 
     // Every client is gone; nothing may stay lent, queued or in a transaction.
