@@ -497,7 +497,7 @@ fn error_before_the_rest_of_a_pipeline_arrives() {
 /// for them, and the server must still go back to the pool at the end.
 #[test]
 fn requests_skipped_after_an_extended_error_release_the_server() {
-    for mode in ["transaction", "statement"] {
+    for mode in ["transaction", "statement", "session"] {
         let (_pg, s) = setup(1, mode);
         let mut c = trust(&s);
         let call = msg(b'F', &[0, 0, 0, 1, 0, 0, 0, 0, 0, 0]);
@@ -506,7 +506,46 @@ fn requests_skipped_after_an_extended_error_release_the_server() {
         assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "42601".to_string()), "{mode}");
         let m = c.until_ready();
         assert_eq!((tags(&m), first_value(&m)), ("TDCZ".to_string(), "2".to_string()), "{mode}");
-        assert_eq!(from_another_client(&s, "select 3"), "3", "{mode}");
+        server_free_after(&s, mode, c);
+    }
+}
+
+/// The client's server is free for another client: at once in the pooled modes (a pool
+/// of one), and in session mode once the client leaves, as the same backend (kept for
+/// reuse, not closed as if a request were still under way).
+fn server_free_after(s: &Sluice, mode: &str, mut c: Raw) {
+    if mode != "session" {
+        assert_eq!(from_another_client(s, "select 3"), "3", "{mode}");
+        return;
+    }
+    c.send(&query("select pg_backend_pid()"));
+    let pid = first_value(&c.until_ready());
+    c.send(&msg(b'X', b""));
+    assert!(c.closed());
+    assert_eq!(from_another_client(s, "select pg_backend_pid()"), pid, "the session's server was not kept");
+}
+
+/// A COPY sent at once with its data whose query the server skips (an extended
+/// message before it failed), pipelined with an extended COPY that sends an early
+/// Sync: the first COPY's data must not be taken for the second's, whose early Sync
+/// the server ignores, and the server is free afterwards.
+#[test]
+fn a_skipped_copy_sent_at_once_leaves_no_trace() {
+    for mode in ["transaction", "session"] {
+        let (pg, s) = setup(1, mode);
+        pg.psql("CREATE TABLE copy_w (a int); GRANT ALL ON copy_w TO u_trust");
+        let mut c = trust(&s);
+        let mut b = [parse("", "selec 1"), query("copy copy_w from stdin"), copy_rows(b"1\n"), sync()].concat();
+        b.extend(extended_query("copy copy_w from stdin"));
+        c.send(&b);
+        let m = c.until_ready();
+        assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "42601".to_string()), "{mode}");
+        assert_eq!(tags(&c.take(3)), "12G", "{mode}");
+        c.send(&[copy_rows(b"2\n"), sync()].concat());
+        assert_eq!(tags(&c.until_ready()), "CZ", "{mode}");
+        c.send(&query("select string_agg(a::text, ',') from copy_w"));
+        assert_eq!(first_value(&c.until_ready()), "2", "{mode}");
+        server_free_after(&s, mode, c);
     }
 }
 

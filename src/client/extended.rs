@@ -19,7 +19,7 @@ use crate::protocol::build;
 use crate::protocol::scan::{Msg, Splice};
 use crate::protocol::{ProtocolError, TxStatus, be, body, fe};
 
-mod expect;
+pub(super) mod expect;
 use expect::{Effect, Expect, Kind, Reply};
 
 /// The shape a Describe reply gives: the RowDescription frame, or NoData.

@@ -9,6 +9,7 @@ mod extended;
 mod interrupt;
 mod login;
 mod relay;
+mod replies;
 mod session;
 mod track;
 

@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use super::extended::{ClientCtx, Extended};
+use super::replies::Replies;
 use crate::config::PoolMode;
 use crate::params::is_reported;
 use crate::prepared::{MAX_PARSE_LEN, NAME_PREFIX};
@@ -46,6 +47,9 @@ pub struct Track {
     pub(super) param_updates: Vec<(String, String)>,
     /// Prepared-statement rewriting (transaction and statement mode).
     pub ext: Extended,
+    /// The requests the server has yet to answer (session mode; the pooled modes keep
+    /// them in `ext`).
+    pub(super) replies: Replies,
     /// The server is in copy-in mode: it ignores Sync and Flush until CopyDone/Fail.
     pub(super) copy_in: CopyIn,
     /// Syncs sent since the last Execute and not yet answered: if that Execute starts
@@ -57,6 +61,13 @@ pub struct Track {
     /// COPYs the client ended (CopyDone/CopyFail) before the server's CopyInResponse
     /// began them, oldest first (a pipeline sent at once).
     pub(super) ended_ahead: std::collections::VecDeque<EndedAhead>,
+    /// Query, Sync and FunctionCall messages counted in `pending` so far: the server's
+    /// unit of work (a simple query, or the extended messages up to a Sync) that a
+    /// message belongs to is this count when it is sent, and the one the server is in
+    /// is `units_sent - pending`.
+    pub(super) units_sent: u32,
+    /// The unit of the last Query or Execute sent: a COPY ended ahead belongs to it.
+    pub(super) last_begin: u32,
 }
 
 /// How much of each client message the relay reads.
@@ -145,10 +156,13 @@ impl Track {
             last_client_activity,
             param_updates,
             ext,
+            replies,
             copy_in,
             syncs_after_execute,
             before_execute,
             ended_ahead,
+            units_sent,
+            last_begin,
         } = self;
         *stats = ExchangeStats::default();
         *xact_start = None;
@@ -168,10 +182,13 @@ impl Track {
         *last_client_activity = None;
         param_updates.clear();
         ext.clear();
+        replies.clear();
         *copy_in = CopyIn::Off;
         *syncs_after_execute = 0;
         *before_execute = 0;
         ended_ahead.clear();
+        *units_sent = 0;
+        *last_begin = 0;
     }
 
     /// A request is under way (`query_timeout` runs): one the server has not answered,
@@ -207,10 +224,13 @@ impl Track {
             unsynced,
             terminated,
             ext,
+            replies,
             copy_in,
             syncs_after_execute,
             before_execute,
             ended_ahead,
+            units_sent,
+            last_begin,
             stats,
             ..
         } = self;
@@ -223,11 +243,15 @@ impl Track {
             |m, sp| {
                 let ignored = *copy_in != CopyIn::Off && matches!(m.tag, fe::SYNC | fe::FLUSH);
                 let mut no_reply = false;
-                if let Some(cx) = ctx.as_mut().filter(|_| !ignored) {
-                    no_reply = ext.on_client(&m, sp, cx)?;
-                    if ext.holding() {
-                        // Held back (`stop_before`): counted when scanned again.
-                        return Ok(());
+                if !ignored {
+                    if let Some(cx) = ctx.as_mut() {
+                        no_reply = ext.on_client(&m, sp, cx)?;
+                        if ext.holding() {
+                            // Held back (`stop_before`): counted when scanned again.
+                            return Ok(());
+                        }
+                    } else {
+                        no_reply = replies.on_client(m.tag);
                     }
                 }
                 match m.tag {
@@ -239,11 +263,14 @@ impl Track {
                     // Answered by Sluice, or skipped by the server: no ReadyForQuery.
                     fe::QUERY | fe::FUNCTION_CALL if no_reply => {}
                     fe::QUERY | fe::FUNCTION_CALL => {
+                        *last_begin = *units_sent;
+                        *units_sent = units_sent.wrapping_add(1);
                         *pending += 1;
                         *syncs_after_execute = 0;
                         *before_execute = *pending;
                     }
                     fe::SYNC => {
+                        *units_sent = units_sent.wrapping_add(1);
                         *pending += 1;
                         *syncs_after_execute += 1;
                         if let Some(e) = ended_ahead.back_mut() {
@@ -252,6 +279,7 @@ impl Track {
                         *unsynced = false;
                     }
                     fe::EXECUTE => {
+                        *last_begin = *units_sent;
                         *syncs_after_execute = 0;
                         *before_execute = *pending;
                         *unsynced = true;
@@ -259,7 +287,8 @@ impl Track {
                     // Ending a COPY the server has not begun yet: the Syncs since the
                     // Execute (or Query) before it will be ignored, the later ones not.
                     fe::COPY_DONE | fe::COPY_FAIL if *copy_in == CopyIn::Off => {
-                        ended_ahead.push_back(EndedAhead { ignored: *syncs_after_execute, synced: false });
+                        let unit = *last_begin;
+                        ended_ahead.push_back(EndedAhead { unit, ignored: *syncs_after_execute, synced: false });
                         *syncs_after_execute = 0;
                     }
                     fe::COPY_DONE | fe::COPY_FAIL => *copy_in = CopyIn::Off,
@@ -316,10 +345,12 @@ impl Track {
             tx,
             param_updates,
             ext,
+            replies,
             copy_in,
             syncs_after_execute,
             before_execute,
             ended_ahead,
+            units_sent,
             stats,
             busy_since,
             xact_start,
@@ -333,13 +364,24 @@ impl Track {
             buf,
             server_need,
             |m, sp| {
-                let refused = mode != PoolMode::Session && ext.on_server(&m, sp, prepared)?;
+                let pooled = mode != PoolMode::Session;
+                let refused = pooled && ext.on_server(&m, sp, prepared)?;
+                if !pooled {
+                    replies.on_server(m.tag);
+                }
                 let frame = m.frame.unwrap_or_default();
                 match m.tag {
                     be::COPY_IN_RESPONSE => {
                         // Begun by an Execute, the COPY ends with a Sync the server waits
                         // for even when the COPY fails: keep the server till then.
-                        let extended = mode != PoolMode::Session && ext.head_is_execute();
+                        let extended = if pooled { ext.head_is_execute() } else { replies.head_is_execute() };
+                        // COPYs ended ahead whose request the server finished without
+                        // beginning them (it failed, or was skipped after an error): their
+                        // data was ignored.
+                        let unit = units_sent.wrapping_sub(*pending);
+                        while ended_ahead.front().is_some_and(|e| (unit.wrapping_sub(e.unit) as i32) > 0) {
+                            ended_ahead.pop_front();
+                        }
                         // Syncs sent after the request that began this COPY and before the
                         // client ended it are ignored by the server.
                         let ignored = match ended_ahead.pop_front() {
@@ -356,8 +398,10 @@ impl Track {
                             }
                         };
                         *pending = pending.saturating_sub(ignored);
-                        if mode != PoolMode::Session {
+                        if pooled {
                             ext.drop_ignored_syncs(ignored as usize);
+                        } else {
+                            replies.drop_ignored_syncs(ignored);
                         }
                     }
                     be::READY_FOR_QUERY => {
@@ -419,7 +463,8 @@ impl Track {
                             *copy_in = CopyIn::Off;
                         }
                         // Requests pipelined behind a failed extended message, skipped.
-                        let skipped = std::mem::take(&mut ext.skipped_requests);
+                        let skipped =
+                            std::mem::take(&mut ext.skipped_requests) + std::mem::take(&mut replies.skipped_requests);
                         *pending = pending.saturating_sub(skipped);
                         *before_execute = before_execute.saturating_sub(skipped);
                         let f = error_fields(&m)?;
@@ -450,6 +495,8 @@ impl Track {
 /// A COPY FROM STDIN the client ended before the server began it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct EndedAhead {
+    /// The unit of the request that begins it (`Track::units_sent`).
+    unit: u32,
     /// Syncs the client sent between the request that begins it and its end: the
     /// server, in copy-in mode by then, ignores them.
     ignored: u32,
@@ -505,7 +552,10 @@ mod tests {
         t.copy_in = CopyIn::Simple;
         t.syncs_after_execute = 1;
         t.before_execute = 1;
-        t.ended_ahead.push_back(EndedAhead { ignored: 1, synced: true });
+        t.ended_ahead.push_back(EndedAhead { unit: 1, ignored: 1, synced: true });
+        t.units_sent = 2;
+        t.last_begin = 1;
+        t.replies.on_client(fe::SYNC);
         // Both scanners in the middle of a 100-byte message.
         let partial = [b'Q', 0, 0, 0, 100, b's', b'e', b'l'];
         let mut sp = Splice::new();

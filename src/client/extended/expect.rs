@@ -10,7 +10,7 @@ use crate::protocol::be;
 
 /// What a message sent to the server will be answered with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
+pub(in crate::client) enum Kind {
     Parse,
     Bind,
     Describe,
