@@ -456,6 +456,87 @@ fn failed_extended_copy_in_keeps_the_server_until_sync() {
     assert_eq!(first_value(&c.until_ready()), "0");
 }
 
+/// A simple-query COPY FROM STDIN that fails on a bad row, from a client that stops
+/// there without ending the COPY: PostgreSQL leaves COPY mode with its ReadyForQuery,
+/// so the client's next request (a Sync among it) is answered as usual, and the server
+/// goes back to the pool afterwards; data the client still sends for the failed COPY
+/// is ignored.
+#[test]
+fn a_failed_simple_copy_in_ends_with_its_ready_for_query() {
+    let (pg, s) = setup(1, "transaction");
+    pg.psql("CREATE TABLE copy_v (a int); GRANT ALL ON copy_v TO u_trust");
+    let mut c = trust(&s);
+    c.send(&query("copy copy_v from stdin"));
+    assert_eq!(tags(&c.take(1)), "G");
+    c.send(&msg(b'd', b"1\nnot a number\n"));
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "22P02".to_string()));
+    c.send(&extended_query("select 7"));
+    let m = c.until_ready();
+    assert_eq!((tags(&m), first_value(&m)), ("12DCZ".to_string(), "7".to_string()));
+    assert_eq!(from_another_client(&s, "select 3"), "3", "the server stayed with the client");
+    // Late data and the end of the failed COPY: ignored by PostgreSQL, and not taken
+    // for a later COPY's.
+    c.send(&copy_rows(b"2\n"));
+    c.send(&extended_query("copy copy_v from stdin"));
+    assert_eq!(tags(&c.take(3)), "12G");
+    c.send(&[copy_rows(b"4\n"), sync()].concat());
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    assert_eq!(from_another_client(&s, "select string_agg(a::text, ',') from copy_v"), "4");
+}
+
+/// Two COPYs in one query sent at once with their data and a Sync inside the first:
+/// PostgreSQL ignores the Sync (it reads it in COPY mode); the second COPY's end must
+/// still be known as sent (a Sync after it counts again), and the server is free when
+/// the transaction ends.
+#[test]
+fn a_sync_inside_the_first_of_two_copies_sent_at_once() {
+    let (pg, s) = setup(1, "transaction");
+    pg.psql("CREATE TABLE copy_u (a int); GRANT ALL ON copy_u TO u_trust");
+    let mut c = trust(&s);
+    // In a transaction block: what follows runs on the same link.
+    c.send(&query("begin"));
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    let mut b = query("copy copy_u from stdin; copy copy_u from stdin");
+    b.extend([msg(b'd', b"1\n"), sync(), msg(b'c', b""), copy_rows(b"2\n")].concat());
+    c.send(&b);
+    assert_eq!(tags(&c.until_ready()), "GCGCZ");
+    c.send(&extended_query("select count(*) from copy_u"));
+    let m = c.until_ready();
+    assert_eq!((tags(&m), first_value(&m)), ("12DCZ".to_string(), "2".to_string()));
+    c.send(&query("commit"));
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    assert_eq!(from_another_client(&s, "select 3"), "3", "the server stayed with the client");
+}
+
+/// A COPY into a view sent at once with a Sync before its data and one after: it fails
+/// right after CopyInResponse, before reading the first Sync, so PostgreSQL answers
+/// both Syncs, where a COPY that reads its input ignores the first. Sluice cannot tell
+/// the two apart by the messages: the server is closed, not lent to another client with
+/// a ReadyForQuery still to come.
+#[test]
+fn a_copy_failing_before_its_early_sync_is_read_does_not_reach_the_next_client() {
+    let (pg, s) = setup(1, "transaction");
+    pg.psql(
+        "CREATE TABLE copy_t (a int); CREATE VIEW copy_tv AS SELECT * FROM copy_t; GRANT ALL ON copy_tv TO u_trust",
+    );
+    let mut c = trust(&s);
+    c.send(&query("select pg_backend_pid()"));
+    let pid = first_value(&c.until_ready());
+    let mut b = [parse("", "copy copy_tv from stdin"), bind("", "", &[]), execute("", 0), sync()].concat();
+    b.extend([copy_rows(b"1\n"), sync()].concat());
+    c.send(&b);
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[3].1)), ("12GEZ".to_string(), "42809".to_string()));
+    for _ in 0..3 {
+        let mut other = trust(&s);
+        other.send(&query("select pg_backend_pid()"));
+        let m = other.until_ready();
+        assert_eq!(tags(&m), "TDCZ", "another client got a reply that was not its own");
+        assert_ne!(first_value(&m), pid, "the server was lent again");
+    }
+}
+
 /// An error in an extended-protocol exchange reported before the rest of it has
 /// come (Flush, then more messages and the Sync in a later write): the server skips
 /// those messages, and Sluice must not wait for their replies.

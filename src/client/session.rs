@@ -354,11 +354,12 @@ impl Session {
     /// frees its place in the pool, where a local would be dropped unaccounted.
     pub(super) async fn release(&mut self) {
         self.flush_stats();
+        self.distrust_unsure_server();
         let Some(server) = self.server.as_deref() else { return };
         tracing::debug!(client = self.info.id, server = server.id, "released");
         self.unlink_for_cancels(server).await;
         self.info.set_state(ClientState::Idle);
-        if let Some(settings) = self.pool.reset_always() {
+        if let Some(settings) = self.pool.reset_always().filter(|_| !self.linked().broken) {
             let server = self.linked();
             if Box::pin(server.exec(&settings.reset_query, settings.internal_timeout)).await.is_ok() {
                 server.was_reset();
@@ -370,6 +371,7 @@ impl Session {
     /// After the client left: roll back, reset, and return or close the server.
     async fn cleanup(&mut self) {
         self.flush_stats();
+        self.distrust_unsure_server();
         let Some(server) = self.server.as_deref() else { return };
         if server.broken || !self.track.protocol_idle() {
             self.info.server_id.store(0, SeqCst);
@@ -394,6 +396,17 @@ impl Session {
             }
         }
         self.give_back(true);
+    }
+
+    /// Marks the linked server broken (closed when given back) if it may still answer
+    /// Syncs the client sent inside a COPY that failed (`Track::server_unsure`).
+    fn distrust_unsure_server(&mut self) {
+        if self.track.server_unsure()
+            && let Some(server) = self.server.as_deref_mut()
+        {
+            tracing::debug!(client = self.info.id, server = server.id, "closed: Syncs sent inside a failed COPY");
+            server.broken = true;
+        }
     }
 
     /// The linked server (while `release` or `cleanup` works on it).

@@ -63,11 +63,31 @@ pub struct Track {
     pub(super) ended_ahead: std::collections::VecDeque<EndedAhead>,
     /// Query, Sync and FunctionCall messages counted in `pending` so far: the server's
     /// unit of work (a simple query, or the extended messages up to a Sync) that a
-    /// message belongs to is this count when it is sent, and the one the server is in
-    /// is `units_sent - pending`.
+    /// message belongs to is this count when it is sent (`Track::unit_reached`).
     pub(super) units_sent: u32,
-    /// The unit of the last Query or Execute sent: a COPY ended ahead belongs to it.
-    pub(super) last_begin: u32,
+    /// The unit of the last Query or Execute sent on this link: a COPY ended ahead
+    /// belongs to it.
+    pub(super) last_begin: Option<u32>,
+    /// Syncs taken as ignored (sent inside a COPY) since the last ReadyForQuery: the
+    /// server may not have read them yet.
+    pub(super) ignored_since_ready: u32,
+    /// Whether Syncs taken as ignored may have been answered after all.
+    pub(super) early_syncs: EarlySyncs,
+}
+
+/// Syncs a client sent after the request that begins a COPY FROM STDIN and before the
+/// COPY's end. PostgreSQL ignores those it reads in COPY mode; when the COPY fails it
+/// answers those it had not read yet, and whether it had depends on timing (a COPY into
+/// a view fails before reading anything, one with a bad row after reading up to it).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) enum EarlySyncs {
+    #[default]
+    None,
+    /// The COPY under way has such Syncs, taken as ignored: right if it ends well.
+    Counted,
+    /// It failed: a ReadyForQuery may still come for them after the server looks
+    /// done, so the server is closed instead of going back to the pool.
+    Unsure,
 }
 
 /// How much of each client message the relay reads.
@@ -163,6 +183,8 @@ impl Track {
             ended_ahead,
             units_sent,
             last_begin,
+            ignored_since_ready,
+            early_syncs,
         } = self;
         *stats = ExchangeStats::default();
         *xact_start = None;
@@ -188,13 +210,21 @@ impl Track {
         *before_execute = 0;
         ended_ahead.clear();
         *units_sent = 0;
-        *last_begin = 0;
+        *last_begin = None;
+        *ignored_since_ready = 0;
+        *early_syncs = EarlySyncs::None;
     }
 
     /// A request is under way (`query_timeout` runs): one the server has not answered,
     /// or a client message held for a shape check.
     pub fn awaiting_server(&self) -> bool {
         self.pending > 0 || self.ext.holding()
+    }
+
+    /// The server may still answer Syncs sent inside a COPY that failed
+    /// (`EarlySyncs::Unsure`): it must be closed, not lent again.
+    pub fn server_unsure(&self) -> bool {
+        self.early_syncs == EarlySyncs::Unsure
     }
 
     /// No request outstanding and no message half-forwarded in either direction.
@@ -231,6 +261,7 @@ impl Track {
             ended_ahead,
             units_sent,
             last_begin,
+            ignored_since_ready,
             stats,
             ..
         } = self;
@@ -263,7 +294,7 @@ impl Track {
                     // Answered by Sluice, or skipped by the server: no ReadyForQuery.
                     fe::QUERY | fe::FUNCTION_CALL if no_reply => {}
                     fe::QUERY | fe::FUNCTION_CALL => {
-                        *last_begin = *units_sent;
+                        *last_begin = Some(*units_sent);
                         *units_sent = units_sent.wrapping_add(1);
                         *pending += 1;
                         *syncs_after_execute = 0;
@@ -279,16 +310,20 @@ impl Track {
                         *unsynced = false;
                     }
                     fe::EXECUTE => {
-                        *last_begin = *units_sent;
+                        *last_begin = Some(*units_sent);
                         *syncs_after_execute = 0;
                         *before_execute = *pending;
                         *unsynced = true;
                     }
                     // Ending a COPY the server has not begun yet: the Syncs since the
                     // Execute (or Query) before it will be ignored, the later ones not.
+                    // (Unless that request is answered already, or there is none on this
+                    // link: the late end of a failed COPY, ignored by the server.)
                     fe::COPY_DONE | fe::COPY_FAIL if *copy_in == CopyIn::Off => {
-                        let unit = *last_begin;
-                        ended_ahead.push_back(EndedAhead { unit, ignored: *syncs_after_execute, synced: false });
+                        let reached = unit_reached(*units_sent, *pending, *ignored_since_ready);
+                        if let Some(unit) = last_begin.filter(|&u| !before(u, reached)) {
+                            ended_ahead.push_back(EndedAhead { unit, ignored: *syncs_after_execute, synced: false });
+                        }
                         *syncs_after_execute = 0;
                     }
                     fe::COPY_DONE | fe::COPY_FAIL => *copy_in = CopyIn::Off,
@@ -351,6 +386,8 @@ impl Track {
             before_execute,
             ended_ahead,
             units_sent,
+            ignored_since_ready,
+            early_syncs,
             stats,
             busy_since,
             xact_start,
@@ -378,8 +415,8 @@ impl Track {
                         // COPYs ended ahead whose request the server finished without
                         // beginning them (it failed, or was skipped after an error): their
                         // data was ignored.
-                        let unit = units_sent.wrapping_sub(*pending);
-                        while ended_ahead.front().is_some_and(|e| (unit.wrapping_sub(e.unit) as i32) > 0) {
+                        let reached = unit_reached(*units_sent, *pending, *ignored_since_ready);
+                        while ended_ahead.front().is_some_and(|e| before(e.unit, reached)) {
                             ended_ahead.pop_front();
                         }
                         // Syncs sent after the request that began this COPY and before the
@@ -398,6 +435,10 @@ impl Track {
                             }
                         };
                         *pending = pending.saturating_sub(ignored);
+                        *ignored_since_ready += ignored;
+                        if ignored > 0 {
+                            *early_syncs = EarlySyncs::Counted;
+                        }
                         if pooled {
                             ext.drop_ignored_syncs(ignored as usize);
                         } else {
@@ -414,6 +455,11 @@ impl Track {
                         }
                         let status = frame.get(5).copied().and_then(TxStatus::from_byte);
                         let status = status.ok_or(ProtocolError::Malformed("ReadyForQuery"))?;
+                        // The server is out of COPY mode (a COPY begun by a simple query
+                        // and failed ends here, whether or not the client ended it), and
+                        // past every Sync it ignored.
+                        *copy_in = CopyIn::Off;
+                        *ignored_since_ready = 0;
                         *pending = pending.saturating_sub(1);
                         *tx = Some(status);
                         stats.queries += 1;
@@ -445,6 +491,10 @@ impl Track {
                         }
                     }
                     be::COMMAND_COMPLETE => {
+                        // A COPY with early Syncs ended well: it read them in COPY mode.
+                        if *early_syncs == EarlySyncs::Counted {
+                            *early_syncs = EarlySyncs::None;
+                        }
                         // Session mode does not read statement texts: any SET counts.
                         let parsing_set = mode == PoolMode::Session || ext.parsing_set;
                         *ddl_seen |= changes_schema(body(frame), parsing_set);
@@ -457,6 +507,9 @@ impl Track {
                         }
                     }
                     be::ERROR_RESPONSE => {
+                        if *early_syncs == EarlySyncs::Counted {
+                            *early_syncs = EarlySyncs::Unsure;
+                        }
                         // An extended COPY IN the server ended by itself: the server now
                         // skips to the client's next Sync, which counts again.
                         if *copy_in == CopyIn::Extended {
@@ -490,6 +543,17 @@ impl Track {
         stats.sent += n as u64;
         Ok(n)
     }
+}
+
+/// The server's unit of work (`Track::units_sent`) it has surely reached: the units
+/// answered or skipped, less the Syncs taken as ignored that it may not have read yet.
+fn unit_reached(units_sent: u32, pending: u32, ignored_since_ready: u32) -> u32 {
+    units_sent.wrapping_sub(pending).wrapping_sub(ignored_since_ready)
+}
+
+/// Whether unit `a` comes before unit `b` (the counts wrap).
+fn before(a: u32, b: u32) -> bool {
+    (b.wrapping_sub(a) as i32) > 0
 }
 
 /// A COPY FROM STDIN the client ended before the server began it.
@@ -554,7 +618,9 @@ mod tests {
         t.before_execute = 1;
         t.ended_ahead.push_back(EndedAhead { unit: 1, ignored: 1, synced: true });
         t.units_sent = 2;
-        t.last_begin = 1;
+        t.last_begin = Some(1);
+        t.ignored_since_ready = 1;
+        t.early_syncs = EarlySyncs::Unsure;
         t.replies.on_client(fe::SYNC);
         // Both scanners in the middle of a 100-byte message.
         let partial = [b'Q', 0, 0, 0, 100, b's', b'e', b'l'];
