@@ -5,7 +5,8 @@
 mod common;
 
 use common::raw::*;
-use common::{PgCluster, Sluice, one_client_queued};
+use common::{PgCluster, Sluice, console_cell_where, one_client_queued, wait_until};
+use std::time::Duration;
 
 fn setup(pool_size: usize, mode: &str) -> (PgCluster, Sluice) {
     let pg = PgCluster::start();
@@ -513,7 +514,8 @@ fn a_sync_inside_the_first_of_two_copies_sent_at_once() {
 /// right after CopyInResponse, before reading the first Sync, so PostgreSQL answers
 /// both Syncs, where a COPY that reads its input ignores the first. Sluice cannot tell
 /// the two apart by the messages: the server is closed, not lent to another client with
-/// a ReadyForQuery still to come.
+/// a ReadyForQuery still to come. Likewise for a Sync sent inside a COPY already begun,
+/// behind a row that fails.
 #[test]
 fn a_copy_failing_before_its_early_sync_is_read_does_not_reach_the_next_client() {
     let (pg, s) = setup(1, "transaction");
@@ -528,8 +530,32 @@ fn a_copy_failing_before_its_early_sync_is_read_does_not_reach_the_next_client()
     c.send(&b);
     let m = c.until_ready();
     assert_eq!((tags(&m), sqlstate(&m[3].1)), ("12GEZ".to_string(), "42809".to_string()));
+    others_served_by_another_server(&s, &pid);
+    // The same with the Sync sent after the server began the COPY, behind a bad row:
+    // PostgreSQL fails on the row, then answers the Sync.
+    pg.psql("GRANT ALL ON copy_t TO u_trust");
+    let mut c = trust(&s);
+    c.send(&query("select pg_backend_pid()"));
+    let pid = first_value(&c.until_ready());
+    c.send(&query("copy copy_t from stdin"));
+    assert_eq!(tags(&c.take(1)), "G");
+    c.send(&[msg(b'd', b"not a number\n"), sync(), msg(b'c', b"")].concat());
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "22P02".to_string()));
+    others_served_by_another_server(&s, &pid);
+}
+
+/// The server with backend `pid` is closed (not back in the pool, where only the check
+/// before its next loan might find the reply still to come), and three clients in turn
+/// get their own answer from another one.
+fn others_served_by_another_server(s: &Sluice, pid: &str) {
+    let listed = || console_cell_where(s.port, "u_trust", "", "SHOW SERVERS", &["S", "u_trust", "app"], 16);
+    assert!(
+        wait_until(Duration::from_secs(10), || listed().as_deref() != Some(pid)),
+        "the server went back to the pool"
+    );
     for _ in 0..3 {
-        let mut other = trust(&s);
+        let mut other = trust(s);
         other.send(&query("select pg_backend_pid()"));
         let m = other.until_ready();
         assert_eq!(tags(&m), "TDCZ", "another client got a reply that was not its own");

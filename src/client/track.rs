@@ -262,6 +262,7 @@ impl Track {
             units_sent,
             last_begin,
             ignored_since_ready,
+            early_syncs,
             stats,
             ..
         } = self;
@@ -286,6 +287,13 @@ impl Track {
                     }
                 }
                 match m.tag {
+                    // Taken as ignored; answered after all if the COPY fails before the
+                    // server reads it (`EarlySyncs`).
+                    fe::SYNC if ignored => {
+                        if *early_syncs == EarlySyncs::None {
+                            *early_syncs = EarlySyncs::Counted;
+                        }
+                    }
                     _ if ignored => {}
                     fe::TERMINATE => {
                         *terminated = true;
