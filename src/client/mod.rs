@@ -5,6 +5,7 @@
 #[doc(hidden)]
 pub mod bench_support;
 mod cancelled;
+mod copy;
 mod extended;
 mod interrupt;
 mod login;

@@ -12,6 +12,7 @@ use tokio::io::AsyncReadExt;
 use super::extended::ClientCtx;
 use super::interrupt::Interrupt;
 use super::session::{Session, sleep_opt};
+use super::track::EarlySyncs;
 use super::{ClientConn, Exit};
 use crate::app::Phase;
 use crate::config::PoolMode;
@@ -75,8 +76,15 @@ impl Session {
         let mut client_chunk = 1024;
         loop {
             if self.mode != PoolMode::Session && self.releasable() {
-                self.release().await;
-                return Ok(());
+                match self.track.early_syncs {
+                    // Not yet: a ReadyForQuery may still come (`EarlySyncs`).
+                    EarlySyncs::Unsure => self.probe_server().await?,
+                    EarlySyncs::Probed(_) | EarlySyncs::ProbeAnswered => {}
+                    EarlySyncs::None | EarlySyncs::Counted => {
+                        self.release().await;
+                        return Ok(());
+                    }
+                }
             }
             if self.info.is_killed() {
                 return Err(Exit::killed());
@@ -164,6 +172,20 @@ impl Session {
             // Killed or shutting down: the relay loop's checks say which.
             _ = interrupt.fired() => Ok(Woke::Other),
         }
+    }
+
+    /// Sends the probe that tells when a server that may still answer Syncs sent inside
+    /// a failed COPY is done (`Track::probe`); it is released after the answer.
+    async fn probe_server(&mut self) -> Result<(), Exit> {
+        let mut out = BytesMut::new();
+        self.track.probe(&mut out);
+        let server = self.server.as_mut().expect("relay without a server");
+        tracing::debug!(client = self.info.id, server = server.id, "probing: Syncs sent inside a failed COPY");
+        if self.to_server.write(&mut server.stream, &out).await.is_err() {
+            server.broken = true;
+            return Err(server_lost(None));
+        }
+        Ok(())
     }
 
     /// The server closed its connection (or reading it failed).

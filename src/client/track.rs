@@ -5,6 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+pub(super) use super::copy::EarlySyncs;
+use super::copy::{CopyIn, EndedAhead, PROBE_FUNCTION, before, probe_reply, unit_reached};
 use super::extended::{ClientCtx, Extended};
 use super::replies::Replies;
 use crate::config::PoolMode;
@@ -75,21 +77,6 @@ pub struct Track {
     pub(super) early_syncs: EarlySyncs,
 }
 
-/// Syncs a client sent after the request that begins a COPY FROM STDIN and before the
-/// COPY's end. PostgreSQL ignores those it reads in COPY mode; when the COPY fails it
-/// answers those it had not read yet, and whether it had depends on timing (a COPY into
-/// a view fails before reading anything, one with a bad row after reading up to it).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(super) enum EarlySyncs {
-    #[default]
-    None,
-    /// The COPY under way has such Syncs, taken as ignored: right if it ends well.
-    Counted,
-    /// It failed: a ReadyForQuery may still come for them after the server looks
-    /// done, so the server is closed instead of going back to the pool.
-    Unsure,
-}
-
 /// How much of each client message the relay reads.
 pub(super) fn client_need(pooled: bool) -> impl Fn(u8) -> Need {
     move |tag| match tag {
@@ -106,9 +93,11 @@ pub(super) fn client_need(pooled: bool) -> impl Fn(u8) -> Need {
 /// How much of each server message the relay reads.
 pub(super) fn server_need(tag: u8) -> Need {
     match tag {
-        be::READY_FOR_QUERY | be::PARAMETER_STATUS | be::ROW_DESCRIPTION | be::COMMAND_COMPLETE => {
-            Need::Whole(MAX_INSPECTED_LEN)
-        }
+        be::READY_FOR_QUERY
+        | be::PARAMETER_STATUS
+        | be::ROW_DESCRIPTION
+        | be::COMMAND_COMPLETE
+        | be::FUNCTION_CALL_RESPONSE => Need::Whole(MAX_INSPECTED_LEN),
         // Can be long (it may quote a long value): its fields come first.
         be::ERROR_RESPONSE => Need::Prefix(ERROR_PREFIX),
         _ => Need::Stream,
@@ -221,10 +210,20 @@ impl Track {
         self.pending > 0 || self.ext.holding()
     }
 
-    /// The server may still answer Syncs sent inside a COPY that failed
-    /// (`EarlySyncs::Unsure`): it must be closed, not lent again.
+    /// The server may still answer Syncs sent inside a COPY that failed, and no probe
+    /// has settled it (`EarlySyncs`): it must be closed, not lent again.
     pub fn server_unsure(&self) -> bool {
-        self.early_syncs == EarlySyncs::Unsure
+        !matches!(self.early_syncs, EarlySyncs::None | EarlySyncs::Counted)
+    }
+
+    /// Writes the probe (`EarlySyncs::Unsure`): a FunctionCall whose answer is a random
+    /// value. The server answers it after everything sent before, so what comes before
+    /// that answer is the client's, and once its ReadyForQuery is read the server has
+    /// nothing more to send.
+    pub(super) fn probe(&mut self, out: &mut bytes::BytesMut) {
+        let v = rand::random::<u64>() >> 2;
+        crate::protocol::build::function_call(out, PROBE_FUNCTION, &v.to_be_bytes());
+        self.early_syncs = EarlySyncs::Probed(v);
     }
 
     /// No request outstanding and no message half-forwarded in either direction.
@@ -409,6 +408,12 @@ impl Track {
             buf,
             server_need,
             |m, sp| {
+                // The probe's replies are Sluice's own.
+                if let Some(next) = probe_reply(*early_syncs, &m) {
+                    sp.drop_range(m.start, m.start + m.frame_len);
+                    *early_syncs = next;
+                    return Ok(());
+                }
                 let pooled = mode != PoolMode::Session;
                 let refused = pooled && ext.on_server(&m, sp, prepared)?;
                 if !pooled {
@@ -444,7 +449,7 @@ impl Track {
                         };
                         *pending = pending.saturating_sub(ignored);
                         *ignored_since_ready += ignored;
-                        if ignored > 0 {
+                        if ignored > 0 && *early_syncs == EarlySyncs::None {
                             *early_syncs = EarlySyncs::Counted;
                         }
                         if pooled {
@@ -551,41 +556,6 @@ impl Track {
         stats.sent += n as u64;
         Ok(n)
     }
-}
-
-/// The server's unit of work (`Track::units_sent`) it has surely reached: the units
-/// answered or skipped, less the Syncs taken as ignored that it may not have read yet.
-fn unit_reached(units_sent: u32, pending: u32, ignored_since_ready: u32) -> u32 {
-    units_sent.wrapping_sub(pending).wrapping_sub(ignored_since_ready)
-}
-
-/// Whether unit `a` comes before unit `b` (the counts wrap).
-fn before(a: u32, b: u32) -> bool {
-    (b.wrapping_sub(a) as i32) > 0
-}
-
-/// A COPY FROM STDIN the client ended before the server began it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct EndedAhead {
-    /// The unit of the request that begins it (`Track::units_sent`).
-    unit: u32,
-    /// Syncs the client sent between the request that begins it and its end: the
-    /// server, in copy-in mode by then, ignores them.
-    ignored: u32,
-    /// A Sync came after its end (the one an extended-protocol COPY waits for).
-    synced: bool,
-}
-
-/// Whether the server is in COPY IN mode, and how the COPY began.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(super) enum CopyIn {
-    #[default]
-    Off,
-    /// By a simple Query: the server's ErrorResponse and ReadyForQuery end it, and the
-    /// client's CopyData/CopyDone still under way are ignored by the server.
-    Simple,
-    /// By an Execute: after an ErrorResponse the server skips to a Sync.
-    Extended,
 }
 
 /// Whether a CommandComplete tag is of a command that can change what a statement
