@@ -513,7 +513,7 @@ fn a_sync_inside_the_first_of_two_copies_sent_at_once() {
 /// query behind: it fails right after CopyInResponse, before reading the first Sync, so
 /// PostgreSQL answers both Syncs, where a COPY that reads its input ignores the first.
 /// Sluice cannot tell the two apart by the messages: before the server goes back to the
-/// pool it asks it for a value, and all that comes before the answer is the client's.
+/// pool it probes it, and all that comes before the probe's answer is the client's.
 /// Likewise for a Sync sent inside a COPY already begun, behind a row that fails.
 #[test]
 fn a_copy_failing_before_its_early_sync_is_read_does_not_reach_the_next_client() {
@@ -550,6 +550,22 @@ fn a_copy_failing_before_its_early_sync_is_read_does_not_reach_the_next_client()
     c.send(&[copy_rows(b"not a number\n"), sync()].concat());
     let m = c.until_ready();
     assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "22P02".to_string()));
+    others_served_by_the_same_server(&s, &pid);
+    // With a transaction begun and failed behind the late answer: the probe finds the
+    // server in that failed transaction and answers all the same; the server stays with
+    // the client until its ROLLBACK.
+    c.send(&query("copy copy_t from stdin"));
+    assert_eq!(tags(&c.take(1)), "G");
+    c.send(&[msg(b'd', b"not a number\n"), sync(), msg(b'c', b""), query("begin; select 1/0")].concat());
+    assert_eq!(tags(&c.until_ready()), "EZ");
+    assert_eq!(tags(&c.until_ready()), "Z", "the Sync's answer");
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[1].1), &m[2].1[..]), ("CEZ".to_string(), "22012".to_string(), &b"E"[..]));
+    c.send(&query("select 1"));
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "25P02".to_string()), "in the failed transaction");
+    c.send(&query("rollback"));
+    assert_eq!(tags(&c.until_ready()), "CZ");
     others_served_by_the_same_server(&s, &pid);
 }
 

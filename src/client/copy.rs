@@ -2,7 +2,7 @@
 //! in COPY mode, COPYs the client ended before the server began them, and Syncs sent
 //! inside a COPY, which the server may or may not answer, with the probe that settles it.
 
-use crate::protocol::{be, body};
+use crate::protocol::{ProtocolError, be, sqlstate};
 
 /// Syncs a client sent after the request that begins a COPY FROM STDIN and before the
 /// COPY's end. PostgreSQL ignores those it reads in COPY mode; when the COPY fails it
@@ -15,31 +15,46 @@ pub(super) enum EarlySyncs {
     /// The COPY under way has such Syncs, taken as ignored: right if it ends well.
     Counted,
     /// It failed: a ReadyForQuery may still come for them after the server looks done.
-    /// In the pooled modes the server is then asked for a value (`Track::probe`)
-    /// before it goes back to the pool; in session mode it is closed at the end.
+    /// In the pooled modes the server is then probed (`Track::probe`) before it goes
+    /// back to the pool; in session mode it is closed at the end.
     Unsure,
-    /// The probe went out: what the server sends before its answer (a value no reply
-    /// of the client's holds) is the client's.
+    /// The probe went out, naming this token: what the server sends before the probe's
+    /// answer (an error naming the token) answers requests Sluice already counted as
+    /// answered, and is passed on as it is.
     Probed(u64),
-    /// The probe's value came; its ReadyForQuery is next, and then the server is known
+    /// The probe's error came; its ReadyForQuery is next, and then the server is known
     /// to be done.
     ProbeAnswered,
 }
 
-/// `int8abs(bigint)`: the probe's function, built in (its OID is fixed), callable by
-/// every role, without side effects; for a positive argument it returns it.
-pub(super) const PROBE_FUNCTION: u32 = 1230;
+impl EarlySyncs {
+    /// Whether a probe is under way (`Probed`, `ProbeAnswered`).
+    #[inline]
+    pub fn probing(self) -> bool {
+        matches!(self, EarlySyncs::Probed(_) | EarlySyncs::ProbeAnswered)
+    }
+}
 
-/// Whether `m` is the reply to the probe the state waits for, and the state after it.
-#[inline]
-pub(super) fn probe_reply(state: EarlySyncs, m: &crate::protocol::scan::Msg) -> Option<EarlySyncs> {
+/// The name of the portal the probe describes (which never exists).
+pub(super) fn probe_portal(token: u64) -> String {
+    format!("sluice_probe_{token:016x}")
+}
+
+/// Whether `m` is the reply to the probe the state waits for, and the state after it:
+/// the error saying the probe's portal does not exist (PostgreSQL answers so in every
+/// transaction state, an aborted one included), then its ReadyForQuery.
+pub(super) fn probe_reply(
+    state: EarlySyncs,
+    m: &crate::protocol::scan::Msg,
+) -> Result<Option<EarlySyncs>, ProtocolError> {
     match state {
-        EarlySyncs::Probed(v) if m.tag == be::FUNCTION_CALL_RESPONSE => {
-            let value = m.frame.map(body).and_then(|b| b.strip_prefix(&8i32.to_be_bytes()[..]));
-            (value == Some(&v.to_be_bytes()[..])).then_some(EarlySyncs::ProbeAnswered)
+        EarlySyncs::Probed(token) if m.tag == be::ERROR_RESPONSE => {
+            let f = super::track::error_fields(m)?;
+            let ours = f.code == sqlstate::INVALID_CURSOR_NAME && f.message.contains(&probe_portal(token));
+            Ok(ours.then_some(EarlySyncs::ProbeAnswered))
         }
-        EarlySyncs::ProbeAnswered if m.tag == be::READY_FOR_QUERY => Some(EarlySyncs::None),
-        _ => None,
+        EarlySyncs::ProbeAnswered if m.tag == be::READY_FOR_QUERY => Ok(Some(EarlySyncs::None)),
+        _ => Ok(None),
     }
 }
 
@@ -80,35 +95,108 @@ pub(super) enum CopyIn {
 
 #[cfg(test)]
 mod tests {
+    use bytes::{BufMut, BytesMut};
+
     use super::*;
     use crate::client::track::Track;
+    use crate::config::PoolMode;
+    use crate::prepared::ServerStatements;
+    use crate::protocol::TxStatus;
+    use crate::protocol::build::{self, Severity};
+    use crate::protocol::scan::{Msg, Splice};
 
     /// A server message as the scanner gives it to the relay.
-    fn scanned(frame: &[u8]) -> crate::protocol::scan::Msg<'_> {
-        crate::protocol::scan::Msg { tag: frame[0], start: 0, frame_len: frame.len(), frame: Some(frame) }
+    fn scanned(frame: &[u8]) -> Msg<'_> {
+        Msg { tag: frame[0], start: 0, frame_len: frame.len(), frame: Some(frame) }
+    }
+
+    fn bytes(f: impl FnOnce(&mut BytesMut)) -> Vec<u8> {
+        let mut b = BytesMut::new();
+        f(&mut b);
+        b.to_vec()
+    }
+
+    fn error(code: &str, message: &str) -> Vec<u8> {
+        bytes(|b| build::error_response(b, Severity::Error, code, message))
+    }
+
+    fn ready() -> Vec<u8> {
+        bytes(|b| build::ready_for_query(b, TxStatus::Idle))
     }
 
     #[test]
     fn only_the_probes_own_answer_ends_it() {
         let mut t = Track::default();
-        let mut out = bytes::BytesMut::new();
+        let mut out = BytesMut::new();
         t.probe(&mut out);
-        let EarlySyncs::Probed(v) = t.early_syncs else { panic!("no probe sent") };
-        // FunctionCall: oid, one binary argument (the value), binary result.
-        let mut body = PROBE_FUNCTION.to_be_bytes().to_vec();
-        body.extend([0, 1, 0, 1, 0, 1, 0, 0, 0, 8]);
-        body.extend(v.to_be_bytes());
-        body.extend([0, 1]);
-        assert_eq!(&out[..], &[&[b'F'][..], &(body.len() as u32 + 4).to_be_bytes(), &body].concat()[..]);
-        let answer = |value: u64| [&[b'V', 0, 0, 0, 16, 0, 0, 0, 8][..], &value.to_be_bytes()].concat();
-        let ready = [b'Z', 0, 0, 0, 5, b'I'];
-        // A client's reply before the answer passes, the answer and its ReadyForQuery not.
-        assert_eq!(probe_reply(t.early_syncs, &scanned(&ready)), None);
-        assert_eq!(probe_reply(t.early_syncs, &scanned(&answer(v ^ 1))), None);
-        let next = probe_reply(t.early_syncs, &scanned(&answer(v)));
-        assert_eq!(next, Some(EarlySyncs::ProbeAnswered));
-        assert_eq!(probe_reply(EarlySyncs::ProbeAnswered, &scanned(&[b'A', 0, 0, 0, 4])), None);
-        assert_eq!(probe_reply(EarlySyncs::ProbeAnswered, &scanned(&ready)), Some(EarlySyncs::None));
-        assert_eq!(probe_reply(EarlySyncs::None, &scanned(&ready)), None);
+        let EarlySyncs::Probed(token) = t.early_syncs else { panic!("no probe sent") };
+        let name = probe_portal(token);
+        let expected = bytes(|b| {
+            build::describe(b, b'P', name.as_bytes());
+            build::sync(b);
+        });
+        assert_eq!(&out[..], &expected[..]);
+        let not_there = |name: &str| error("34000", &format!("portal \"{name}\" does not exist"));
+        let probed = t.early_syncs;
+        // Replies before the answer pass, the answer and its ReadyForQuery not.
+        assert_eq!(probe_reply(probed, &scanned(&ready())).unwrap(), None);
+        assert_eq!(probe_reply(probed, &scanned(&not_there(&probe_portal(token ^ 1)))).unwrap(), None);
+        assert_eq!(probe_reply(probed, &scanned(&error("22012", &name))).unwrap(), None);
+        assert_eq!(probe_reply(probed, &scanned(&not_there(&name))).unwrap(), Some(EarlySyncs::ProbeAnswered));
+        let notification = [b'A', 0, 0, 0, 4];
+        assert_eq!(probe_reply(EarlySyncs::ProbeAnswered, &scanned(&notification)).unwrap(), None);
+        assert_eq!(probe_reply(EarlySyncs::ProbeAnswered, &scanned(&ready())).unwrap(), Some(EarlySyncs::None));
+        assert_eq!(probe_reply(EarlySyncs::None, &scanned(&ready())).unwrap(), None);
+    }
+
+    /// What the relay forwards of `server` bytes, and the server side's state after.
+    fn from_server(t: &mut Track, server: &[u8]) -> Vec<u8> {
+        let mut sp = Splice::new();
+        let n = t.scan_server(server, &mut sp, PoolMode::Transaction, &mut ServerStatements::default()).unwrap();
+        assert_eq!(n, server.len());
+        sp.finish(server, n).to_vec()
+    }
+
+    fn from_client(t: &mut Track, client: &[u8]) {
+        let mut sp = Splice::new();
+        assert_eq!(t.scan_client(client, &mut sp, None).unwrap(), client.len());
+    }
+
+    /// A failed COPY whose Sync inside is answered late, after the probe went out and
+    /// the client sent its next query: that late ReadyForQuery answers a request from
+    /// before the probe, and must not count for the query sent after it.
+    #[test]
+    fn a_late_ready_for_query_does_not_count_for_a_request_sent_after_the_probe() {
+        let mut t = Track::default();
+        from_client(&mut t, &bytes(|b| build::query(b, "copy t from stdin")));
+        let copy_in = bytes(|b| {
+            build::frame(b, b'G', |b| {
+                b.put_u8(0);
+                b.put_i16(0);
+            })
+        });
+        from_server(&mut t, &copy_in);
+        let data = bytes(|b| {
+            build::frame(b, b'd', |b| b.put_slice(b"not a number\n"));
+            build::sync(b);
+            build::frame(b, b'c', |_| {});
+        });
+        from_client(&mut t, &data);
+        from_server(&mut t, &[error("22P02", "invalid input syntax for type integer"), ready()].concat());
+        assert_eq!((t.pending, t.server_unsure()), (0, true));
+        let mut probe = BytesMut::new();
+        t.probe(&mut probe);
+        let EarlySyncs::Probed(token) = t.early_syncs else { panic!("no probe sent") };
+        from_client(&mut t, &bytes(|b| build::query(b, "select 1")));
+        assert_eq!(t.pending, 1);
+        // The Sync's late answer is forwarded, and counts for nothing.
+        assert_eq!(from_server(&mut t, &ready()), ready());
+        assert_eq!(t.pending, 1);
+        let answer = [error("34000", &format!("portal \"{}\" does not exist", probe_portal(token))), ready()].concat();
+        assert_eq!(from_server(&mut t, &answer), Vec::<u8>::new(), "the probe's answer reached the client");
+        assert_eq!((t.pending, t.server_unsure()), (1, false));
+        let reply = [bytes(|b| build::command_complete(b, "SELECT 1")), ready()].concat();
+        assert_eq!(from_server(&mut t, &reply), reply);
+        assert_eq!(t.pending, 0);
     }
 }

@@ -181,7 +181,9 @@ impl Session {
         self.track.probe(&mut out);
         let server = self.server.as_mut().expect("relay without a server");
         tracing::debug!(client = self.info.id, server = server.id, "probing: Syncs sent inside a failed COPY");
-        if self.to_server.write(&mut server.stream, &out).await.is_err() {
+        // Nothing is waiting to go to the server (`releasable`), so a plain send keeps
+        // the order (and the backlog's write stays inlined in the relay's hot path).
+        if server.stream.send(&out).await.is_err() {
             server.broken = true;
             return Err(server_lost(None));
         }

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 pub(super) use super::copy::EarlySyncs;
-use super::copy::{CopyIn, EndedAhead, PROBE_FUNCTION, before, probe_reply, unit_reached};
+use super::copy::{CopyIn, EndedAhead, before, probe_portal, probe_reply, unit_reached};
 use super::extended::{ClientCtx, Extended};
 use super::replies::Replies;
 use crate::config::PoolMode;
@@ -93,11 +93,9 @@ pub(super) fn client_need(pooled: bool) -> impl Fn(u8) -> Need {
 /// How much of each server message the relay reads.
 pub(super) fn server_need(tag: u8) -> Need {
     match tag {
-        be::READY_FOR_QUERY
-        | be::PARAMETER_STATUS
-        | be::ROW_DESCRIPTION
-        | be::COMMAND_COMPLETE
-        | be::FUNCTION_CALL_RESPONSE => Need::Whole(MAX_INSPECTED_LEN),
+        be::READY_FOR_QUERY | be::PARAMETER_STATUS | be::ROW_DESCRIPTION | be::COMMAND_COMPLETE => {
+            Need::Whole(MAX_INSPECTED_LEN)
+        }
         // Can be long (it may quote a long value): its fields come first.
         be::ERROR_RESPONSE => Need::Prefix(ERROR_PREFIX),
         _ => Need::Stream,
@@ -216,14 +214,16 @@ impl Track {
         !matches!(self.early_syncs, EarlySyncs::None | EarlySyncs::Counted)
     }
 
-    /// Writes the probe (`EarlySyncs::Unsure`): a FunctionCall whose answer is a random
-    /// value. The server answers it after everything sent before, so what comes before
-    /// that answer is the client's, and once its ReadyForQuery is read the server has
-    /// nothing more to send.
+    /// Writes the probe (`EarlySyncs::Unsure`): a Describe of a portal named with a
+    /// random token, and a Sync. The server answers it after everything sent before,
+    /// in any transaction state, with an error naming the token: what comes before that
+    /// error answers requests already counted, and once the ReadyForQuery after it is
+    /// read the server has nothing more to send.
     pub(super) fn probe(&mut self, out: &mut bytes::BytesMut) {
-        let v = rand::random::<u64>() >> 2;
-        crate::protocol::build::function_call(out, PROBE_FUNCTION, &v.to_be_bytes());
-        self.early_syncs = EarlySyncs::Probed(v);
+        let token = rand::random::<u64>();
+        crate::protocol::build::describe(out, b'P', probe_portal(token).as_bytes());
+        crate::protocol::build::sync(out);
+        self.early_syncs = EarlySyncs::Probed(token);
     }
 
     /// No request outstanding and no message half-forwarded in either direction.
@@ -408,10 +408,24 @@ impl Track {
             buf,
             server_need,
             |m, sp| {
-                // The probe's replies are Sluice's own.
-                if let Some(next) = probe_reply(*early_syncs, &m) {
-                    sp.drop_range(m.start, m.start + m.frame_len);
-                    *early_syncs = next;
+                if early_syncs.probing() {
+                    let frame = m.frame.unwrap_or_default();
+                    match probe_reply(*early_syncs, &m)? {
+                        // The probe's replies are Sluice's own; its ReadyForQuery tells
+                        // the transaction state after all the client sent before it.
+                        Some(next) => {
+                            if m.tag == be::READY_FOR_QUERY {
+                                *tx = frame.get(5).copied().and_then(TxStatus::from_byte);
+                            }
+                            sp.drop_range(m.start, m.start + m.frame_len);
+                            *early_syncs = next;
+                        }
+                        // Replies to requests sent before the probe, all counted as
+                        // answered already: passed on as they are, a setting they report
+                        // still recorded.
+                        None if m.tag == be::PARAMETER_STATUS => reported(frame, param_updates)?,
+                        None => {}
+                    }
                     return Ok(());
                 }
                 let pooled = mode != PoolMode::Session;
@@ -512,13 +526,7 @@ impl Track {
                         let parsing_set = mode == PoolMode::Session || ext.parsing_set;
                         *ddl_seen |= changes_schema(body(frame), parsing_set);
                     }
-                    be::PARAMETER_STATUS => {
-                        let (k, v) = parameter_status(body(frame))?;
-                        let k = String::from_utf8_lossy(k);
-                        if is_reported(&k) {
-                            param_updates.push((k.into_owned(), String::from_utf8_lossy(v).into_owned()));
-                        }
-                    }
+                    be::PARAMETER_STATUS => reported(frame, param_updates)?,
                     be::ERROR_RESPONSE => {
                         if *early_syncs == EarlySyncs::Counted {
                             *early_syncs = EarlySyncs::Unsure;
@@ -556,6 +564,16 @@ impl Track {
         stats.sent += n as u64;
         Ok(n)
     }
+}
+
+/// Records a ParameterStatus the client is told of (a setting the server reports).
+fn reported(frame: &[u8], param_updates: &mut Vec<(String, String)>) -> Result<(), ProtocolError> {
+    let (k, v) = parameter_status(body(frame))?;
+    let k = String::from_utf8_lossy(k);
+    if is_reported(&k) {
+        param_updates.push((k.into_owned(), String::from_utf8_lossy(v).into_owned()));
+    }
+    Ok(())
 }
 
 /// Whether a CommandComplete tag is of a command that can change what a statement

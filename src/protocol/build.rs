@@ -248,19 +248,6 @@ pub fn query(buf: &mut BytesMut, sql: &str) {
     frame(buf, fe::QUERY, |b| cstr(b, sql.as_bytes()));
 }
 
-/// A FunctionCall of function `oid` with one argument, arguments and result in binary.
-pub fn function_call(buf: &mut BytesMut, oid: u32, arg: &[u8]) {
-    frame(buf, fe::FUNCTION_CALL, |b| {
-        b.put_u32(oid);
-        b.put_i16(1);
-        b.put_i16(1);
-        b.put_i16(1);
-        b.put_i32(arg.len() as i32);
-        b.put_slice(arg);
-        b.put_i16(1);
-    });
-}
-
 pub fn password(buf: &mut BytesMut, password: &[u8]) {
     frame(buf, fe::PASSWORD, |b| cstr(b, password));
 }

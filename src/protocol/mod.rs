@@ -41,7 +41,6 @@ pub mod be {
     pub const COPY_OUT_RESPONSE: u8 = b'H';
     pub const DATA_ROW: u8 = b'D';
     pub const EMPTY_QUERY_RESPONSE: u8 = b'I';
-    pub const FUNCTION_CALL_RESPONSE: u8 = b'V';
     pub const ERROR_RESPONSE: u8 = b'E';
     pub const NEGOTIATE_PROTOCOL_VERSION: u8 = b'v';
     pub const NO_DATA: u8 = b'n';
