@@ -567,6 +567,42 @@ fn a_copy_failing_before_its_early_sync_is_read_does_not_reach_the_next_client()
     c.send(&query("rollback"));
     assert_eq!(tags(&c.until_ready()), "CZ");
     others_served_by_the_same_server(&s, &pid);
+    // With DISCARD ALL behind it, which the probe is sent after: still recorded (the
+    // client's prepared statement is gone, on the server and in Sluice's books).
+    c.send(&[parse("s1", "select 1"), sync()].concat());
+    assert_eq!(tags(&c.until_ready()), "1Z");
+    c.send(&query("copy copy_t from stdin"));
+    assert_eq!(tags(&c.take(1)), "G");
+    c.send(&[msg(b'd', b"not a number\n"), sync(), msg(b'c', b""), query("discard all")].concat());
+    assert_eq!(tags(&c.until_ready()), "EZ");
+    assert_eq!(tags(&c.until_ready()), "Z", "the Sync's answer");
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    c.send(&[bind("", "s1", &[]), execute("", 0), sync()].concat());
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "26000".to_string()));
+    // With a COPY behind it. If the server's CopyInResponse for it comes in before
+    // Sluice probes, the probe waits for that COPY's end; if after, the server has read
+    // the probe as that COPY's data: the client is told, and the server closed.
+    c.send(&query("copy copy_t from stdin"));
+    assert_eq!(tags(&c.take(1)), "G");
+    c.send(&[msg(b'd', b"not a number\n"), sync(), msg(b'c', b""), query("copy copy_t from stdin")].concat());
+    assert_eq!(tags(&c.until_ready()), "EZ");
+    assert_eq!(tags(&c.take(1)), "Z", "the Sync's answer");
+    let (tag, body) = c.recv().expect("a reply");
+    if tag == b'G' {
+        c.send(&copy_rows(b"5\n"));
+        assert_eq!(tags(&c.until_ready()), "CZ");
+        c.send(&query("select count(*) from copy_t"));
+        assert_eq!(first_value(&c.until_ready()), "1");
+        return others_served_by_the_same_server(&s, &pid);
+    }
+    assert_eq!((tag, sqlstate(&body)), (b'E', "08P01".to_string()), "{}", field(&body, b'M'));
+    assert!(c.closed());
+    let mut other = trust(&s);
+    other.send(&query("select pg_backend_pid()"));
+    let m = other.until_ready();
+    assert_eq!(tags(&m), "TDCZ");
+    assert_ne!(first_value(&m), pid, "the server was kept");
 }
 
 /// Session mode: the same COPY into a view passes through as PostgreSQL answers it, and

@@ -12,7 +12,7 @@ use tokio::io::AsyncReadExt;
 use super::extended::ClientCtx;
 use super::interrupt::Interrupt;
 use super::session::{Session, sleep_opt};
-use super::track::EarlySyncs;
+use super::track::{CopyIn, EarlySyncs};
 use super::{ClientConn, Exit};
 use crate::app::Phase;
 use crate::config::PoolMode;
@@ -77,9 +77,10 @@ impl Session {
         loop {
             if self.mode != PoolMode::Session && self.releasable() {
                 match self.track.early_syncs {
-                    // Not yet: a ReadyForQuery may still come (`EarlySyncs`).
-                    EarlySyncs::Unsure => self.probe_server().await?,
-                    EarlySyncs::Probed(_) | EarlySyncs::ProbeAnswered => {}
+                    // Not yet: a ReadyForQuery may still come (`EarlySyncs`). (Not into a
+                    // COPY either: the server would read the probe as its data.)
+                    EarlySyncs::Unsure if self.track.copy_in == CopyIn::Off => self.probe_server().await?,
+                    EarlySyncs::Unsure | EarlySyncs::Probed(_) | EarlySyncs::ProbeAnswered => {}
                     EarlySyncs::None | EarlySyncs::Counted => {
                         self.release().await;
                         return Ok(());
@@ -256,7 +257,11 @@ impl Session {
         let server = self.server.as_mut().expect("relay without a server");
         let n = self.track.scan_server(&server.buf, splice, self.mode, &mut server.prepared).map_err(|e| {
             server.broken = true;
-            Exit::fatal(sqlstate::PROTOCOL_VIOLATION, format!("server sent invalid data: {e}"))
+            match e {
+                // A state Sluice cannot follow (not bad data).
+                ProtocolError::Limit(what) => Exit::fatal(sqlstate::PROTOCOL_VIOLATION, what),
+                e => Exit::fatal(sqlstate::PROTOCOL_VIOLATION, format!("server sent invalid data: {e}")),
+            }
         })?;
         let out = splice.finish(&server.buf, n);
         let written = if out.is_empty() { Ok(()) } else { conn.stream.send(out).await };

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-pub(super) use super::copy::EarlySyncs;
-use super::copy::{CopyIn, EndedAhead, before, probe_portal, probe_reply, unit_reached};
+pub(super) use super::copy::{CopyIn, EarlySyncs};
+use super::copy::{EndedAhead, before, probe_portal, probe_reply, unit_reached};
 use super::extended::{ClientCtx, Extended};
 use super::replies::Replies;
 use crate::config::PoolMode;
@@ -409,24 +409,8 @@ impl Track {
             server_need,
             |m, sp| {
                 if early_syncs.probing() {
-                    let frame = m.frame.unwrap_or_default();
-                    match probe_reply(*early_syncs, &m)? {
-                        // The probe's replies are Sluice's own; its ReadyForQuery tells
-                        // the transaction state after all the client sent before it.
-                        Some(next) => {
-                            if m.tag == be::READY_FOR_QUERY {
-                                *tx = frame.get(5).copied().and_then(TxStatus::from_byte);
-                            }
-                            sp.drop_range(m.start, m.start + m.frame_len);
-                            *early_syncs = next;
-                        }
-                        // Replies to requests sent before the probe, all counted as
-                        // answered already: passed on as they are, a setting they report
-                        // still recorded.
-                        None if m.tag == be::PARAMETER_STATUS => reported(frame, param_updates)?,
-                        None => {}
-                    }
-                    return Ok(());
+                    let books = ProbeBooks { tx, param_updates, ddl_seen, ext, prepared };
+                    return while_probing(early_syncs, &m, sp, books);
                 }
                 let pooled = mode != PoolMode::Session;
                 let refused = pooled && ext.on_server(&m, sp, prepared)?;
@@ -564,6 +548,58 @@ impl Track {
         stats.sent += n as u64;
         Ok(n)
     }
+}
+
+/// What a server message read while a probe is under way may still change.
+struct ProbeBooks<'a> {
+    tx: &'a mut Option<TxStatus>,
+    param_updates: &'a mut Vec<(String, String)>,
+    ddl_seen: &'a mut bool,
+    ext: &'a mut Extended,
+    prepared: &'a mut crate::prepared::ServerStatements,
+}
+
+/// A server message while a probe is under way (`EarlySyncs::probing`): the probe's
+/// own replies are swallowed, the ReadyForQuery after them giving the transaction state
+/// after all the client sent before the probe. The rest answers requests sent before
+/// the probe and already counted as answered: passed on as it is, with what it changes
+/// on the server still recorded (settings, DDL, statements emptied).
+fn while_probing(
+    state: &mut EarlySyncs,
+    m: &crate::protocol::scan::Msg,
+    sp: &mut Splice,
+    b: ProbeBooks,
+) -> Result<(), ProtocolError> {
+    let frame = m.frame.unwrap_or_default();
+    if let Some(next) = probe_reply(*state, m)? {
+        if m.tag == be::READY_FOR_QUERY {
+            *b.tx = frame.get(5).copied().and_then(TxStatus::from_byte);
+        }
+        sp.drop_range(m.start, m.start + m.frame_len);
+        *state = next;
+        return Ok(());
+    }
+    match m.tag {
+        be::PARAMETER_STATUS => reported(frame, b.param_updates)?,
+        be::COMMAND_COMPLETE => {
+            let tag = body(frame).strip_suffix(b"\0").unwrap_or_default();
+            *b.ddl_seen |= changes_schema(tag, true);
+            if tag == b"DISCARD ALL" || tag == b"DEALLOCATE ALL" {
+                b.prepared.clear();
+                b.ext.emptied = true;
+                b.ext.discarded |= tag == b"DISCARD ALL";
+            }
+        }
+        // A COPY FROM STDIN one of those requests began: the server reads the probe as
+        // COPY data, fails the COPY, and never answers the probe. No way on.
+        be::COPY_IN_RESPONSE => {
+            return Err(ProtocolError::Limit(
+                "a COPY began behind the probe Sluice sent after a failed COPY with a Sync inside it",
+            ));
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// Records a ParameterStatus the client is told of (a setting the server reports).
