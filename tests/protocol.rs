@@ -567,8 +567,9 @@ fn a_copy_failing_before_its_early_sync_is_read_does_not_reach_the_next_client()
     c.send(&query("rollback"));
     assert_eq!(tags(&c.until_ready()), "CZ");
     others_served_by_the_same_server(&s, &pid);
-    // With DISCARD ALL behind it, which the probe is sent after: still recorded (the
-    // client's prepared statement is gone, on the server and in Sluice's books).
+    // With DISCARD ALL behind it, answered before or after the probe went out: still
+    // recorded (the server's statements are gone, and a client preparing the same text
+    // gets it parsed again, not taken as there).
     c.send(&[parse("s1", "select 1"), sync()].concat());
     assert_eq!(tags(&c.until_ready()), "1Z");
     c.send(&query("copy copy_t from stdin"));
@@ -577,26 +578,42 @@ fn a_copy_failing_before_its_early_sync_is_read_does_not_reach_the_next_client()
     assert_eq!(tags(&c.until_ready()), "EZ");
     assert_eq!(tags(&c.until_ready()), "Z", "the Sync's answer");
     assert_eq!(tags(&c.until_ready()), "CZ");
-    c.send(&[bind("", "s1", &[]), execute("", 0), sync()].concat());
-    let m = c.until_ready();
-    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "26000".to_string()));
-    // With a COPY behind it. If the server's CopyInResponse for it comes in before
-    // Sluice probes, the probe waits for that COPY's end; if after, the server has read
-    // the probe as that COPY's data: the client is told, and the server closed.
+    let mut other = trust(&s);
+    other.send(&[parse("s2", "select 1"), bind("", "s2", &[]), execute("", 0), sync()].concat());
+    let m = other.until_ready();
+    assert_eq!((tags(&m), first_value(&m)), ("12DCZ".to_string(), "1".to_string()), "{m:?}");
+    drop(other);
+    // With a whole COPY behind it (its data and end sent before the probe): it runs.
+    c.send(&query("copy copy_t from stdin"));
+    assert_eq!(tags(&c.take(1)), "G");
+    let mut b = [msg(b'd', b"not a number\n"), sync(), msg(b'c', b"")].concat();
+    b.extend([query("copy copy_t from stdin"), copy_rows(b"5\n")].concat());
+    c.send(&b);
+    assert_eq!(tags(&c.until_ready()), "EZ");
+    assert_eq!(tags(&c.until_ready()), "Z", "the Sync's answer");
+    assert_eq!(tags(&c.until_ready()), "GCZ");
+    c.send(&query("select count(*) from copy_t"));
+    assert_eq!(first_value(&c.until_ready()), "1");
+    others_served_by_the_same_server(&s, &pid);
+    // With a COPY behind it whose data comes later. If the server began it before
+    // Sluice probed, the probe waits for its end; if after, the server read the probe
+    // as that COPY's data and failed it: the client is told, and the server closed.
     c.send(&query("copy copy_t from stdin"));
     assert_eq!(tags(&c.take(1)), "G");
     c.send(&[msg(b'd', b"not a number\n"), sync(), msg(b'c', b""), query("copy copy_t from stdin")].concat());
     assert_eq!(tags(&c.until_ready()), "EZ");
-    assert_eq!(tags(&c.take(1)), "Z", "the Sync's answer");
+    assert_eq!(tags(&c.until_ready()), "Z", "the Sync's answer");
+    assert_eq!(tags(&c.take(1)), "G");
+    c.send(&copy_rows(b"6\n"));
     let (tag, body) = c.recv().expect("a reply");
-    if tag == b'G' {
-        c.send(&copy_rows(b"5\n"));
-        assert_eq!(tags(&c.until_ready()), "CZ");
+    if tag == b'C' {
+        assert_eq!(tags(&c.take(1)), "Z");
         c.send(&query("select count(*) from copy_t"));
-        assert_eq!(first_value(&c.until_ready()), "1");
+        assert_eq!(first_value(&c.until_ready()), "2");
         return others_served_by_the_same_server(&s, &pid);
     }
     assert_eq!((tag, sqlstate(&body)), (b'E', "08P01".to_string()), "{}", field(&body, b'M'));
+    assert!(field(&body, b'M').contains("probe"), "{}", field(&body, b'M'));
     assert!(c.closed());
     let mut other = trust(&s);
     other.send(&query("select pg_backend_pid()"));

@@ -149,6 +149,44 @@ mod tests {
         assert_eq!(probe_reply(EarlySyncs::None, &scanned(&ready())).unwrap(), None);
     }
 
+    /// A COPY begun behind the probe: its CopyInResponse passes (its end may be in the
+    /// server's input before the probe); the error PostgreSQL gives for the probe read
+    /// as that COPY's data ends the link; a DISCARD ALL answered meanwhile is recorded.
+    #[test]
+    fn a_copy_behind_the_probe_is_let_run_until_it_eats_the_probe() {
+        let mut t = Track::default();
+        t.probe(&mut BytesMut::new());
+        let copy_in = bytes(|b| {
+            build::frame(b, b'G', |b| {
+                b.put_u8(0);
+                b.put_i16(0);
+            })
+        });
+        assert_eq!(from_server(&mut t, &copy_in), copy_in);
+        let mut server = ServerStatements::default();
+        server.add(7, 10);
+        let discarded = bytes(|b| build::command_complete(b, "DISCARD ALL"));
+        let mut sp = Splice::new();
+        t.scan_server(&discarded, &mut sp, PoolMode::Transaction, &mut server).unwrap();
+        assert!(server.is_empty() && t.ext.emptied && t.ext.discarded);
+        let eaten = error("08P01", "unexpected message type 0x44 during COPY from stdin");
+        let mut sp = Splice::new();
+        let r = t.scan_server(&eaten, &mut sp, PoolMode::Transaction, &mut ServerStatements::default());
+        assert!(matches!(r, Err(ProtocolError::Limit(_))), "{r:?}");
+    }
+
+    /// A DISCARD ALL answered when Sluice expects nothing more (its ReadyForQuery was
+    /// counted early) still empties the books.
+    #[test]
+    fn an_emptying_reply_counts_with_nothing_expected() {
+        let mut t = Track::default();
+        let mut server = ServerStatements::default();
+        server.add(7, 10);
+        let frame = bytes(|b| build::command_complete(b, "DISCARD ALL"));
+        t.ext.on_server(&scanned(&frame), &mut Splice::new(), &mut server).unwrap();
+        assert!(server.is_empty() && t.ext.emptied && t.ext.discarded);
+    }
+
     /// What the relay forwards of `server` bytes, and the server side's state after.
     fn from_server(t: &mut Track, server: &[u8]) -> Vec<u8> {
         let mut sp = Splice::new();

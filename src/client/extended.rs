@@ -501,7 +501,14 @@ impl Extended {
         if matches!(m.tag, be::NOTICE_RESPONSE | be::PARAMETER_STATUS | be::NOTIFICATION_RESPONSE) {
             return Ok(false);
         }
-        let Some(head) = self.queue.front_mut() else { return Ok(false) };
+        let Some(head) = self.queue.front_mut() else {
+            // Nothing expected (a ReadyForQuery counted early, see `track::EarlySyncs`):
+            // what the reply changes still counts.
+            if m.tag == be::COMMAND_COMPLETE {
+                emptying(m, server, &mut self.emptied, &mut self.discarded);
+            }
+            return Ok(false);
+        };
         let refused = head.reply == Reply::Refused;
         if refused {
             sp.drop_range(m.start, m.start + m.frame_len);
@@ -519,13 +526,7 @@ impl Extended {
         // DEALLOCATE ALL (also in forms Sluice does not answer itself: `/* c */
         // DEALLOCATE ALL`, one of several statements).
         if m.tag == be::COMMAND_COMPLETE && head.kind == Kind::Query {
-            let tag = crate::protocol::read_cstr(body(m.frame.unwrap_or_default())).map_or(&[][..], |(t, _)| t);
-            let discard = tag == b"DISCARD ALL";
-            if discard || tag == b"DEALLOCATE ALL" {
-                server.clear();
-                self.emptied = true;
-                self.discarded |= discard;
-            }
+            emptying(m, server, &mut self.emptied, &mut self.discarded);
         }
         // Every message of a reply to an injected message is removed.
         if head.reply == Reply::Swallow {
@@ -671,6 +672,19 @@ impl Extended {
         // skipped too.)
         self.skipping = self.queue.is_empty();
         Ok(())
+    }
+}
+
+/// A CommandComplete of DISCARD ALL or DEALLOCATE ALL: the server's statements are
+/// gone, and so are the client's (`Extended::emptied`), and after DISCARD ALL its
+/// settings (`Extended::discarded`).
+pub(super) fn emptying(m: &Msg, server: &mut ServerStatements, emptied: &mut bool, discarded: &mut bool) {
+    let tag = crate::protocol::read_cstr(body(m.frame.unwrap_or_default())).map_or(&[][..], |(t, _)| t);
+    let discard = tag == b"DISCARD ALL";
+    if discard || tag == b"DEALLOCATE ALL" {
+        server.clear();
+        *emptied = true;
+        *discarded |= discard;
     }
 }
 

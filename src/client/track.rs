@@ -582,17 +582,14 @@ fn while_probing(
     match m.tag {
         be::PARAMETER_STATUS => reported(frame, b.param_updates)?,
         be::COMMAND_COMPLETE => {
-            let tag = body(frame).strip_suffix(b"\0").unwrap_or_default();
-            *b.ddl_seen |= changes_schema(tag, true);
-            if tag == b"DISCARD ALL" || tag == b"DEALLOCATE ALL" {
-                b.prepared.clear();
-                b.ext.emptied = true;
-                b.ext.discarded |= tag == b"DISCARD ALL";
-            }
+            *b.ddl_seen |= changes_schema(body(frame), true);
+            super::extended::emptying(m, b.prepared, &mut b.ext.emptied, &mut b.ext.discarded);
         }
-        // A COPY FROM STDIN one of those requests began: the server reads the probe as
-        // COPY data, fails the COPY, and never answers the probe. No way on.
-        be::COPY_IN_RESPONSE => {
+        // A COPY FROM STDIN one of those requests began, whose end the client had not
+        // sent before the probe: the server read the probe as COPY data and failed the
+        // COPY over it ("unexpected message type 0x44"), and will not answer the probe.
+        // No way on.
+        be::ERROR_RESPONSE if probe_eaten(m)? => {
             return Err(ProtocolError::Limit(
                 "a COPY began behind the probe Sluice sent after a failed COPY with a Sync inside it",
             ));
@@ -600,6 +597,12 @@ fn while_probing(
         _ => {}
     }
     Ok(())
+}
+
+/// Whether an error is PostgreSQL's for the probe's Describe read inside a COPY.
+fn probe_eaten(m: &crate::protocol::scan::Msg) -> Result<bool, ProtocolError> {
+    let f = error_fields(m)?;
+    Ok(f.code == sqlstate::PROTOCOL_VIOLATION && f.message.contains("0x44"))
 }
 
 /// Records a ParameterStatus the client is told of (a setting the server reports).
