@@ -595,6 +595,20 @@ fn a_copy_failing_before_its_early_sync_is_read_does_not_reach_the_next_client()
     c.send(&query("select count(*) from copy_t"));
     assert_eq!(first_value(&c.until_ready()), "1");
     others_served_by_the_same_server(&s, &pid);
+    // With an extended-protocol COPY behind it, a Sync inside that one too, failing on
+    // its data: the late answer is not taken for that Sync, which the server ignores.
+    c.send(&query("copy copy_t from stdin"));
+    assert_eq!(tags(&c.take(1)), "G");
+    let mut b = [msg(b'd', b"not a number\n"), sync(), msg(b'c', b"")].concat();
+    b.extend([extended_query("copy copy_t from stdin"), msg(b'd', b"not a number\n")].concat());
+    c.send(&b);
+    assert_eq!(tags(&c.until_ready()), "EZ");
+    assert_eq!(tags(&c.until_ready()), "Z", "the Sync's answer");
+    let m = c.take(4);
+    assert_eq!((tags(&m), sqlstate(&m[3].1)), ("12GE".to_string(), "22P02".to_string()));
+    c.send(&[msg(b'c', b""), sync()].concat());
+    assert_eq!(tags(&c.until_ready()), "Z");
+    others_served_by_the_same_server(&s, &pid);
     // With a COPY behind it whose data comes later. If the server began it before
     // Sluice probed, the probe waits for its end; if after, the server read the probe
     // as that COPY's data and failed it: the client is told, and the server closed.

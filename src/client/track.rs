@@ -458,12 +458,11 @@ impl Track {
                     }
                     be::READY_FOR_QUERY => {
                         // It answers a request sent before the last Execute, or else
-                        // one of the Syncs after it.
-                        if *before_execute > 0 {
-                            *before_execute -= 1;
-                        } else {
-                            *syncs_after_execute = syncs_after_execute.saturating_sub(1);
-                        }
+                        // one of the Syncs after it. Those are left counted: a COPY that
+                        // Execute begins is begun (CopyInResponse) before any of them is
+                        // answered, so a ReadyForQuery taken for one of them first is a
+                        // late one (`EarlySyncs`), and the Sync is still to be ignored.
+                        *before_execute = before_execute.saturating_sub(1);
                         let status = frame.get(5).copied().and_then(TxStatus::from_byte);
                         let status = status.ok_or(ProtocolError::Malformed("ReadyForQuery"))?;
                         // The server is out of COPY mode (a COPY begun by a simple query
