@@ -33,6 +33,22 @@ impl EarlySyncs {
     pub fn probing(self) -> bool {
         matches!(self, EarlySyncs::Probed(_) | EarlySyncs::ProbeAnswered)
     }
+
+    /// A Sync of the COPY under way was taken as ignored (an earlier doubt stands).
+    pub fn counted(&mut self) {
+        if *self == EarlySyncs::None {
+            *self = EarlySyncs::Counted;
+        }
+    }
+
+    /// The COPY under way ended (CommandComplete: its Syncs were read in COPY mode, and
+    /// ignored) or failed (ErrorResponse: they may be answered yet).
+    #[inline]
+    pub fn copy_ended(&mut self, failed: bool) {
+        if *self == EarlySyncs::Counted {
+            *self = if failed { EarlySyncs::Unsure } else { EarlySyncs::None };
+        }
+    }
 }
 
 /// The name of the portal the probe describes (which never exists).

@@ -478,16 +478,8 @@ impl Extended {
 
     /// Removes the first `n` Sync expectations after the head (the Execute that
     /// started a COPY FROM STDIN): the server ignores those Syncs.
-    pub fn drop_ignored_syncs(&mut self, mut n: usize) {
-        let mut i = 1;
-        while n > 0 && i < self.queue.len() {
-            if self.queue[i].kind == Kind::Sync {
-                self.queue.remove(i);
-                n -= 1;
-            } else {
-                i += 1;
-            }
-        }
+    pub fn drop_ignored_syncs(&mut self, n: usize) {
+        expect::drop_syncs_after_head(&mut self.queue, n, |e| e.kind);
     }
 
     /// Handles one server message (pooled modes). Whether it answers a message Sluice

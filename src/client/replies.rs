@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 
-use super::extended::expect::Kind;
+use super::extended::expect::{Kind, drop_syncs_after_head};
 use crate::protocol::{be, fe};
 
 /// The requests of a session-mode link the server has not answered yet.
@@ -89,16 +89,8 @@ impl Replies {
 
     /// Removes the first `n` Syncs after the head (the Execute that began a COPY FROM
     /// STDIN): the server ignores them.
-    pub fn drop_ignored_syncs(&mut self, mut n: u32) {
-        let mut i = 1;
-        while n > 0 && i < self.queue.len() {
-            if self.queue[i] == Kind::Sync {
-                self.queue.remove(i);
-                n -= 1;
-            } else {
-                i += 1;
-            }
-        }
+    pub fn drop_ignored_syncs(&mut self, n: usize) {
+        drop_syncs_after_head(&mut self.queue, n, |k| *k);
     }
 }
 

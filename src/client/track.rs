@@ -54,8 +54,8 @@ pub struct Track {
     pub(super) replies: Replies,
     /// The server is in copy-in mode: it ignores Sync and Flush until CopyDone/Fail.
     pub(super) copy_in: CopyIn,
-    /// Syncs sent since the last Execute and not yet answered: if that Execute starts
-    /// a COPY FROM STDIN, the server ignores them.
+    /// Syncs sent since the last Execute (or Query): if that Execute starts a COPY FROM
+    /// STDIN, the server ignores them (none is answered before its CopyInResponse).
     pub(super) syncs_after_execute: u32,
     /// Query/Sync/FunctionCall messages sent before that Execute and not yet answered:
     /// the next ReadyForQuery answers one of them, not one of those Syncs.
@@ -288,11 +288,7 @@ impl Track {
                 match m.tag {
                     // Taken as ignored; answered after all if the COPY fails before the
                     // server reads it (`EarlySyncs`).
-                    fe::SYNC if ignored => {
-                        if *early_syncs == EarlySyncs::None {
-                            *early_syncs = EarlySyncs::Counted;
-                        }
-                    }
+                    fe::SYNC if ignored => early_syncs.counted(),
                     _ if ignored => {}
                     fe::TERMINATE => {
                         *terminated = true;
@@ -447,13 +443,13 @@ impl Track {
                         };
                         *pending = pending.saturating_sub(ignored);
                         *ignored_since_ready += ignored;
-                        if ignored > 0 && *early_syncs == EarlySyncs::None {
-                            *early_syncs = EarlySyncs::Counted;
+                        if ignored > 0 {
+                            early_syncs.counted();
                         }
                         if pooled {
                             ext.drop_ignored_syncs(ignored as usize);
                         } else {
-                            replies.drop_ignored_syncs(ignored);
+                            replies.drop_ignored_syncs(ignored as usize);
                         }
                     }
                     be::READY_FOR_QUERY => {
@@ -463,8 +459,7 @@ impl Track {
                         // answered, so a ReadyForQuery taken for one of them first is a
                         // late one (`EarlySyncs`), and the Sync is still to be ignored.
                         *before_execute = before_execute.saturating_sub(1);
-                        let status = frame.get(5).copied().and_then(TxStatus::from_byte);
-                        let status = status.ok_or(ProtocolError::Malformed("ReadyForQuery"))?;
+                        let status = ready_status(frame).ok_or(ProtocolError::Malformed("ReadyForQuery"))?;
                         // The server is out of COPY mode (a COPY begun by a simple query
                         // and failed ends here, whether or not the client ended it), and
                         // past every Sync it ignored.
@@ -501,19 +496,14 @@ impl Track {
                         }
                     }
                     be::COMMAND_COMPLETE => {
-                        // A COPY with early Syncs ended well: it read them in COPY mode.
-                        if *early_syncs == EarlySyncs::Counted {
-                            *early_syncs = EarlySyncs::None;
-                        }
+                        early_syncs.copy_ended(false);
                         // Session mode does not read statement texts: any SET counts.
                         let parsing_set = mode == PoolMode::Session || ext.parsing_set;
                         *ddl_seen |= changes_schema(body(frame), parsing_set);
                     }
                     be::PARAMETER_STATUS => reported(frame, param_updates)?,
                     be::ERROR_RESPONSE => {
-                        if *early_syncs == EarlySyncs::Counted {
-                            *early_syncs = EarlySyncs::Unsure;
-                        }
+                        early_syncs.copy_ended(true);
                         // An extended COPY IN the server ended by itself: the server now
                         // skips to the client's next Sync, which counts again.
                         if *copy_in == CopyIn::Extended {
@@ -572,7 +562,7 @@ fn while_probing(
     let frame = m.frame.unwrap_or_default();
     if let Some(next) = probe_reply(*state, m)? {
         if m.tag == be::READY_FOR_QUERY {
-            *b.tx = frame.get(5).copied().and_then(TxStatus::from_byte);
+            *b.tx = ready_status(frame);
         }
         sp.drop_range(m.start, m.start + m.frame_len);
         *state = next;
@@ -596,6 +586,11 @@ fn while_probing(
         _ => {}
     }
     Ok(())
+}
+
+/// The transaction status a ReadyForQuery frame reports.
+fn ready_status(frame: &[u8]) -> Option<TxStatus> {
+    frame.get(5).copied().and_then(TxStatus::from_byte)
 }
 
 /// Whether an error is PostgreSQL's for the probe's Describe read inside a COPY.
