@@ -5,7 +5,10 @@
 //! DEALLOCATE are answered locally. Server → client: a queue of expected replies, one
 //! per message sent, lets replies to injected messages be swallowed and Sluice's own
 //! replies be placed exactly where the client expects them, also after errors (the
-//! server skips to the next Sync, and so does the queue).
+//! server skips to the next Sync, and so does the queue). Session mode keeps the same
+//! queue, fed from message types only (`on_client_forwarded`): it rewrites nothing, but
+//! needs to know which requests the server skips and whether a COPY was begun by an
+//! Execute.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -17,18 +20,12 @@ use crate::prepared::{
 };
 use crate::protocol::build;
 use crate::protocol::scan::{Msg, Splice};
-use crate::protocol::{ProtocolError, TxStatus, be, body, fe};
+use crate::protocol::{ProtocolError, TxStatus, body, fe};
 
+mod answers;
 pub(super) mod expect;
+pub(super) use answers::emptying;
 use expect::{Effect, Expect, Kind, Reply};
-
-/// The shape a Describe reply gives: the RowDescription frame, or NoData.
-fn shape_of(m: &Msg) -> Bytes {
-    match m.frame {
-        Some(f) if m.tag == be::ROW_DESCRIPTION => Bytes::copy_from_slice(f),
-        _ => Bytes::from_static(b"n"),
-    }
-}
 
 /// What the client side of a scan needs besides the message.
 pub struct ClientCtx<'a> {
@@ -193,13 +190,8 @@ impl Extended {
             self.refuse_held(m, sp);
             return Ok(false);
         }
-        if self.skipping {
-            // Passed on as sent: the server skips it, answering nothing (a Parse is not
-            // defined, a Close closes nothing).
-            if m.tag != fe::SYNC {
-                return Ok(matches!(m.tag, fe::QUERY | fe::FUNCTION_CALL));
-            }
-            self.skipping = false;
+        if let Some(no_reply) = self.skipped_by_server(m.tag) {
+            return Ok(no_reply);
         }
         match m.tag {
             fe::PARSE => self.on_parse(m, sp, cx).map(|()| false),
@@ -224,6 +216,37 @@ impl Extended {
             }
             _ => Ok(false),
         }
+    }
+
+    /// Handles one client message in session mode, where everything is forwarded as
+    /// sent: only the reply it gets is queued. The result is `on_client`'s. (Out of
+    /// line: the pooled modes' scan loops, which never call it, stay as small as before.)
+    #[inline(never)]
+    pub fn on_client_forwarded(&mut self, tag: u8) -> bool {
+        if let Some(no_reply) = self.skipped_by_server(tag) {
+            return no_reply;
+        }
+        if let Some(kind) = Kind::of_request(tag) {
+            self.push(kind, Reply::Forward, None);
+        }
+        false
+    }
+
+    /// While the server skips to the next Sync after an error (`skipping`), a client
+    /// message other than that Sync is passed on as sent and answered with nothing (a
+    /// Parse defines nothing, a Close closes nothing): `Some`, true for a simple query
+    /// or function call (no ReadyForQuery comes for it). `None` for a message the
+    /// server reads, the Sync that ends the skipping included.
+    #[inline]
+    fn skipped_by_server(&mut self, tag: u8) -> Option<bool> {
+        if !self.skipping {
+            return None;
+        }
+        if tag != fe::SYNC {
+            return Some(matches!(tag, fe::QUERY | fe::FUNCTION_CALL));
+        }
+        self.skipping = false;
+        None
     }
 
     fn on_parse(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
@@ -467,130 +490,6 @@ impl Extended {
         Ok(true)
     }
 
-    /// Sluice's own replies now at the head of the queue (everything before them has
-    /// been answered): append them to `out` for the client.
-    pub fn take_leading_synthetic(&mut self, out: &mut BytesMut) {
-        while let Some(Expect { reply: Reply::Synthetic(b), .. }) = self.queue.front() {
-            out.extend_from_slice(b);
-            self.queue.pop_front();
-        }
-    }
-
-    /// Removes the first `n` Sync expectations after the head (the Execute that
-    /// started a COPY FROM STDIN): the server ignores those Syncs.
-    pub fn drop_ignored_syncs(&mut self, n: usize) {
-        expect::drop_syncs_after_head(&mut self.queue, n, |e| e.kind);
-    }
-
-    /// Handles one server message (pooled modes). Whether it answers a message Sluice
-    /// refused (`refuse_held`): the client never sees it, having had its 0A000 instead.
-    pub fn on_server(
-        &mut self,
-        m: &Msg,
-        sp: &mut Splice,
-        server: &mut ServerStatements,
-    ) -> Result<bool, ProtocolError> {
-        if matches!(m.tag, be::NOTICE_RESPONSE | be::PARAMETER_STATUS | be::NOTIFICATION_RESPONSE) {
-            return Ok(false);
-        }
-        let Some(head) = self.queue.front_mut() else {
-            // Nothing expected (a ReadyForQuery counted early, see `track::EarlySyncs`):
-            // what the reply changes still counts.
-            if m.tag == be::COMMAND_COMPLETE {
-                emptying(m, server, &mut self.emptied, &mut self.discarded);
-            }
-            return Ok(false);
-        };
-        let refused = head.reply == Reply::Refused;
-        if refused {
-            sp.drop_range(m.start, m.start + m.frame_len);
-        }
-        if m.tag == be::ERROR_RESPONSE {
-            if !head.kind.starts_skip() {
-                head.failed = true;
-                return Ok(refused);
-            }
-            let item = self.queue.pop_front().expect("head exists");
-            self.after_error(item, m, server)?;
-            return Ok(refused);
-        }
-        // A client's simple query that emptied the server's statements: DISCARD ALL,
-        // DEALLOCATE ALL (also in forms Sluice does not answer itself: `/* c */
-        // DEALLOCATE ALL`, one of several statements).
-        if m.tag == be::COMMAND_COMPLETE && head.kind == Kind::Query {
-            emptying(m, server, &mut self.emptied, &mut self.discarded);
-        }
-        // Every message of a reply to an injected message is removed.
-        if head.reply == Reply::Swallow {
-            sp.drop_range(m.start, m.start + m.frame_len);
-        }
-        if !head.kind.done_by(m.tag) {
-            return Ok(refused);
-        }
-        let item = self.queue.pop_front().expect("head exists");
-        let end = m.start + m.frame_len;
-        match item.effect {
-            Effect::Redefine(name, st) => {
-                server.add(st.id, usize::MAX);
-                self.redefined.push((name, st));
-            }
-            Effect::Empties { discard } if !item.failed => {
-                server.clear();
-                self.emptied = true;
-                self.discarded |= discard;
-            }
-            Effect::Capture(st, generation) => {
-                tracing::debug!(stmt = st.id, generation, "shape captured");
-                *st.shape.lock() = Some((shape_of(m), generation));
-            }
-            Effect::Verify(st, generation) => {
-                let now = shape_of(m);
-                let changed = {
-                    let mut shape = st.shape.lock();
-                    match shape.as_mut() {
-                        // Same shape: the client's view holds for this generation too.
-                        Some((seen, g)) if *seen == now => {
-                            *g = generation;
-                            false
-                        }
-                        // Changed: the statement stays refused until re-described.
-                        Some(_) => true,
-                        None => false,
-                    }
-                };
-                tracing::debug!(stmt = st.id, generation, changed, "shape verified");
-                if changed {
-                    // The schema changed: copies prepared before it elsewhere are stale.
-                    self.stale.push((st.id, server.generation(st.id).unwrap_or(0)));
-                    self.refuse_changed_shape(sp, end);
-                }
-            }
-            _ => {}
-        }
-        while let Some(Expect { reply: Reply::Synthetic(b), .. }) = self.queue.front() {
-            sp.insert(end, b);
-            self.queue.pop_front();
-        }
-        Ok(refused)
-    }
-
-    /// The statement's result type changed since the client described it: the client
-    /// gets the error PostgreSQL gives for that (at `at` in the server's output), and
-    /// the message held for the check is refused (`refuse_held`).
-    fn refuse_changed_shape(&mut self, sp: &mut Splice, at: usize) {
-        let mut b = BytesMut::new();
-        // As PostgreSQL words it; drivers (asyncpg) recognise it by the routine name.
-        build::error_response_from(
-            &mut b,
-            build::Severity::Error,
-            crate::protocol::sqlstate::FEATURE_NOT_SUPPORTED,
-            "cached plan must not change result type",
-            Some("RevalidateCachedQuery"),
-        );
-        sp.insert(at, &b);
-        self.refuse = true;
-    }
-
     /// The message held for a failed shape check: the server gets, instead of it, a
     /// Bind it fails, so the exchange fails there as it would have on PostgreSQL
     /// itself (the transaction aborts; the server skips to the Sync). That error is
@@ -601,82 +500,6 @@ impl Extended {
         sp.commit_insert(m.start, from);
         sp.drop_range(m.start, m.start + m.frame_len);
         self.push(Kind::Bind, Reply::Refused, None);
-    }
-
-    /// Undoes what a message the server failed or skipped was expected to do.
-    fn undo(&mut self, effect: Effect, server: &mut ServerStatements) {
-        match effect {
-            Effect::Define(name, st) => self.undefined.push((name, st)),
-            Effect::Close(name, st) => self.reopened.push((name, st)),
-            // Given back only if it was the client's last word on its unnamed statement,
-            // and not from a Parse that failed or was skipped too.
-            Effect::CloseUnnamed(closed) => {
-                let (u, at) = *closed;
-                if at == self.unnamed_changes && self.unnamed_lost != Some(u.id) {
-                    self.unnamed_reopened = Some(u);
-                }
-            }
-            // The server does not hold that unnamed statement (a later Parse replaces
-            // whatever it holds anyway); after the client's own Parse, nor does the client.
-            Effect::Unnamed(id) | Effect::UnnamedAgain(id) => {
-                if server.unnamed == id {
-                    server.unnamed = 0;
-                }
-                if matches!(effect, Effect::Unnamed(_)) {
-                    self.unnamed_lost = Some(id);
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// An error ended an extended-protocol message: the server now skips everything up
-    /// to the next Sync, so drop what was expected of those messages.
-    fn after_error(&mut self, item: Expect, m: &Msg, server: &mut ServerStatements) -> Result<(), ProtocolError> {
-        self.undo(item.effect, server);
-        if let Some(id) = item.stmt {
-            let f = super::track::error_fields(m)?;
-            // 26000: the server lost it behind Sluice's back (a DEALLOCATE Sluice did
-            // not recognise): parse it again on next use.
-            if item.kind == Kind::Parse || (f.code == "26000" && matches!(item.kind, Kind::Bind | Kind::Describe)) {
-                server.forget(id);
-            } else if f.code == "0A000" && f.message.contains("cached plan must not change result type") {
-                // The server's statement is stale: close and re-parse it on next use,
-                // and so on every other server of the pool.
-                self.stale.push((id, server.generation(id).unwrap_or(0)));
-                server.forget(id);
-                server.to_close.push(id);
-            }
-        }
-        while let Some(next) = self.queue.front() {
-            if !next.kind.skipped() {
-                break;
-            }
-            let dropped = self.queue.pop_front().expect("front exists");
-            self.skipped_requests += u32::from(matches!(dropped.kind, Kind::Query | Kind::Call));
-            if let (Kind::Parse, Some(id)) = (dropped.kind, dropped.stmt) {
-                server.forget(id);
-            }
-            self.undo(dropped.effect, server);
-        }
-        // The Sync that ends the skipping is still to come from the client. (A shape
-        // check skipped here leaves the queue: the message held for it goes on, and is
-        // skipped too.)
-        self.skipping = self.queue.is_empty();
-        Ok(())
-    }
-}
-
-/// A CommandComplete of DISCARD ALL or DEALLOCATE ALL: the server's statements are
-/// gone, and so are the client's (`Extended::emptied`), and after DISCARD ALL its
-/// settings (`Extended::discarded`).
-pub(super) fn emptying(m: &Msg, server: &mut ServerStatements, emptied: &mut bool, discarded: &mut bool) {
-    let tag = crate::protocol::read_cstr(body(m.frame.unwrap_or_default())).map_or(&[][..], |(t, _)| t);
-    let discard = tag == b"DISCARD ALL";
-    if discard || tag == b"DEALLOCATE ALL" {
-        server.clear();
-        *emptied = true;
-        *discarded |= discard;
     }
 }
 

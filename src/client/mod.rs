@@ -10,7 +10,6 @@ mod extended;
 mod interrupt;
 mod login;
 mod relay;
-mod replies;
 mod session;
 mod track;
 

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 pub(super) use super::copy::{CopyIn, EarlySyncs};
 use super::copy::{EndedAhead, before, probe_portal, probe_reply, unit_reached};
 use super::extended::{ClientCtx, Extended};
-use super::replies::Replies;
 use crate::config::PoolMode;
 use crate::params::is_reported;
 use crate::prepared::{MAX_PARSE_LEN, NAME_PREFIX};
@@ -47,11 +46,9 @@ pub struct Track {
     pub(super) busy_since: Option<Instant>,
     pub(super) last_client_activity: Option<Instant>,
     pub(super) param_updates: Vec<(String, String)>,
-    /// Prepared-statement rewriting (transaction and statement mode).
+    /// The replies the server has yet to send, one per request; in the pooled modes
+    /// also the prepared-statement rewriting (session mode forwards as sent).
     pub ext: Extended,
-    /// The requests the server has yet to answer (session mode; the pooled modes keep
-    /// them in `ext`).
-    pub(super) replies: Replies,
     /// The server is in copy-in mode: it ignores Sync and Flush until CopyDone/Fail.
     pub(super) copy_in: CopyIn,
     /// Syncs sent since the last Execute (or Query): if that Execute starts a COPY FROM
@@ -163,7 +160,6 @@ impl Track {
             last_client_activity,
             param_updates,
             ext,
-            replies,
             copy_in,
             syncs_after_execute,
             before_execute,
@@ -191,7 +187,6 @@ impl Track {
         *last_client_activity = None;
         param_updates.clear();
         ext.clear();
-        replies.clear();
         *copy_in = CopyIn::Off;
         *syncs_after_execute = 0;
         *before_execute = 0;
@@ -253,7 +248,6 @@ impl Track {
             unsynced,
             terminated,
             ext,
-            replies,
             copy_in,
             syncs_after_execute,
             before_execute,
@@ -282,7 +276,7 @@ impl Track {
                             return Ok(());
                         }
                     } else {
-                        no_reply = replies.on_client(m.tag);
+                        no_reply = ext.on_client_forwarded(m.tag);
                     }
                 }
                 match m.tag {
@@ -383,7 +377,6 @@ impl Track {
             tx,
             param_updates,
             ext,
-            replies,
             copy_in,
             syncs_after_execute,
             before_execute,
@@ -408,17 +401,13 @@ impl Track {
                     let books = ProbeBooks { tx, param_updates, ddl_seen, ext, prepared };
                     return while_probing(early_syncs, &m, sp, books);
                 }
-                let pooled = mode != PoolMode::Session;
-                let refused = pooled && ext.on_server(&m, sp, prepared)?;
-                if !pooled {
-                    replies.on_server(m.tag);
-                }
+                let refused = ext.on_server(&m, sp, prepared)?;
                 let frame = m.frame.unwrap_or_default();
                 match m.tag {
                     be::COPY_IN_RESPONSE => {
                         // Begun by an Execute, the COPY ends with a Sync the server waits
                         // for even when the COPY fails: keep the server till then.
-                        let extended = if pooled { ext.head_is_execute() } else { replies.head_is_execute() };
+                        let extended = ext.head_is_execute();
                         // COPYs ended ahead whose request the server finished without
                         // beginning them (it failed, or was skipped after an error): their
                         // data was ignored.
@@ -446,11 +435,7 @@ impl Track {
                         if ignored > 0 {
                             early_syncs.counted();
                         }
-                        if pooled {
-                            ext.drop_ignored_syncs(ignored as usize);
-                        } else {
-                            replies.drop_ignored_syncs(ignored as usize);
-                        }
+                        ext.drop_ignored_syncs(ignored as usize);
                     }
                     be::READY_FOR_QUERY => {
                         // It answers a request sent before the last Execute, or else
@@ -510,8 +495,7 @@ impl Track {
                             *copy_in = CopyIn::Off;
                         }
                         // Requests pipelined behind a failed extended message, skipped.
-                        let skipped =
-                            std::mem::take(&mut ext.skipped_requests) + std::mem::take(&mut replies.skipped_requests);
+                        let skipped = std::mem::take(&mut ext.skipped_requests);
                         *pending = pending.saturating_sub(skipped);
                         *before_execute = before_execute.saturating_sub(skipped);
                         let f = error_fields(&m)?;
@@ -650,7 +634,7 @@ mod tests {
         t.last_begin = Some(1);
         t.ignored_since_ready = 1;
         t.early_syncs = EarlySyncs::Unsure;
-        t.replies.on_client(fe::SYNC);
+        t.ext.on_client_forwarded(fe::SYNC);
         // Both scanners in the middle of a 100-byte message.
         let partial = [b'Q', 0, 0, 0, 100, b's', b'e', b'l'];
         let mut sp = Splice::new();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::prepared::Statement;
-use crate::protocol::be;
+use crate::protocol::{be, fe};
 
 /// What a message sent to the server will be answered with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +24,22 @@ pub(in crate::client) enum Kind {
 }
 
 impl Kind {
+    /// The reply a client message with `tag` gets, as sent (Flush and the COPY
+    /// messages get none of their own).
+    pub fn of_request(tag: u8) -> Option<Kind> {
+        Some(match tag {
+            fe::PARSE => Kind::Parse,
+            fe::BIND => Kind::Bind,
+            fe::DESCRIBE => Kind::Describe,
+            fe::EXECUTE => Kind::Execute,
+            fe::CLOSE => Kind::Close,
+            fe::SYNC => Kind::Sync,
+            fe::QUERY => Kind::Query,
+            fe::FUNCTION_CALL => Kind::Call,
+            _ => return None,
+        })
+    }
+
     /// Whether a server message with `tag` is the last of this kind's reply.
     #[inline]
     pub fn done_by(self, tag: u8) -> bool {

@@ -1,0 +1,293 @@
+//! The server side of `client::extended`: each server message answers the head of the
+//! queue of expected replies; Sluice's own replies are placed after the message that
+//! precedes them, injected messages' replies are swallowed, and an error makes the
+//! queue skip to the next Sync as the server does.
+
+use bytes::{Bytes, BytesMut};
+
+use super::Extended;
+use super::expect::{Effect, Expect, Kind, Reply};
+use crate::prepared::ServerStatements;
+use crate::protocol::build;
+use crate::protocol::scan::{Msg, Splice};
+use crate::protocol::{ProtocolError, be, body};
+
+/// The shape a Describe reply gives: the RowDescription frame, or NoData.
+fn shape_of(m: &Msg) -> Bytes {
+    match m.frame {
+        Some(f) if m.tag == be::ROW_DESCRIPTION => Bytes::copy_from_slice(f),
+        _ => Bytes::from_static(b"n"),
+    }
+}
+
+impl Extended {
+    /// Sluice's own replies now at the head of the queue (everything before them has
+    /// been answered): append them to `out` for the client.
+    pub fn take_leading_synthetic(&mut self, out: &mut BytesMut) {
+        while let Some(Expect { reply: Reply::Synthetic(b), .. }) = self.queue.front() {
+            out.extend_from_slice(b);
+            self.queue.pop_front();
+        }
+    }
+
+    /// Removes the first `n` Sync expectations after the head (the Execute that
+    /// started a COPY FROM STDIN): the server ignores those Syncs.
+    pub fn drop_ignored_syncs(&mut self, n: usize) {
+        super::expect::drop_syncs_after_head(&mut self.queue, n, |e| e.kind);
+    }
+
+    /// Handles one server message (every mode). Whether it answers a message Sluice
+    /// refused (`refuse_held`): the client never sees it, having had its 0A000 instead.
+    pub fn on_server(
+        &mut self,
+        m: &Msg,
+        sp: &mut Splice,
+        server: &mut ServerStatements,
+    ) -> Result<bool, ProtocolError> {
+        if matches!(m.tag, be::NOTICE_RESPONSE | be::PARAMETER_STATUS | be::NOTIFICATION_RESPONSE) {
+            return Ok(false);
+        }
+        let Some(head) = self.queue.front_mut() else {
+            // Nothing expected (a ReadyForQuery counted early, see `track::EarlySyncs`):
+            // what the reply changes still counts.
+            if m.tag == be::COMMAND_COMPLETE {
+                emptying(m, server, &mut self.emptied, &mut self.discarded);
+            }
+            return Ok(false);
+        };
+        let refused = head.reply == Reply::Refused;
+        if refused {
+            sp.drop_range(m.start, m.start + m.frame_len);
+        }
+        if m.tag == be::ERROR_RESPONSE {
+            if !head.kind.starts_skip() {
+                head.failed = true;
+                return Ok(refused);
+            }
+            let item = self.queue.pop_front().expect("head exists");
+            self.after_error(item, m, server)?;
+            return Ok(refused);
+        }
+        // A client's simple query that emptied the server's statements: DISCARD ALL,
+        // DEALLOCATE ALL (also in forms Sluice does not answer itself: `/* c */
+        // DEALLOCATE ALL`, one of several statements).
+        if m.tag == be::COMMAND_COMPLETE && head.kind == Kind::Query {
+            emptying(m, server, &mut self.emptied, &mut self.discarded);
+        }
+        // Every message of a reply to an injected message is removed.
+        if head.reply == Reply::Swallow {
+            sp.drop_range(m.start, m.start + m.frame_len);
+        }
+        if !head.kind.done_by(m.tag) {
+            return Ok(refused);
+        }
+        let item = self.queue.pop_front().expect("head exists");
+        let end = m.start + m.frame_len;
+        match item.effect {
+            Effect::Redefine(name, st) => {
+                server.add(st.id, usize::MAX);
+                self.redefined.push((name, st));
+            }
+            Effect::Empties { discard } if !item.failed => {
+                server.clear();
+                self.emptied = true;
+                self.discarded |= discard;
+            }
+            Effect::Capture(st, generation) => {
+                tracing::debug!(stmt = st.id, generation, "shape captured");
+                *st.shape.lock() = Some((shape_of(m), generation));
+            }
+            Effect::Verify(st, generation) => {
+                let now = shape_of(m);
+                let changed = {
+                    let mut shape = st.shape.lock();
+                    match shape.as_mut() {
+                        // Same shape: the client's view holds for this generation too.
+                        Some((seen, g)) if *seen == now => {
+                            *g = generation;
+                            false
+                        }
+                        // Changed: the statement stays refused until re-described.
+                        Some(_) => true,
+                        None => false,
+                    }
+                };
+                tracing::debug!(stmt = st.id, generation, changed, "shape verified");
+                if changed {
+                    // The schema changed: copies prepared before it elsewhere are stale.
+                    self.stale.push((st.id, server.generation(st.id).unwrap_or(0)));
+                    self.refuse_changed_shape(sp, end);
+                }
+            }
+            _ => {}
+        }
+        while let Some(Expect { reply: Reply::Synthetic(b), .. }) = self.queue.front() {
+            sp.insert(end, b);
+            self.queue.pop_front();
+        }
+        Ok(refused)
+    }
+
+    /// The statement's result type changed since the client described it: the client
+    /// gets the error PostgreSQL gives for that (at `at` in the server's output), and
+    /// the message held for the check is refused (`refuse_held`).
+    fn refuse_changed_shape(&mut self, sp: &mut Splice, at: usize) {
+        let mut b = BytesMut::new();
+        // As PostgreSQL words it; drivers (asyncpg) recognise it by the routine name.
+        build::error_response_from(
+            &mut b,
+            build::Severity::Error,
+            crate::protocol::sqlstate::FEATURE_NOT_SUPPORTED,
+            "cached plan must not change result type",
+            Some("RevalidateCachedQuery"),
+        );
+        sp.insert(at, &b);
+        self.refuse = true;
+    }
+
+    /// Undoes what a message the server failed or skipped was expected to do.
+    fn undo(&mut self, effect: Effect, server: &mut ServerStatements) {
+        match effect {
+            Effect::Define(name, st) => self.undefined.push((name, st)),
+            Effect::Close(name, st) => self.reopened.push((name, st)),
+            // Given back only if it was the client's last word on its unnamed statement,
+            // and not from a Parse that failed or was skipped too.
+            Effect::CloseUnnamed(closed) => {
+                let (u, at) = *closed;
+                if at == self.unnamed_changes && self.unnamed_lost != Some(u.id) {
+                    self.unnamed_reopened = Some(u);
+                }
+            }
+            // The server does not hold that unnamed statement (a later Parse replaces
+            // whatever it holds anyway); after the client's own Parse, nor does the client.
+            Effect::Unnamed(id) | Effect::UnnamedAgain(id) => {
+                if server.unnamed == id {
+                    server.unnamed = 0;
+                }
+                if matches!(effect, Effect::Unnamed(_)) {
+                    self.unnamed_lost = Some(id);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// An error ended an extended-protocol message: the server now skips everything up
+    /// to the next Sync, so drop what was expected of those messages.
+    fn after_error(&mut self, item: Expect, m: &Msg, server: &mut ServerStatements) -> Result<(), ProtocolError> {
+        self.undo(item.effect, server);
+        if let Some(id) = item.stmt {
+            let f = crate::client::track::error_fields(m)?;
+            // 26000: the server lost it behind Sluice's back (a DEALLOCATE Sluice did
+            // not recognise): parse it again on next use.
+            if item.kind == Kind::Parse || (f.code == "26000" && matches!(item.kind, Kind::Bind | Kind::Describe)) {
+                server.forget(id);
+            } else if f.code == "0A000" && f.message.contains("cached plan must not change result type") {
+                // The server's statement is stale: close and re-parse it on next use,
+                // and so on every other server of the pool.
+                self.stale.push((id, server.generation(id).unwrap_or(0)));
+                server.forget(id);
+                server.to_close.push(id);
+            }
+        }
+        while let Some(next) = self.queue.front() {
+            if !next.kind.skipped() {
+                break;
+            }
+            let dropped = self.queue.pop_front().expect("front exists");
+            self.skipped_requests += u32::from(matches!(dropped.kind, Kind::Query | Kind::Call));
+            if let (Kind::Parse, Some(id)) = (dropped.kind, dropped.stmt) {
+                server.forget(id);
+            }
+            self.undo(dropped.effect, server);
+        }
+        // The Sync that ends the skipping is still to come from the client. (A shape
+        // check skipped here leaves the queue: the message held for it goes on, and is
+        // skipped too.)
+        self.skipping = self.queue.is_empty();
+        Ok(())
+    }
+}
+
+/// A CommandComplete of DISCARD ALL or DEALLOCATE ALL: the server's statements are
+/// gone, and so are the client's (`Extended::emptied`), and after DISCARD ALL its
+/// settings (`Extended::discarded`).
+pub(in crate::client) fn emptying(m: &Msg, server: &mut ServerStatements, emptied: &mut bool, discarded: &mut bool) {
+    let tag = crate::protocol::read_cstr(body(m.frame.unwrap_or_default())).map_or(&[][..], |(t, _)| t);
+    let discard = tag == b"DISCARD ALL";
+    if discard || tag == b"DEALLOCATE ALL" {
+        server.clear();
+        *emptied = true;
+        *discarded |= discard;
+    }
+}
+
+/// Session mode's use of the queue (`Extended::on_client_forwarded`): kinds only.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::fe;
+
+    fn sent(e: &mut Extended, tags: &[u8]) -> u32 {
+        tags.iter().map(|&t| u32::from(e.on_client_forwarded(t))).sum()
+    }
+
+    /// A server message with `tag` and an empty body.
+    fn answered(e: &mut Extended, tag: u8) {
+        let frame = [tag, 0, 0, 0, 4];
+        let m = Msg { tag, start: 0, frame_len: frame.len(), frame: Some(&frame) };
+        let refused = e.on_server(&m, &mut Splice::new(), &mut ServerStatements::default()).unwrap();
+        assert!(!refused);
+    }
+
+    #[test]
+    fn requests_behind_a_failed_extended_message_are_skipped_up_to_the_sync() {
+        let mut e = Extended::default();
+        let call = fe::FUNCTION_CALL;
+        assert_eq!(sent(&mut e, &[fe::PARSE, fe::QUERY, call, fe::FLUSH, fe::SYNC, fe::QUERY]), 0);
+        answered(&mut e, be::ERROR_RESPONSE);
+        assert_eq!(e.skipped_requests, 2);
+        answered(&mut e, be::READY_FOR_QUERY); // the Sync's
+        assert!(!e.is_idle());
+        answered(&mut e, be::ROW_DESCRIPTION);
+        answered(&mut e, be::READY_FOR_QUERY);
+        assert!(e.is_idle());
+    }
+
+    #[test]
+    fn an_error_before_the_rest_is_sent_skips_it_as_it_comes() {
+        let mut e = Extended::default();
+        sent(&mut e, &[fe::PARSE, fe::BIND, fe::EXECUTE, fe::FLUSH]);
+        answered(&mut e, be::PARSE_COMPLETE);
+        answered(&mut e, be::BIND_COMPLETE);
+        answered(&mut e, be::ERROR_RESPONSE);
+        assert_eq!(e.skipped_requests, 0);
+        // Skipped by the server: the query gets no ReadyForQuery, the Sync does.
+        assert_eq!(sent(&mut e, &[fe::PARSE, fe::QUERY, fe::SYNC]), 1);
+        assert_eq!(sent(&mut e, &[fe::QUERY]), 0);
+        answered(&mut e, be::READY_FOR_QUERY);
+        answered(&mut e, be::READY_FOR_QUERY);
+        assert!(e.is_idle());
+    }
+
+    #[test]
+    fn an_error_in_a_simple_query_skips_nothing() {
+        let mut e = Extended::default();
+        sent(&mut e, &[fe::QUERY, fe::QUERY]);
+        answered(&mut e, be::ERROR_RESPONSE);
+        answered(&mut e, be::READY_FOR_QUERY);
+        assert_eq!((e.skipped_requests, e.queue.len()), (0, 1));
+    }
+
+    #[test]
+    fn a_copy_begun_by_an_execute_is_told_and_its_early_syncs_dropped() {
+        let mut e = Extended::default();
+        sent(&mut e, &[fe::BIND, fe::EXECUTE, fe::SYNC, fe::COPY_DONE, fe::SYNC]);
+        answered(&mut e, be::BIND_COMPLETE);
+        assert!(e.head_is_execute());
+        e.drop_ignored_syncs(1);
+        answered(&mut e, be::COMMAND_COMPLETE);
+        answered(&mut e, be::READY_FOR_QUERY);
+        assert!(e.is_idle());
+    }
+}
