@@ -509,6 +509,21 @@ fn a_sync_inside_the_first_of_two_copies_sent_at_once() {
     assert_eq!(from_another_client(&s, "select 3"), "3", "the server stayed with the client");
 }
 
+/// Two extended-protocol COPYs sent whole under one Sync: that Sync ends both, and
+/// the server goes back to the pool once it is answered.
+#[test]
+fn two_extended_copies_under_one_sync_release_the_server() {
+    for mode in ["transaction", "session"] {
+        let (pg, s) = setup(1, mode);
+        pg.psql("CREATE TABLE copy_two (a int); GRANT ALL ON copy_two TO u_trust");
+        let mut c = trust(&s);
+        let copy = [bind("", "", &[]), execute("", 0), copy_rows(b"1\n")].concat();
+        c.send(&[parse("", "copy copy_two from stdin"), copy.clone(), copy, sync()].concat());
+        assert_eq!(tags(&c.until_ready()), "12GC2GCZ", "{mode}");
+        server_free_after(&s, mode, c);
+    }
+}
+
 /// A pool of one in transaction mode, a table and a view on it for the failed-COPY
 /// tests, and a client whose server is the backend `pid`.
 fn copy_setup() -> (PgCluster, Sluice, Raw, String) {

@@ -301,7 +301,8 @@ impl Track {
                         *units_sent = units_sent.wrapping_add(1);
                         *pending += 1;
                         *syncs_after_execute += 1;
-                        if let Some(e) = ended_ahead.back_mut() {
+                        // It ends every extended COPY ended ahead since the last one.
+                        for e in ended_ahead.iter_mut().rev().take_while(|e| !e.synced) {
                             e.synced = true;
                         }
                         *unsynced = false;

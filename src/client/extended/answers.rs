@@ -30,8 +30,8 @@ impl Extended {
         }
     }
 
-    /// Removes the first `n` Sync expectations after the head (the Execute that
-    /// started a COPY FROM STDIN): the server ignores those Syncs.
+    /// Removes the first `n` Sync expectations after the head (the Execute or Query
+    /// that began a COPY FROM STDIN): the server ignores those Syncs.
     pub fn drop_ignored_syncs(&mut self, n: usize) {
         super::expect::drop_syncs_after_head(&mut self.queue, n, |e| e.kind);
     }
