@@ -397,6 +397,41 @@ fn changed_result_type_fails_once_then_works() {
     assert_eq!(tags(&m), "2DCZ", "the pool stays poisoned: {m:?}");
 }
 
+/// The Close Sluice owes the server for a statement found stale goes only where the
+/// server reads it as a request: not ahead of the Sync that ends the skip after the
+/// error (the server would skip it, and its missing answer would swallow the client's
+/// ReadyForQuery), nor inside a COPY (the server would fail the COPY over it).
+#[test]
+fn a_stale_statement_is_closed_where_the_server_reads_it() {
+    let (pg, s) = setup(1, &[]);
+    pg.psql(
+        "create table plan_s (a int); insert into plan_s values (1); create table plan_c (a int); \
+         grant all on plan_s, plan_c to u_trust",
+    );
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "p", "select * from plan_s"), "1Z");
+    assert_eq!(first_value(&run(&mut c, "p", &[])), "1");
+    // After the error, the Sync comes in a write of its own.
+    pg.psql("alter table plan_s add column b text default 'x'");
+    c.send(&[bind("", "p", &[]), execute("", 0), flush()].concat());
+    let m = c.take(1);
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("E".to_string(), "0A000".to_string()));
+    c.send(&sync());
+    assert_eq!(tags(&c.until_ready()), "Z");
+    assert_eq!(tags(&run(&mut c, "p", &[])), "2DCZ");
+    // A COPY's data right after the error.
+    pg.psql("alter table plan_s add column c text default 'y'");
+    c.send(&[bind("", "p", &[]), execute("", 0), sync(), query("copy plan_c from stdin")].concat());
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "0A000".to_string()));
+    assert_eq!(tags(&c.take(1)), "G");
+    c.send(&copy_rows(b"7\n"));
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    assert_eq!(tags(&run(&mut c, "p", &[])), "2DCZ");
+    c.send(&query("select a from plan_c"));
+    assert_eq!(first_value(&c.until_ready()), "7");
+}
+
 #[test]
 fn session_mode_passes_statements_through() {
     let pg = PgCluster::start();

@@ -170,15 +170,15 @@ impl Extended {
         }
     }
 
-    /// Closes on the server the statements queued for closing, before anything else.
-    pub fn inject_closes(&mut self, sp: &mut Splice, server: &mut ServerStatements) {
-        if server.to_close.is_empty() {
-            return;
-        }
+    /// Closes on the server the statements queued for closing (`to_close`), before the
+    /// client message at offset `at`: one the server reads as a request, neither while it
+    /// skips to a Sync after an error nor inside a COPY (it would fail the COPY).
+    #[inline(never)]
+    fn inject_closes(&mut self, at: usize, sp: &mut Splice, server: &mut ServerStatements) {
         for id in std::mem::take(&mut server.to_close) {
-            self.inject_close(id, 0, sp);
+            self.inject_close(id, at, sp);
         }
-        flush_injected(0, sp);
+        flush_injected(at, sp);
     }
 
     /// Handles one client message (pooled modes). Sync/Query bookkeeping for the
@@ -192,6 +192,9 @@ impl Extended {
         }
         if let Some(no_reply) = self.skipped_by_server(m.tag) {
             return Ok(no_reply);
+        }
+        if !cx.server.to_close.is_empty() && starts_request(m.tag) {
+            self.inject_closes(m.start, sp, cx.server);
         }
         match m.tag {
             fe::PARSE => self.on_parse(m, sp, cx).map(|()| false),
@@ -320,7 +323,7 @@ impl Extended {
         let (buf, from) = sp.insert_buf();
         prepared::close_frame(buf, id);
         sp.commit_insert(at, from);
-        self.push(Kind::Close, Reply::Swallow, None);
+        self.queue.push_back(Expect::new(Kind::Close, Reply::Swallow, None).with(Effect::Closes(id)));
     }
 
     /// Makes sure the server holds `st`, injecting its Parse before the client message
@@ -501,6 +504,13 @@ impl Extended {
         sp.drop_range(m.start, m.start + m.frame_len);
         self.push(Kind::Bind, Reply::Refused, None);
     }
+}
+
+/// Whether a client message with `tag` is one the server reads as (part of) a request,
+/// the place for Sluice's own messages ahead of it: not a Sync (it may end a skip after
+/// an error), not Flush, nor a COPY message.
+fn starts_request(tag: u8) -> bool {
+    matches!(tag, fe::PARSE | fe::BIND | fe::DESCRIBE | fe::CLOSE | fe::EXECUTE | fe::QUERY | fe::FUNCTION_CALL)
 }
 
 /// A Flush right after messages Sluice injected before input offset `at` (ahead of

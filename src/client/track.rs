@@ -259,9 +259,6 @@ impl Track {
             stats,
             ..
         } = self;
-        if let Some(cx) = ctx.as_mut().filter(|_| !client_scan.mid_message()) {
-            ext.inject_closes(splice, cx.server);
-        }
         let n = client_scan.scan(
             buf,
             client_need(ctx.is_some()),

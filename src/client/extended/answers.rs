@@ -150,6 +150,7 @@ impl Extended {
         match effect {
             Effect::Define(name, st) => self.undefined.push((name, st)),
             Effect::Close(name, st) => self.reopened.push((name, st)),
+            Effect::Closes(id) => server.to_close.push(id),
             // Given back only if it was the client's last word on its unnamed statement,
             // and not from a Parse that failed or was skipped too.
             Effect::CloseUnnamed(closed) => {

@@ -136,6 +136,10 @@ pub(super) enum Effect {
     /// A Close of this client name, answered by Sluice: undone if the server skips
     /// that point of the pipeline after an error (PostgreSQL would not have closed it).
     Close(Bytes, Arc<Statement>),
+    /// Sluice's Close of this server-side statement (evicted or stale): if the server
+    /// skips it after an error, the statement is still there, and is closed again
+    /// before the next request (`ServerStatements::to_close`).
+    Closes(u64),
     /// Sluice's Describe of a copy (of this generation) the client has not seen: if
     /// the shape differs from what the client saw, it gets 0A000 as from PostgreSQL.
     Verify(Arc<Statement>, u64),
