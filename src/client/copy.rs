@@ -172,12 +172,7 @@ mod tests {
     fn a_copy_behind_the_probe_is_let_run_until_it_eats_the_probe() {
         let mut t = Track::default();
         t.probe(&mut BytesMut::new());
-        let copy_in = bytes(|b| {
-            build::frame(b, b'G', |b| {
-                b.put_u8(0);
-                b.put_i16(0);
-            })
-        });
+        let copy_in = copy_in_response();
         assert_eq!(from_server(&mut t, &copy_in), copy_in);
         let mut server = ServerStatements::default();
         server.add(7, 10);
@@ -205,10 +200,23 @@ mod tests {
 
     /// What the relay forwards of `server` bytes, and the server side's state after.
     fn from_server(t: &mut Track, server: &[u8]) -> Vec<u8> {
+        from_server_in(PoolMode::Transaction, t, server)
+    }
+
+    fn from_server_in(mode: PoolMode, t: &mut Track, server: &[u8]) -> Vec<u8> {
         let mut sp = Splice::new();
-        let n = t.scan_server(server, &mut sp, PoolMode::Transaction, &mut ServerStatements::default()).unwrap();
+        let n = t.scan_server(server, &mut sp, mode, &mut ServerStatements::default()).unwrap();
         assert_eq!(n, server.len());
         sp.finish(server, n).to_vec()
+    }
+
+    fn copy_in_response() -> Vec<u8> {
+        bytes(|b| {
+            build::frame(b, b'G', |b| {
+                b.put_u8(0);
+                b.put_i16(0);
+            })
+        })
     }
 
     fn from_client(t: &mut Track, client: &[u8]) {
@@ -223,12 +231,7 @@ mod tests {
     fn a_late_ready_for_query_does_not_count_for_a_request_sent_after_the_probe() {
         let mut t = Track::default();
         from_client(&mut t, &bytes(|b| build::query(b, "copy t from stdin")));
-        let copy_in = bytes(|b| {
-            build::frame(b, b'G', |b| {
-                b.put_u8(0);
-                b.put_i16(0);
-            })
-        });
+        let copy_in = copy_in_response();
         from_server(&mut t, &copy_in);
         let data = bytes(|b| {
             build::frame(b, b'd', |b| b.put_slice(b"not a number\n"));
@@ -252,5 +255,49 @@ mod tests {
         let reply = [bytes(|b| build::command_complete(b, "SELECT 1")), ready()].concat();
         assert_eq!(from_server(&mut t, &reply), reply);
         assert_eq!(t.pending, 0);
+    }
+
+    /// A simple-query COPY failed, and the client's Sync is read after the error but
+    /// before its ReadyForQuery (PostgreSQL flushes the error on its own): the server
+    /// is out of COPY mode, and answers that Sync.
+    #[test]
+    fn a_sync_sent_after_a_simple_copy_failed_is_answered() {
+        let mut t = Track::default();
+        from_client(&mut t, &bytes(|b| build::query(b, "copy t from stdin")));
+        from_server(&mut t, &copy_in_response());
+        from_client(&mut t, &bytes(|b| build::frame(b, b'd', |b| b.put_slice(b"not a number\n"))));
+        from_server(&mut t, &error("22P02", "invalid input syntax for type integer"));
+        from_client(&mut t, &bytes(build::sync));
+        from_server(&mut t, &ready());
+        assert_eq!((t.pending, t.protocol_idle()), (1, false), "the Sync's answer is still to come");
+        from_client(&mut t, &bytes(|b| build::frame(b, b'c', |_| {})));
+        from_server(&mut t, &ready());
+        assert_eq!((t.pending, t.protocol_idle(), t.server_unsure()), (0, true, false));
+    }
+
+    /// Statement mode does not take a late ReadyForQuery (a Sync inside a failed COPY)
+    /// and a BEGIN's for the end of everything the client sent: the open block is not
+    /// refused while the count is in doubt, and no reply is dropped for it.
+    #[test]
+    fn statement_mode_refuses_no_block_while_a_failed_copy_leaves_the_count_in_doubt() {
+        let mut t = Track::default();
+        from_client(&mut t, &bytes(|b| build::query(b, "copy t from stdin")));
+        from_server(&mut t, &copy_in_response());
+        from_client(
+            &mut t,
+            &bytes(|b| {
+                build::frame(b, b'd', |b| b.put_slice(b"not a number\n"));
+                build::sync(b);
+                build::frame(b, b'c', |_| {});
+                build::query(b, "begin");
+                build::query(b, "select 1");
+            }),
+        );
+        let in_block = bytes(|b| build::ready_for_query(b, TxStatus::InTransaction));
+        let begun = [bytes(|b| build::command_complete(b, "BEGIN")), in_block].concat();
+        let replies = [error("22P02", "invalid input syntax for type integer"), ready(), ready(), begun].concat();
+        assert_eq!(from_server_in(PoolMode::Statement, &mut t, &replies), replies);
+        assert!(!t.violation);
+        assert!(t.server_unsure());
     }
 }

@@ -468,11 +468,14 @@ impl Track {
                         // A transaction block still open when everything the client
                         // sent is answered (one begun and ended inside a pipeline is
                         // fine: the server is not held across the client's round trips).
+                        // (Not while a failed COPY leaves the count in doubt: this may
+                        // be a late answer, with the real ones still to come.)
                         if mode == PoolMode::Statement
                             && status != TxStatus::Idle
                             && *pending == 0
                             && !*unsynced
                             && ext.is_idle()
+                            && matches!(early_syncs, EarlySyncs::None | EarlySyncs::Counted)
                         {
                             *violation = true;
                             sp.drop_range(m.start, m.start + m.frame_len);
@@ -487,11 +490,11 @@ impl Track {
                     be::PARAMETER_STATUS => reported(frame, param_updates)?,
                     be::ERROR_RESPONSE => {
                         early_syncs.copy_ended(true);
-                        // An extended COPY IN the server ended by itself: the server now
-                        // skips to the client's next Sync, which counts again.
-                        if *copy_in == CopyIn::Extended {
-                            *copy_in = CopyIn::Off;
-                        }
+                        // A COPY IN the server ended by itself: the Syncs the client
+                        // sends from now on are read out of COPY mode and answered (begun
+                        // by an Execute, the server skips to the next of them; by a simple
+                        // query, its ReadyForQuery comes first).
+                        *copy_in = CopyIn::Off;
                         // Requests pipelined behind a failed extended message, skipped.
                         let skipped = std::mem::take(&mut ext.skipped_requests);
                         *pending = pending.saturating_sub(skipped);
