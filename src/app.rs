@@ -401,9 +401,14 @@ async fn janitor(app: Arc<App>) {
                 let pool = pool.clone();
                 tokio::spawn(async move {
                     for _ in 0..missing {
-                        if let Err(e) = pool.prefill().await {
-                            warn!(db = %pool.key.database, user = %pool.key.user, "min_pool_size connect failed: {e}");
-                            break;
+                        match pool.prefill().await {
+                            Ok(true) => {}
+                            // Full, or at a connection limit: the next round tries again.
+                            Ok(false) => break,
+                            Err(e) => {
+                                warn!(db = %pool.key.database, user = %pool.key.user, "min_pool_size connect failed: {e}");
+                                break;
+                            }
                         }
                     }
                 });

@@ -272,6 +272,33 @@ async fn idle_servers_are_retired_and_min_pool_size_kept() {
     assert!(wait_until(Duration::from_secs(10), || n(&pg) == 2), "min_pool_size not restored");
 }
 
+/// A min_pool_size beyond the pool's size fills the pool and stops there: the janitor's
+/// refill ends when the pool is full instead of spinning (which, with one worker,
+/// stopped every client from being served).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_pool_size_beyond_the_pool_fills_it_and_stops() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("workers", "1")
+        .general("default_pool_size", "2")
+        .general("min_pool_size", "9223372036854775807")
+        .start();
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    c.simple_query("select 1").await.unwrap();
+    let n = |pg: &PgCluster| pg.backends(&format!("usename = '{}'", Role::SCRAM.name));
+    assert!(wait_until(Duration::from_secs(10), || n(&pg) == 2), "expected 2 servers, saw {}", n(&pg));
+    // Clients keep being served over the next janitor rounds (one a second).
+    let until = std::time::Instant::now() + Duration::from_millis(2500);
+    while std::time::Instant::now() < until {
+        let other = tokio::time::timeout(Duration::from_secs(5), async {
+            let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+            c.simple_query("select 1").await.map(|_| ())
+        });
+        other.await.expect("a client was not served within 5 s").unwrap();
+    }
+    assert_eq!(n(&pg), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_connection_limits_queue_then_rebalance() {
     let pg = PgCluster::start();

@@ -611,7 +611,12 @@ impl Pool {
                 }
             }
             inner.idle = keep;
-            if inner.closed || self.is_paused() { 0 } else { settings.min_size.saturating_sub(total) }
+            // (min_pool_size beyond the pool's size fills the pool, no more.)
+            if inner.closed || self.is_paused() {
+                0
+            } else {
+                settings.min_size.min(settings.size).saturating_sub(total)
+            }
         };
         for s in retire {
             self.discard(s);
@@ -619,20 +624,21 @@ impl Pool {
         missing
     }
 
-    /// Opens one connection for `min_pool_size` and parks it idle.
-    pub async fn prefill(&self) -> Result<(), ServerError> {
+    /// Opens one connection for `min_pool_size` and parks it idle. False when none is
+    /// opened: the pool is closed or full, or a connection limit is reached.
+    pub async fn prefill(&self) -> Result<bool, ServerError> {
         {
             let settings = self.settings.load();
             let mut inner = self.inner.lock();
             if inner.closed || inner.total >= settings.size || !self.acquire_limits() {
-                return Ok(());
+                return Ok(false);
             }
             inner.total += 1;
             inner.connecting += 1;
         }
         let s = self.open().await?;
         self.checkin(s);
-        Ok(())
+        Ok(true)
     }
 
     /// Closes every idle connection now; in-use ones are closed when they come back.
