@@ -187,10 +187,25 @@ impl App {
     }
 
     /// Applies a configuration changed in memory (admin SET): pool settings and limits
-    /// follow at once; the users stay.
-    pub fn apply_config(&self, cfg: Config) {
+    /// follow at once; the users stay. A changed TLS setting loads that side's TLS
+    /// setup anew for connections from now on; if it cannot be used, nothing changes.
+    pub fn apply_config(&self, cfg: Config) -> Result<(), String> {
+        let old = self.config.load();
+        let (g, was) = (&cfg.general, &old.general);
+        let client_changed = g.client_tls_keys() != was.client_tls_keys();
+        let server_changed = g.server_tls_keys() != was.server_tls_keys();
+        let unusable = |e: tls::TlsError| format!("general.{}: {}", e.key, e.message);
+        let client = if client_changed { Some(ClientTls::load(&cfg).map_err(unusable)?) } else { None };
+        let server = if server_changed { Some(ServerTls::load(&cfg).map_err(unusable)?) } else { None };
+        if let Some(client) = client {
+            self.client_tls.store(Arc::new(client));
+        }
+        if let Some(server) = server {
+            self.pools.set_server_tls(Arc::new(server));
+        }
         self.pools.reload(&cfg, &self.users.load());
         self.set_config(cfg);
+        Ok(())
     }
 
     fn set_config(&self, cfg: Config) {

@@ -541,3 +541,44 @@ async fn clients_waiting_on_a_paused_database_learn_it_was_removed() {
     let r = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("still waiting").unwrap();
     assert_eq!(code(&r.expect_err("an error")), "57P03");
 }
+
+/// The byte Sluice answers an SSLRequest with: `S` (TLS offered) or `N`.
+fn ssl_answer(port: u16) -> u8 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&[0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]).unwrap();
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b).unwrap();
+    b[0]
+}
+
+/// SET of a TLS key loads that side's TLS setup for connections from now on; one whose
+/// files cannot be used is refused and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_of_a_tls_key_takes_effect_or_is_refused() {
+    let pg = PgCluster::start();
+    let certs = common::TestCerts::generate();
+    let quoted = |p: &std::path::Path| format!("\"{}\"", p.display());
+    let s = with_console(Sluice::builder(&pg))
+        .general("client_tls_sslmode", "\"allow\"")
+        .general("client_tls_cert_file", &quoted(&certs.server.cert))
+        .general("client_tls_key_file", &quoted(&certs.server.key))
+        .start();
+    assert_eq!(ssl_answer(s.port), b'S');
+    let a = admin(s.port).await;
+    let e = a.simple_query("SET client_tls_cert_file = '/nonexistent/server.crt'").await.unwrap_err();
+    assert_eq!(code(&e), "22023");
+    assert!(msg(&e).contains("client_tls_cert_file"), "{}", msg(&e));
+    assert_eq!(ssl_answer(s.port), b'S', "a refused SET changed the TLS setup");
+    let shown = |rows: Vec<tokio_postgres::SimpleQueryRow>| {
+        rows.iter()
+            .find(|r| r.get("key") == Some("client_tls_cert_file"))
+            .and_then(|r| r.get("value").map(String::from))
+    };
+    assert_eq!(shown(rows(&a, "SHOW CONFIG").await), Some(certs.server.cert.display().to_string()));
+    a.simple_query("SET client_tls_sslmode = 'disable'").await.unwrap();
+    assert_eq!(ssl_answer(s.port), b'N');
+    a.simple_query("SET client_tls_sslmode = 'allow'").await.unwrap();
+    assert_eq!(ssl_answer(s.port), b'S');
+}

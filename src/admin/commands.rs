@@ -322,8 +322,7 @@ pub async fn run(app: &Arc<App>, cmd: &Command, by: &str) -> Result<(), AdminErr
             let cfg = super::config::set(&app.config.load(), key, value)
                 .map_err(|e| AdminError::new(sqlstate::INVALID_PARAMETER_VALUE, e))?;
             info!(by, key, value, "admin: SET");
-            app.apply_config(cfg);
-            Ok(())
+            app.apply_config(cfg).map_err(|e| AdminError::new(sqlstate::INVALID_PARAMETER_VALUE, e))
         }
         Command::Shutdown(mode) => {
             info!(by, "admin: SHUTDOWN {mode:?}");

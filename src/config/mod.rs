@@ -254,6 +254,26 @@ impl Default for General {
     }
 }
 
+impl General {
+    /// The settings the client side's TLS setup is loaded from (`tls::ClientTls::load`).
+    pub fn client_tls_keys(&self) -> (ClientTlsMode, &str, &str, &str, &[String]) {
+        let g = self;
+        (
+            g.client_tls_sslmode,
+            &g.client_tls_cert_file,
+            &g.client_tls_key_file,
+            &g.client_tls_ca_file,
+            &g.client_tls_protocols,
+        )
+    }
+
+    /// The settings the server side's TLS setup is loaded from (`tls::ServerTls::load`).
+    pub fn server_tls_keys(&self) -> (ServerTlsMode, &str, &str, &str) {
+        let g = self;
+        (g.server_tls_sslmode, &g.server_tls_ca_file, &g.server_tls_cert_file, &g.server_tls_key_file)
+    }
+}
+
 /// A `[databases.NAME]` entry: where a logical database lives and how it is pooled.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
