@@ -432,6 +432,31 @@ fn a_stale_statement_is_closed_where_the_server_reads_it() {
     assert_eq!(first_value(&c.until_ready()), "7");
 }
 
+/// A client that sends a request inside a COPY, before its data, where Sluice must
+/// check the statement's shape first (its copy was evicted): PostgreSQL would read the
+/// check as COPY data. The client is told and the server closed; nothing hangs.
+#[test]
+fn a_shape_check_behind_a_copy_begun_ends_the_link_not_hangs() {
+    let (pg, s) = setup(1, &[("max_prepared_statements", "1")]);
+    pg.psql("create table plan_h (a int); grant all on plan_h to u_trust");
+    let mut c = login(&s);
+    c.send(&query("select pg_backend_pid()"));
+    let pid = first_value(&c.until_ready());
+    assert_eq!(prepare(&mut c, "p", "select 1 as a"), "1Z");
+    assert_eq!(describe_stmt(&mut c, "p"), "tTZ");
+    assert_eq!(prepare(&mut c, "q", "select 2"), "1Z"); // evicts p from the server
+    c.send(&[query("copy plan_h from stdin"), bind("", "p", &[]), execute("", 0), sync()].concat());
+    let (tag, body) = c.recv().expect("a reply");
+    assert_eq!((tag, sqlstate(&body)), (b'E', "08P01".to_string()), "{}", field(&body, b'M'));
+    assert!(field(&body, b'M').contains("inside a COPY"), "{}", field(&body, b'M'));
+    assert!(c.closed());
+    let mut other = login(&s);
+    other.send(&query("select pg_backend_pid()"));
+    let m = other.until_ready();
+    assert_eq!(tags(&m), "TDCZ");
+    assert_ne!(first_value(&m), pid, "the server was kept");
+}
+
 #[test]
 fn session_mode_passes_statements_through() {
     let pg = PgCluster::start();

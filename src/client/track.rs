@@ -422,6 +422,15 @@ impl Track {
                                 *unsynced |= extended && !e.synced;
                                 e.ignored
                             }
+                            // A message held for a shape check follows in the client's
+                            // input with no end of this COPY before it: PostgreSQL would
+                            // read Sluice's Describe as COPY data, and the check would never
+                            // be answered.
+                            None if ext.holding() => {
+                                return Err(ProtocolError::Limit(
+                                    "a request sent inside a COPY, before its data (Sluice had to check the statement first)",
+                                ));
+                            }
                             None => {
                                 *copy_in = if extended { CopyIn::Extended } else { CopyIn::Simple };
                                 *unsynced |= extended;
