@@ -6,7 +6,6 @@ pub mod client;
 pub mod md5;
 pub mod scram;
 
-use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -97,7 +96,9 @@ pub struct ServerLogin {
     /// (SCRAM pass-through), provided the server holds the same secret.
     pub scram: Option<ScramSecret>,
     passthrough_key: Mutex<Option<[u8; 32]>>,
-    cache: Mutex<HashMap<(Vec<u8>, u32), ClientKeys>>,
+    /// The keys for the last (salt, iterations) a server announced: a role's secret on
+    /// the server has one of each, so one entry serves every new connection.
+    cache: Mutex<Option<(Vec<u8>, u32, ClientKeys)>>,
 }
 
 impl ServerLogin {
@@ -124,15 +125,21 @@ impl ServerLogin {
         }
     }
 
-    /// SCRAM keys for the salt and iteration count a server announced.
-    pub fn scram_keys(&self, salt: &[u8], iterations: u32) -> Result<ClientKeys, LoginError> {
+    /// SCRAM keys for the salt and iteration count a server announced. PBKDF2, when
+    /// the keys are not cached, runs on a blocking thread: the server chooses the
+    /// iteration count (up to millions), and the runtime's threads serve every client.
+    pub async fn scram_keys(&self, salt: &[u8], iterations: u32) -> Result<ClientKeys, LoginError> {
         if let Some(p) = &self.password {
-            let k = (salt.to_vec(), iterations);
-            if let Some(keys) = self.cache.lock().get(&k) {
-                return Ok(keys.clone());
+            let cached =
+                self.cache.lock().as_ref().filter(|(s, i, _)| s == salt && *i == iterations).map(|c| c.2.clone());
+            if let Some(keys) = cached {
+                return Ok(keys);
             }
-            let keys = ClientKeys::derive(p, salt, iterations);
-            self.cache.lock().insert(k, keys.clone());
+            let (p, owned_salt) = (p.clone(), salt.to_vec());
+            let keys = tokio::task::spawn_blocking(move || ClientKeys::derive(&p, &owned_salt, iterations))
+                .await
+                .map_err(|_| LoginError::Derivation)?;
+            *self.cache.lock() = Some((salt.to_vec(), iterations, keys.clone()));
             return Ok(keys);
         }
         let secret = self.scram.as_ref().ok_or(LoginError::NoPassword("SCRAM"))?;
@@ -163,6 +170,8 @@ pub enum LoginError {
     SecretMismatch,
     #[error("SCRAM pass-through needs a client to log in with SCRAM first")]
     NoClientKey,
+    #[error("deriving the SCRAM keys failed")]
+    Derivation,
 }
 
 /// All users by name, rebuilt on reload.
@@ -225,19 +234,22 @@ mod tests {
         assert_eq!(u.md5_hash().unwrap(), md5::password_hash("u", "pw"));
     }
 
-    #[test]
-    fn server_login_caches_and_passes_through() {
+    #[tokio::test]
+    async fn server_login_caches_and_passes_through() {
         let l = ServerLogin::plain("pw");
-        let k1 = l.scram_keys(b"salt", 4096).unwrap();
-        assert_eq!(k1, l.scram_keys(b"salt", 4096).unwrap());
+        let k1 = l.scram_keys(b"salt", 4096).await.unwrap();
+        assert_eq!(k1, l.scram_keys(b"salt", 4096).await.unwrap());
         assert_eq!(k1, ClientKeys::derive("pw", b"salt", 4096));
+        // Another salt replaces the one entry.
+        assert_eq!(l.scram_keys(b"pepper", 2).await.unwrap(), ClientKeys::derive("pw", b"pepper", 2));
+        assert!(l.cache.lock().as_ref().is_some_and(|(s, i, _)| s == b"pepper" && *i == 2));
 
         let secret = ScramSecret::derive("pw", b"salt", 4096);
         let p = ServerLogin::from_secret(Secret::Scram(secret.clone()));
-        assert_eq!(p.scram_keys(b"salt", 4096), Err(LoginError::NoClientKey));
+        assert_eq!(p.scram_keys(b"salt", 4096).await, Err(LoginError::NoClientKey));
         p.learn_client_key(k1.client_key);
-        assert_eq!(p.scram_keys(b"salt", 4096).unwrap(), k1);
-        assert_eq!(p.scram_keys(b"other", 4096), Err(LoginError::SecretMismatch));
+        assert_eq!(p.scram_keys(b"salt", 4096).await.unwrap(), k1);
+        assert_eq!(p.scram_keys(b"other", 4096).await, Err(LoginError::SecretMismatch));
         assert_eq!(p.md5_response("u", [0; 4]), Err(LoginError::NoPassword("md5")));
     }
 }

@@ -169,17 +169,10 @@ async fn authenticate(conn: &mut ServerConn, target: &ServerTarget, login: &Serv
             }
             auth_code::SASL_CONTINUE => {
                 let client = scram.as_mut().ok_or(ProtocolError::Malformed("SASL continue"))?;
-                let mut keys_err = None;
-                let reply = client.handle_server_first(data, |salt, iter| {
-                    login.scram_keys(salt, iter).map_err(|e| {
-                        keys_err = Some(e);
-                        scram::ScramError::State
-                    })
-                });
-                if let Some(e) = keys_err {
-                    return Err(e.into());
-                }
-                build::sasl_response(&mut out, &reply?);
+                let (salt, iterations) = client.server_first_params(data)?;
+                let keys = login.scram_keys(&salt, iterations).await?;
+                let reply = client.handle_server_first(data, |_, _| Ok(keys))?;
+                build::sasl_response(&mut out, &reply);
             }
             auth_code::SASL_FINAL => {
                 scram.as_mut().ok_or(ProtocolError::Malformed("SASL final"))?.handle_server_final(data)?;
