@@ -96,10 +96,18 @@ pub struct ServerLogin {
     /// (SCRAM pass-through), provided the server holds the same secret.
     pub scram: Option<ScramSecret>,
     passthrough_key: Mutex<Option<[u8; 32]>>,
-    /// The keys for the last (salt, iterations) a server announced: a role's secret on
-    /// the server has one of each, so one entry serves every new connection.
-    cache: Mutex<Option<(Vec<u8>, u32, ClientKeys)>>,
+    /// Keys for the (salt, iterations) servers announced, newest last: a role's secret
+    /// on a server has one of each, so a few entries serve a user whose databases live
+    /// on different servers. Shared with the blocking thread that derives them, which
+    /// stores its result even if the connect that asked for it gave up meanwhile.
+    cache: Arc<Mutex<Vec<DerivedKeys>>>,
 }
+
+/// SCRAM keys derived for a (salt, iterations).
+type DerivedKeys = (Vec<u8>, u32, ClientKeys);
+
+/// Entries `ServerLogin` keeps (distinct servers one user logs in to with SCRAM).
+const SERVER_KEYS_KEPT: usize = 4;
 
 impl ServerLogin {
     pub fn none() -> Self {
@@ -130,17 +138,23 @@ impl ServerLogin {
     /// iteration count (up to millions), and the runtime's threads serve every client.
     pub async fn scram_keys(&self, salt: &[u8], iterations: u32) -> Result<ClientKeys, LoginError> {
         if let Some(p) = &self.password {
-            let cached =
-                self.cache.lock().as_ref().filter(|(s, i, _)| s == salt && *i == iterations).map(|c| c.2.clone());
+            let cached = self.cache.lock().iter().find(|(s, i, _)| s == salt && *i == iterations).map(|c| c.2.clone());
             if let Some(keys) = cached {
                 return Ok(keys);
             }
-            let (p, owned_salt) = (p.clone(), salt.to_vec());
-            let keys = tokio::task::spawn_blocking(move || ClientKeys::derive(&p, &owned_salt, iterations))
-                .await
-                .map_err(|_| LoginError::Derivation)?;
-            *self.cache.lock() = Some((salt.to_vec(), iterations, keys.clone()));
-            return Ok(keys);
+            let (p, salt, cache) = (p.clone(), salt.to_vec(), self.cache.clone());
+            return tokio::task::spawn_blocking(move || {
+                let keys = ClientKeys::derive(&p, &salt, iterations);
+                let mut cache = cache.lock();
+                cache.retain(|(s, i, _)| (s, *i) != (&salt, iterations));
+                if cache.len() == SERVER_KEYS_KEPT {
+                    cache.remove(0);
+                }
+                cache.push((salt, iterations, keys.clone()));
+                keys
+            })
+            .await
+            .map_err(|_| LoginError::Derivation);
         }
         let secret = self.scram.as_ref().ok_or(LoginError::NoPassword("SCRAM"))?;
         if secret.salt != salt || secret.iterations != iterations {
@@ -240,9 +254,14 @@ mod tests {
         let k1 = l.scram_keys(b"salt", 4096).await.unwrap();
         assert_eq!(k1, l.scram_keys(b"salt", 4096).await.unwrap());
         assert_eq!(k1, ClientKeys::derive("pw", b"salt", 4096));
-        // Another salt replaces the one entry.
-        assert_eq!(l.scram_keys(b"pepper", 2).await.unwrap(), ClientKeys::derive("pw", b"pepper", 2));
-        assert!(l.cache.lock().as_ref().is_some_and(|(s, i, _)| s == b"pepper" && *i == 2));
+        // Other servers' salts are kept beside it, up to a bound, the oldest going first.
+        for n in 0..SERVER_KEYS_KEPT {
+            let salt = format!("pepper{n}");
+            assert_eq!(l.scram_keys(salt.as_bytes(), 2).await.unwrap(), ClientKeys::derive("pw", salt.as_bytes(), 2));
+        }
+        let kept: Vec<Vec<u8>> = l.cache.lock().iter().map(|(s, _, _)| s.clone()).collect();
+        assert_eq!(kept.len(), SERVER_KEYS_KEPT);
+        assert!(!kept.contains(&b"salt".to_vec()) && kept.contains(&b"pepper0".to_vec()));
 
         let secret = ScramSecret::derive("pw", b"salt", 4096);
         let p = ServerLogin::from_secret(Secret::Scram(secret.clone()));

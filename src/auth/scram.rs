@@ -241,10 +241,6 @@ impl ScramClient {
         format!("n,,{}", self.first_bare()).into_bytes()
     }
 
-    /// Given server-first-message, returns client-final-message. `keys` is called with
-    /// (salt, iterations) from the server so the caller can cache PBKDF2 results or supply
-    /// keys recovered elsewhere. Rejects a server nonce that does not extend the client
-    /// nonce, and iteration counts of 0 or above the bound.
     /// The salt and iteration count of a server-first-message, read without taking it
     /// (the keys are derived from them before `handle_server_first`).
     pub fn server_first_params(&self, data: &[u8]) -> Result<(Vec<u8>, u32), ScramError> {
@@ -252,6 +248,10 @@ impl ScramClient {
         Ok((salt, iterations))
     }
 
+    /// Given server-first-message, returns client-final-message. `keys` is called with
+    /// (salt, iterations) from the server so the caller can cache PBKDF2 results or supply
+    /// keys recovered elsewhere. Rejects a server nonce that does not extend the client
+    /// nonce, and iteration counts of 0 or above the bound.
     pub fn handle_server_first(
         &mut self,
         data: &[u8],
