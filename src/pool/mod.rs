@@ -481,13 +481,15 @@ impl Pool {
         let settings = self.settings.load();
         let now = crate::clock::CoarseInstant::now();
         let expired = settings.lifetime.is_some_and(|l| now.since(s.created) >= l);
-        if !s.is_clean() || expired || *s.addr() != settings.target.addr || self.marked(&s) || self.is_paused() {
+        if !s.is_clean() || expired || *s.addr() != settings.target.addr {
             return self.discard(s);
         }
         s.last_used = now;
         s.info.set_state(ServerState::Idle, 0);
         let mut inner = self.inner.lock();
-        if inner.closed {
+        // Checked under the lock: PAUSE and RECONNECT set their flag, then empty the idle
+        // stack under it, so a connection is either seen by them there or refused here.
+        if inner.closed || self.is_paused() || self.marked(&s) {
             drop(inner);
             return self.discard(s);
         }
@@ -625,12 +627,14 @@ impl Pool {
     }
 
     /// Opens one connection for `min_pool_size` and parks it idle. False when none is
-    /// opened: the pool is closed or full, or a connection limit is reached.
+    /// opened: the pool is closed or paused, holds `min_pool_size` connections already
+    /// (refills begun in earlier rounds count), is full, or a connection limit is reached.
     pub async fn prefill(&self) -> Result<bool, ServerError> {
         {
             let settings = self.settings.load();
             let mut inner = self.inner.lock();
-            if inner.closed || inner.total >= settings.size || !self.acquire_limits() {
+            let enough = inner.total >= settings.min_size.min(settings.size);
+            if inner.closed || self.is_paused() || enough || !self.acquire_limits() {
                 return Ok(false);
             }
             inner.total += 1;
