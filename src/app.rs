@@ -55,6 +55,9 @@ pub struct App {
     /// The TCP listening sockets: a reload or admin SET that changes `tcp_keepalive`
     /// changes them at once (accepted connections inherit it).
     listeners: parking_lot::Mutex<TcpListeners>,
+    /// Held by each change of the config (reload, admin SET) from reading the running
+    /// config to storing the new one: two changes at once must not lose one's update.
+    config_writes: parking_lot::Mutex<()>,
     /// The phase as a plain value, read by sessions on every loop turn (they are woken
     /// through `ClientInfo::wake` when it changes).
     phase_now: std::sync::atomic::AtomicU8,
@@ -106,6 +109,7 @@ impl App {
             no_clients: Notify::new(),
             phase: watch::channel(Phase::Running).0,
             listeners: parking_lot::Mutex::new(TcpListeners { keepalive, sockets: Vec::new() }),
+            config_writes: parking_lot::Mutex::new(()),
             phase_now: std::sync::atomic::AtomicU8::new(Phase::Running as u8),
             phase_changed: Notify::new(),
             mock_key: rand::random(),
@@ -164,6 +168,7 @@ impl App {
     /// Re-reads the config file; on error the running config stays (and the error is
     /// logged and returned).
     pub fn reload(&self) -> Result<(), String> {
+        let _writing = self.config_writes.lock();
         let path = self.config.load().path.clone();
         let failed = |e: &dyn std::fmt::Display| {
             error!("reload failed, keeping the running configuration: {e}");
@@ -179,17 +184,28 @@ impl App {
         let (client_tls, server_tls) = self.reload_tls(&cfg);
         self.client_tls.store(client_tls);
         self.pools.set_server_tls(server_tls);
+        // The config first, the pools after: a login that sees the pools' reload count go
+        // up reads this config (`Pools::get_current`).
+        let (cfg, users) = (Arc::new(cfg), Arc::new(users));
+        self.users.store(users.clone());
+        self.set_config(cfg.clone());
         self.pools.reload(&cfg, &users);
-        self.users.store(Arc::new(users));
-        self.set_config(cfg);
         info!("configuration reloaded");
         Ok(())
     }
 
-    /// Applies a configuration changed in memory (admin SET): pool settings and limits
-    /// follow at once; the users stay. A changed TLS setting loads that side's TLS
+    /// Changes the running configuration in memory (admin SET): `change` gets the running
+    /// one, and what it returns is applied (`apply_config`), one change at a time.
+    pub fn change_config(&self, change: impl FnOnce(&Config) -> Result<Config, String>) -> Result<(), String> {
+        let _writing = self.config_writes.lock();
+        let cfg = change(&self.config.load())?;
+        self.apply_config(cfg)
+    }
+
+    /// Applies a configuration changed in memory: pool settings and limits follow at
+    /// once; the users stay. A changed TLS setting loads that side's TLS
     /// setup anew for connections from now on; if it cannot be used, nothing changes.
-    pub fn apply_config(&self, cfg: Config) -> Result<(), String> {
+    fn apply_config(&self, cfg: Config) -> Result<(), String> {
         let old = self.config.load();
         let (g, was) = (&cfg.general, &old.general);
         let client_changed = g.client_tls_keys() != was.client_tls_keys();
@@ -203,13 +219,14 @@ impl App {
         if let Some(server) = server {
             self.pools.set_server_tls(Arc::new(server));
         }
+        let cfg = Arc::new(cfg);
+        self.set_config(cfg.clone());
         self.pools.reload(&cfg, &self.users.load());
-        self.set_config(cfg);
         Ok(())
     }
 
-    fn set_config(&self, cfg: Config) {
-        self.config.store(Arc::new(cfg));
+    fn set_config(&self, cfg: Arc<Config>) {
+        self.config.store(cfg);
         // Under the lock, from the config now in place: the last of two racing reloads
         // leaves its value on the sockets.
         let mut listeners = self.listeners.lock();

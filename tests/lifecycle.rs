@@ -5,6 +5,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::raw::{Raw, msg, startup};
 use common::{PgCluster, Role, Sluice, connect, try_connect, value, wait_until};
 
 #[test]
@@ -86,6 +87,42 @@ async fn reload_moving_a_database_replaces_lent_server_connections() {
     assert_eq!(value(&a, "select current_database()").await, "app", "the open transaction keeps its server");
     a.simple_query("commit").await.unwrap();
     assert_eq!(value(&a, "select current_database()").await, "other");
+}
+
+/// A client whose authentication spans a reload gets its pool from the config as it is
+/// after the reload: a pool created from the config the login read at its start kept
+/// that config's settings (here, its pool mode) until the next reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_spanning_a_reload_gets_a_pool_from_the_new_config() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"md5\"")
+        .general("admin_users", &format!("[\"{}\"]", Role::SCRAM.name))
+        .start();
+    let mut c = Raw::open(s.port);
+    c.send(&startup(&[("user", Role::MD5.name), ("database", "app")], 3 << 16));
+    let (tag, body) = c.recv().expect("an authentication request");
+    assert_eq!((tag, &body[..4]), (b'R', &[0, 0, 0, 5][..]), "md5 expected");
+    let cfg = s.config().replace("[databases.app]", "[databases.app]\npool_mode = \"session\"");
+    assert!(cfg.contains("pool_mode = \"session\""), "config layout changed:\n{cfg}");
+    s.write_config(&cfg);
+    s.reload();
+    assert!(s.wait_log("configuration reloaded", Duration::from_secs(10)));
+    let hash = sluice::auth::md5::password_hash(Role::MD5.name, Role::MD5.password);
+    let salt = body[4..8].try_into().unwrap();
+    let mut password = sluice::auth::md5::salted_response(&hash, salt).into_bytes();
+    password.push(0);
+    c.send(&msg(b'p', &password));
+    assert_eq!(c.until_ready()[0].0, b'R');
+    let admin = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "pgbouncer").await;
+    let pools = admin.simple_query("SHOW POOLS").await.unwrap();
+    let mode = pools.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) if r.get("user") == Some(Role::MD5.name) => {
+            r.get("pool_mode").map(String::from)
+        }
+        _ => None,
+    });
+    assert_eq!(mode.as_deref(), Some("session"));
 }
 
 /// Whether Sluice's side of the client connection from local port `client_port` runs

@@ -319,10 +319,10 @@ pub async fn run(app: &Arc<App>, cmd: &Command, by: &str) -> Result<(), AdminErr
             app.reload().map_err(|e| AdminError::new(sqlstate::INVALID_PARAMETER_VALUE, e))
         }
         Command::Set { key, value } => {
-            let cfg = super::config::set(&app.config.load(), key, value)
+            app.change_config(|cfg| super::config::set(cfg, key, value))
                 .map_err(|e| AdminError::new(sqlstate::INVALID_PARAMETER_VALUE, e))?;
             info!(by, key, value, "admin: SET");
-            app.apply_config(cfg).map_err(|e| AdminError::new(sqlstate::INVALID_PARAMETER_VALUE, e))
+            Ok(())
         }
         Command::Shutdown(mode) => {
             info!(by, "admin: SHUTDOWN {mode:?}");

@@ -35,6 +35,19 @@ pub enum LoggedIn {
     Admin(Box<AdminSession>),
 }
 
+/// The client's pool, from the config as it is now (a reload may have been applied
+/// while the client authenticated): a pool created from the config read at the start of
+/// the login would keep that config's settings until the next reload.
+fn current_pool(app: &App, database: &str, user: &str) -> Option<Arc<crate::pool::Pool>> {
+    loop {
+        let seen = app.pools.reloads();
+        let (cfg, users) = (app.config.load(), app.users.load());
+        if let Ok(pool) = app.pools.get_current(seen, &cfg, &users, database, user) {
+            return pool;
+        }
+    }
+}
+
 /// Runs the login; Ok gives a session ready to serve queries.
 pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Exit> {
     let msg = handshake(app, conn).await?;
@@ -64,13 +77,12 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
             format!("database \"{database}\" is not currently accepting connections (disabled from the admin console)"),
         ));
     }
-    let users = app.users.load_full();
     // Read before authentication: a malformed `options` is refused at once, and SHOW
     // CLIENTS has the application_name while the client authenticates.
     let params = client_params(&msg)?;
     let app_name = params.get("application_name").unwrap_or_default();
     let (info, listed, greeting) = listed_and_proven(app, conn, &cfg, user, database, app_name).await?;
-    let pool = app.pools.get(&cfg, &users, database, user).ok_or_else(|| {
+    let pool = current_pool(app, database, user).ok_or_else(|| {
         Exit::fatal(sqlstate::INVALID_AUTHORIZATION, format!("no server login configured for user \"{user}\""))
     })?;
     let session = match pool.settings().mode {

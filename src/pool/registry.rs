@@ -20,6 +20,10 @@ pub struct PoolKey {
     pub user: String,
 }
 
+/// A reload was applied after the config a login holds was read (`Pools::get_current`).
+#[derive(Debug)]
+pub struct Reloaded;
+
 #[derive(Debug)]
 pub struct Pools {
     /// database → server user → pool (two levels: a login looks a pool up by the
@@ -28,6 +32,9 @@ pub struct Pools {
     db_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     user_limits: Mutex<HashMap<String, Arc<ConnLimit>>>,
     server_ids: Arc<std::sync::atomic::AtomicU64>,
+    /// Reloads applied so far (`reload`), counted under the map lock: a login that read
+    /// the config before a reload must not create a pool from it after (`get_current`).
+    reloads: std::sync::atomic::AtomicU64,
     /// TLS towards servers, given to new pools and, on reload, to every pool.
     server_tls: ArcSwap<ServerTls>,
     /// Admin console PAUSE/DISABLE state, kept per database name so pools created
@@ -49,6 +56,7 @@ impl Default for Pools {
             db_limits: Default::default(),
             user_limits: Default::default(),
             server_ids: Arc::new(std::sync::atomic::AtomicU64::new(1)),
+            reloads: Default::default(),
             server_tls: Default::default(),
             flags: Default::default(),
         }
@@ -59,16 +67,50 @@ impl Pools {
     /// The pool a client of `db` logging in as `user` uses, created on first use.
     /// None when the database is not configured.
     pub fn get(&self, cfg: &Config, users: &UserStore, db: &str, user: &str) -> Option<Arc<Pool>> {
+        self.get_unless_reloaded(None, cfg, users, db, user).ok().flatten()
+    }
+
+    /// Reloads applied so far (see `get_current`).
+    pub fn reloads(&self) -> u64 {
+        self.reloads.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Like `get`, for a login holding the config it read after `reloads()` gave `seen`:
+    /// `Err` if a reload was applied since and a pool would be created from that config.
+    pub fn get_current(
+        &self,
+        seen: u64,
+        cfg: &Config,
+        users: &UserStore,
+        db: &str,
+        user: &str,
+    ) -> Result<Option<Arc<Pool>>, Reloaded> {
+        self.get_unless_reloaded(Some(seen), cfg, users, db, user)
+    }
+
+    fn get_unless_reloaded(
+        &self,
+        seen: Option<u64>,
+        cfg: &Config,
+        users: &UserStore,
+        db: &str,
+        user: &str,
+    ) -> Result<Option<Arc<Pool>>, Reloaded> {
         // Every login comes here: find an existing pool before building its settings.
-        let server_user = server_user(cfg, users, db, user)?;
+        let Some(server_user) = server_user(cfg, users, db, user) else { return Ok(None) };
         if let Some(p) = self.map.lock().get(db).and_then(|m| m.get(server_user)) {
-            return Some(p.clone());
+            return Ok(Some(p.clone()));
         }
-        let (key, settings) = settings_for(cfg, users, &self.server_tls.load_full(), db, user)?;
+        let Some((key, settings)) = settings_for(cfg, users, &self.server_tls.load_full(), db, user) else {
+            return Ok(None);
+        };
         let mut map = self.map.lock();
+        if seen.is_some_and(|seen| seen != self.reloads()) {
+            return Err(Reloaded);
+        }
         let users_of_db = map.entry(key.database.clone()).or_default();
         if let Some(p) = users_of_db.get(&key.user) {
-            return Some(p.clone());
+            return Ok(Some(p.clone()));
         }
         let db_limit = self.limit(&self.db_limits, db, db_max(cfg, db));
         let user_limit = self.limit(&self.user_limits, &key.user, user_max(cfg, &key.user));
@@ -78,7 +120,7 @@ impl Pools {
             pool.pause();
         }
         users_of_db.insert(key.user, pool.clone());
-        Some(pool)
+        Ok(Some(pool))
     }
 
     /// The shared limit of a database or user, created with `max` on first use; an
@@ -197,6 +239,7 @@ impl Pools {
     pub fn reload(&self, cfg: &Config, users: &UserStore) {
         let tls = self.server_tls.load_full();
         let mut map = self.map.lock();
+        self.reloads.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         // Limits first: each pool's `update` wakes its queue, which then sees a raised
         // limit.
         for (name, l) in self.db_limits.lock().iter() {
