@@ -109,6 +109,9 @@ type DerivedKeys = (Vec<u8>, u32, ClientKeys);
 /// Entries `ServerLogin` keeps (distinct servers one user logs in to with SCRAM).
 const SERVER_KEYS_KEPT: usize = 4;
 
+/// SCRAM iteration counts derived in place (PostgreSQL's default is 4096).
+const INLINE_ITERATIONS: u32 = 16_384;
+
 impl ServerLogin {
     pub fn none() -> Self {
         Self::default()
@@ -126,6 +129,12 @@ impl ServerLogin {
         ServerLogin { password: Some(password.to_string()), ..Self::default() }
     }
 
+    /// Whether `other` logs in with the same credentials (a reload that rebuilt it can
+    /// keep this one, with its cached keys).
+    pub fn same_credentials(&self, other: &ServerLogin) -> bool {
+        (&self.password, &self.md5, &self.scram) == (&other.password, &other.md5, &other.scram)
+    }
+
     /// Remembers the ClientKey recovered from a client's SCRAM proof.
     pub fn learn_client_key(&self, key: [u8; 32]) {
         if self.scram.is_some() {
@@ -134,8 +143,11 @@ impl ServerLogin {
     }
 
     /// SCRAM keys for the salt and iteration count a server announced. PBKDF2, when
-    /// the keys are not cached, runs on a blocking thread: the server chooses the
-    /// iteration count (up to millions), and the runtime's threads serve every client.
+    /// the keys are not cached, runs in place for PostgreSQL's usual counts (a few
+    /// milliseconds, once per salt), and on a blocking thread for larger ones: the server
+    /// chooses the count (up to millions), and the runtime's threads serve every client.
+    /// (Not always on a thread: once a process has a second thread, glibc wraps every
+    /// `recv` and `send` in cancellation bookkeeping, +2% of the relay's instructions.)
     pub async fn scram_keys(&self, salt: &[u8], iterations: u32) -> Result<ClientKeys, LoginError> {
         if let Some(p) = &self.password {
             let cached = self.cache.lock().iter().find(|(s, i, _)| s == salt && *i == iterations).map(|c| c.2.clone());
@@ -143,7 +155,7 @@ impl ServerLogin {
                 return Ok(keys);
             }
             let (p, salt, cache) = (p.clone(), salt.to_vec(), self.cache.clone());
-            return tokio::task::spawn_blocking(move || {
+            let derive = move || {
                 let keys = ClientKeys::derive(&p, &salt, iterations);
                 let mut cache = cache.lock();
                 cache.retain(|(s, i, _)| (s, *i) != (&salt, iterations));
@@ -152,9 +164,11 @@ impl ServerLogin {
                 }
                 cache.push((salt, iterations, keys.clone()));
                 keys
-            })
-            .await
-            .map_err(|_| LoginError::Derivation);
+            };
+            if iterations <= INLINE_ITERATIONS {
+                return Ok(derive());
+            }
+            return tokio::task::spawn_blocking(derive).await.map_err(|_| LoginError::Derivation);
         }
         let secret = self.scram.as_ref().ok_or(LoginError::NoPassword("SCRAM"))?;
         if secret.salt != salt || secret.iterations != iterations {
@@ -259,6 +273,8 @@ mod tests {
             let salt = format!("pepper{n}");
             assert_eq!(l.scram_keys(salt.as_bytes(), 2).await.unwrap(), ClientKeys::derive("pw", salt.as_bytes(), 2));
         }
+        let many = INLINE_ITERATIONS + 1;
+        assert_eq!(l.scram_keys(b"pepper0", many).await.unwrap(), ClientKeys::derive("pw", b"pepper0", many));
         let kept: Vec<Vec<u8>> = l.cache.lock().iter().map(|(s, _, _)| s.clone()).collect();
         assert_eq!(kept.len(), SERVER_KEYS_KEPT);
         assert!(!kept.contains(&b"salt".to_vec()) && kept.contains(&b"pepper0".to_vec()));

@@ -279,7 +279,14 @@ impl Pool {
     /// `server_tls_sslmode` changed, every connection opened before is closed: idle ones
     /// at once, lent ones as they come back (new certificates alone keep existing
     /// connections).
-    pub fn update(&self, settings: PoolSettings) {
+    pub fn update(&self, mut settings: PoolSettings) {
+        let current = self.settings.load();
+        if current.login.same_credentials(&settings.login) {
+            // Rebuilt by the reload (a database's own user and password): the keys it
+            // derived stay.
+            settings.login = current.login.clone();
+        }
+        drop(current);
         let old = self.settings.swap(Arc::new(settings));
         let new = self.settings.load();
         let moved = old.target.addr != new.target.addr || old.target.database != new.target.database;

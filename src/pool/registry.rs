@@ -389,4 +389,27 @@ mod tests {
         assert!(Arc::ptr_eq(&a_u3.db_limit, &a_u1.db_limit));
         assert_eq!(a_u1.db_limit.max(), 5);
     }
+
+    /// A database's own user and password: its server login (and the SCRAM keys it
+    /// caches) survives a reload that leaves them as they were, not one that changes them.
+    #[test]
+    fn a_databases_own_login_survives_a_reload_that_keeps_it() {
+        let text = |pw: &str| {
+            format!(
+                "[databases.a]\nhost = \"127.0.0.1\"\nuser = \"owner\"\npassword = \"{pw}\"\n\
+                 [users.u1]\npassword = \"p1\"\n[users.owner]\npassword = \"o\"\n"
+            )
+        };
+        let cfg = |pw: &str| Config::parse(&text(pw), Path::new("sluice.toml")).expect("a valid config");
+        let (first, same, changed) = (cfg("x"), cfg("x"), cfg("y"));
+        let users = UserStore::from_config(&first).expect("valid users");
+        let pools = Pools::default();
+        let pool = pools.get(&first, &users, "a", "u1").expect("a pool");
+        let login = pool.settings().login.clone();
+        pools.reload(&same, &users);
+        assert!(Arc::ptr_eq(&pool.settings().login, &login));
+        pools.reload(&changed, &users);
+        assert!(!Arc::ptr_eq(&pool.settings().login, &login));
+        assert!(!pool.settings().login.same_credentials(&login));
+    }
 }
