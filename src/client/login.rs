@@ -83,6 +83,10 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
     let app_name = params.get("application_name").unwrap_or_default();
     let (info, listed, greeting) = listed_and_proven(app, conn, &cfg, user, database, app_name).await?;
     let pool = current_pool(app, database, user).ok_or_else(|| {
+        if !app.config.load().databases.contains_key(database) {
+            // Removed by a reload while the client authenticated.
+            return Exit::fatal(sqlstate::INVALID_CATALOG_NAME, format!("database \"{database}\" does not exist"));
+        }
         Exit::fatal(sqlstate::INVALID_AUTHORIZATION, format!("no server login configured for user \"{user}\""))
     })?;
     let session = match pool.settings().mode {
@@ -339,11 +343,20 @@ async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessa
                 // Accepted in plaintext whatever the TLS mode: libpq before 17 never
                 // encrypts cancel requests. Forwarded in any phase (not under
                 // `until_shutdown`): a client may cancel its query while Sluice drains.
-                // The server stays with its client until the request is processed.
-                if let Some((t, _in_flight)) = app.cancel.target(pid, secret)
-                    && let Err(e) = t.addr.cancel(t.pid, t.secret).await
-                {
-                    warn!("forwarding cancel request to {} failed: {e}", t.addr);
+                // The server stays with its client until the request is processed: the
+                // forwarding is a task of its own holding that guard, so a
+                // `client_login_timeout` shorter than the forwarding's own bound
+                // (`CANCEL_TIMEOUT`) ends this connection, not the guard.
+                if let Some((t, in_flight)) = app.cancel.target(pid, secret) {
+                    let forward = tokio::spawn(async move {
+                        let _in_flight = in_flight;
+                        if let Err(e) = t.addr.cancel(t.pid, t.secret).await {
+                            warn!("forwarding cancel request to {} failed: {e}", t.addr);
+                        }
+                    });
+                    // The connection closes once PostgreSQL has the request (libpq waits
+                    // for that close before it takes the cancel as delivered).
+                    let _ = forward.await;
                 }
                 return Err(Exit::Cancel);
             }
