@@ -288,7 +288,7 @@ impl Session {
         // if it had come during the wait (the request has not been sent).
         if self.cancel_taken(&conn.buf) {
             // Unused: back to the pool once any other cancel on its way has reached it.
-            self.unlink_for_cancels(self.server.as_deref().expect("just linked")).await;
+            self.unlink_for_cancels().await;
             self.give_back(true);
             return self.cancelled(conn).await;
         }
@@ -357,7 +357,7 @@ impl Session {
         self.distrust_unsure_server();
         let Some(server) = self.server.as_deref() else { return };
         tracing::debug!(client = self.info.id, server = server.id, "released");
-        self.unlink_for_cancels(server).await;
+        self.unlink_for_cancels().await;
         self.info.set_state(ClientState::Idle);
         if let Some(settings) = self.pool.reset_always().filter(|_| !self.linked().broken) {
             let server = self.linked();
@@ -381,7 +381,10 @@ impl Session {
             }
             return self.give_back(false);
         }
-        self.unlink_for_cancels(server).await;
+        self.unlink_for_cancels().await;
+        if self.linked().broken {
+            return self.give_back(false);
+        }
         let settings = self.pool.settings();
         let limit = settings.internal_timeout;
         let reset = self.mode == PoolMode::Session || settings.reset_query_always;
@@ -426,12 +429,18 @@ impl Session {
     /// The client's cancels stop reaching `server` (its `server_id` goes to 0), and
     /// those already on their way are let through before the server runs anything
     /// else or goes to another client (`cancel::CancelRegistry::target`).
-    async fn unlink_for_cancels(&self, server: &ServerConn) {
+    /// A cancel not through within its forwarding's bound (which starts a little later)
+    /// could still reach what the server runs next: the server is then closed, not
+    /// lent again.
+    async fn unlink_for_cancels(&mut self) {
         self.info.server_id.store(0, SeqCst);
+        let Some(server) = self.server.as_deref_mut() else { return };
         if server.info.cancels_in_flight() {
             // Rare, and boxed: it would otherwise enlarge every session's future.
             let settled = tokio::time::timeout(CANCEL_TIMEOUT, server.info.cancels_settled());
-            let _ = Box::pin(settled).await;
+            if Box::pin(settled).await.is_err() {
+                server.broken = true;
+            }
         }
     }
 
