@@ -272,6 +272,31 @@ async fn idle_servers_are_retired_and_min_pool_size_kept() {
     assert!(wait_until(Duration::from_secs(10), || n(&pg) == 2), "min_pool_size not restored");
 }
 
+/// A wait queued while no `query_wait_timeout` was set runs out once a reload sets one,
+/// and does not hold up the waits queued behind it (the expiry task looks at the
+/// oldest wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_setting_query_wait_timeout_bounds_waits_already_queued() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[("query_wait_timeout", "0"), ("admin_users", "[\"u_scram\"]")], 1);
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    a.simple_query("begin").await.unwrap();
+    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let waiting = tokio::spawn(async move { b.simple_query("select 1").await.err().map(|e| code(&e)) });
+    assert!(queued(s.port, "app", Role::SCRAM.name), "the second client did not queue");
+    let cfg = s.config().replace("query_wait_timeout = 0", "query_wait_timeout = 1");
+    assert!(cfg.contains("query_wait_timeout = 1"), "config layout changed:\n{cfg}");
+    s.write_config(&cfg);
+    s.reload();
+    assert!(s.wait_log("configuration reloaded", Duration::from_secs(10)));
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let later = tokio::spawn(async move { c.simple_query("select 1").await.err().map(|e| code(&e)) });
+    for (who, w) in [("queued before the reload", waiting), ("queued after it", later)] {
+        let r = tokio::time::timeout(Duration::from_secs(10), w).await;
+        assert_eq!(r.expect(who).unwrap().as_deref(), Some("57014"), "{who}");
+    }
+}
+
 /// A min_pool_size beyond the pool's size fills the pool and stops there: the janitor's
 /// refill ends when the pool is full instead of spinning (which, with one worker,
 /// stopped every client from being served).

@@ -279,7 +279,7 @@ impl Pool {
     /// `server_tls_sslmode` changed, every connection opened before is closed: idle ones
     /// at once, lent ones as they come back (new certificates alone keep existing
     /// connections).
-    pub fn update(&self, mut settings: PoolSettings) {
+    pub fn update(self: &Arc<Self>, mut settings: PoolSettings) {
         let current = self.settings.load();
         if current.login.same_credentials(&settings.login) {
             // Rebuilt by the reload (a database's own user and password): the keys it
@@ -292,6 +292,9 @@ impl Pool {
         let moved = old.target.addr != new.target.addr || old.target.database != new.target.database;
         if moved {
             self.learned.forget();
+        }
+        if old.wait_timeout != new.wait_timeout {
+            self.bound_queued_waits(new.wait_timeout);
         }
         if moved || old.target.tls.mode != new.target.tls.mode {
             // Every connection opened so far is closed: idle ones now, lent ones when
@@ -398,6 +401,27 @@ impl Pool {
         Ok(Next::Wait(rx, arm))
     }
 
+    /// `query_wait_timeout` changed to `timeout`: a wait queued before it runs out no
+    /// later than one queued now. The deadlines stay in queue order, so the expiry task,
+    /// which looks at the oldest wait, reaches every one in time (a wait queued with no
+    /// timeout, or a longer one, would otherwise hold up those behind it).
+    fn bound_queued_waits(self: &Arc<Self>, timeout: Option<Duration>) {
+        let Some(t) = timeout else { return };
+        let latest = Instant::now() + t;
+        let arm = {
+            let mut inner = self.inner.lock();
+            for w in inner.waiters.iter_mut() {
+                w.deadline = Some(w.deadline.map_or(latest, |d| d.min(latest)));
+            }
+            let arm = !inner.waiters.is_empty() && !inner.expiry_armed;
+            inner.expiry_armed |= arm;
+            arm
+        };
+        if arm {
+            tokio::spawn(self.clone().expire_waiters());
+        }
+    }
+
     /// Fails the waits that ran past their deadline, oldest first, sleeping until the
     /// next one; ends when nobody waits.
     async fn expire_waiters(self: Arc<Self>) {
@@ -414,7 +438,8 @@ impl Pool {
                         _ if front.tx.is_closed() => {}
                         Some(d) if d <= now => {}
                         Some(d) => break d,
-                        // Queued before a reload set a timeout: look again later.
+                        // Queued with no timeout set (one set since bounds the wait,
+                        // `bound_queued_waits`): look again later.
                         None => break now + Duration::from_secs(1),
                     }
                     let w = inner.waiters.pop_front().expect("front exists");
