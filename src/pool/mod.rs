@@ -6,6 +6,7 @@
 mod control;
 mod learned;
 mod limit;
+mod maintain;
 mod registry;
 
 use std::collections::VecDeque;
@@ -620,113 +621,6 @@ impl Pool {
     pub(super) fn join_limits(self: &Arc<Self>) {
         self.db_limit.join(self);
         self.user_limit.join(self);
-    }
-
-    /// One janitor pass: closes connections idle past `server_idle_timeout` or older
-    /// than `server_lifetime` (keeping `min_pool_size`), drops abandoned waiters, and
-    /// returns how many connections to open to reach `min_pool_size`.
-    pub fn maintain(&self) -> usize {
-        let settings = self.settings.load();
-        let mut retire = Vec::new();
-        let missing = {
-            let mut inner = self.inner.lock();
-            inner.waiters.retain(|w| !w.tx.is_closed());
-            let mut keep = Vec::with_capacity(inner.idle.len());
-            let mut total = inner.total;
-            for s in inner.idle.drain(..) {
-                let idle_too_long =
-                    settings.idle_timeout.is_some_and(|t| s.last_used.elapsed() >= t) && total > settings.min_size;
-                let too_old = settings.lifetime.is_some_and(|l| s.created.elapsed() >= l);
-                if idle_too_long || too_old || s.stream.is_dead_or_noisy() {
-                    total -= 1;
-                    retire.push(s);
-                } else {
-                    keep.push(s);
-                }
-            }
-            inner.idle = keep;
-            // (min_pool_size beyond the pool's size fills the pool, no more.)
-            if inner.closed || self.is_paused() {
-                0
-            } else {
-                settings.min_size.min(settings.size).saturating_sub(total)
-            }
-        };
-        for s in retire {
-            self.discard(s);
-        }
-        missing
-    }
-
-    /// Opens one connection for `min_pool_size` and parks it idle. False when none is
-    /// opened: the pool is closed or paused, holds `min_pool_size` connections already
-    /// (refills begun in earlier rounds count), is full, or a connection limit is reached.
-    pub async fn prefill(&self) -> Result<bool, ServerError> {
-        {
-            let settings = self.settings.load();
-            let mut inner = self.inner.lock();
-            let enough = inner.total >= settings.min_size.min(settings.size);
-            if inner.closed || self.is_paused() || enough || !self.acquire_limits() {
-                return Ok(false);
-            }
-            inner.total += 1;
-            inner.connecting += 1;
-        }
-        let s = self.open().await?;
-        self.checkin(s);
-        Ok(true)
-    }
-
-    /// Closes every idle connection now; in-use ones are closed when they come back.
-    pub fn close(&self) {
-        let idle = {
-            let mut inner = self.inner.lock();
-            inner.closed = true;
-            inner.waiters.clear();
-            std::mem::take(&mut inner.idle)
-        };
-        // Clients waiting for a RESUME learn that the pool is gone.
-        self.set_paused(false);
-        for s in idle {
-            self.discard(s);
-        }
-    }
-
-    /// Closes idle connections (used after PostgreSQL restarts or on RECONNECT).
-    pub fn drop_idle(&self) {
-        let idle = std::mem::take(&mut self.inner.lock().idle);
-        for s in idle {
-            self.discard(s);
-        }
-    }
-
-    /// Clients wait although the pool has room: a shared limit (max_db_connections,
-    /// max_user_connections) stops it from opening a connection.
-    pub fn is_starved(&self) -> bool {
-        let size = self.settings.load().size;
-        let i = self.inner.lock();
-        !i.waiters.is_empty() && i.total < size && i.connecting == 0
-    }
-
-    /// Whether closing one of this pool's connections gives `starved` room: `starved`
-    /// finds a shared limit full, and this pool counts against every one it finds full.
-    pub fn can_make_room_for(&self, starved: &Pool) -> bool {
-        let (db_full, user_full) = (starved.db_limit.is_full(), starved.user_limit.is_full());
-        (db_full || user_full)
-            && (!db_full || Arc::ptr_eq(&self.db_limit, &starved.db_limit))
-            && (!user_full || Arc::ptr_eq(&self.user_limit, &starved.user_limit))
-    }
-
-    /// Closes one idle connection, if any (to make room under a shared limit).
-    pub fn evict_one_idle(&self) -> bool {
-        let s = self.inner.lock().idle.pop();
-        match s {
-            Some(s) => {
-                self.discard(s);
-                true
-            }
-            None => false,
-        }
     }
 
     /// A server reported statement `id` (held at generation `seen`) stale: copies of
