@@ -457,6 +457,29 @@ fn a_shape_check_behind_a_copy_begun_ends_the_link_not_hangs() {
     assert_ne!(first_value(&m), pid, "the server was kept");
 }
 
+/// A pipeline of two Sync segments on a server new to the client's statements: the
+/// first fails before the statement Sluice parses for it, so the server skips that
+/// Parse; the second segment, independent on PostgreSQL, must not take the statement
+/// as there.
+#[test]
+fn a_parse_skipped_in_one_segment_is_not_trusted_in_the_next() {
+    let (pg, s) = setup(2, &[]);
+    pg.psql("create table seg_t (a int primary key); insert into seg_t values (1); grant all on seg_t to u_trust");
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "ins", "insert into seg_t values (1)"), "1Z");
+    assert_eq!(prepare(&mut c, "one", "select 1"), "1Z");
+    // Another client holds the server that has them: the pipeline goes to a new one.
+    let mut holder = login(&s);
+    holder.send(&query("begin"));
+    assert_eq!(tags(&holder.until_ready()), "CZ");
+    let segment = |name: &str| [bind("", name, &[]), execute("", 0)].concat();
+    c.send(&[segment("ins"), segment("one"), sync(), segment("one"), sync()].concat());
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[1].1)), ("2EZ".to_string(), "23505".to_string()), "{m:?}");
+    let m = c.until_ready();
+    assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "1".to_string()), "{m:?}");
+}
+
 #[test]
 fn session_mode_passes_statements_through() {
     let pg = PgCluster::start();

@@ -268,7 +268,9 @@ impl Extended {
             // A real server refuses a second Parse of the same name: make it say so.
             // If the earlier Parse was skipped after an error, this one succeeds and
             // the name stands again.
-            if self.ensure(&existing, m.start, sp, cx) {
+            // (As the books say, not `unless_in_doubt`: if the earlier Parse is skipped,
+            // this one is what defines the name, as on PostgreSQL.)
+            if self.ensure(&existing, m.start, sp, cx, false) {
                 return Ok(());
             }
             sp.drop_range(m.start, m.start + m.frame_len);
@@ -285,7 +287,7 @@ impl Extended {
         }
         let st = Arc::new(prepared::statement(&p, cx.epoch));
         cx.stmts.insert(p.name, st.clone());
-        let presence = cx.server.lookup_since(st.id, cx.generation(st.id), cx.epoch);
+        let presence = self.unless_in_doubt(st.id, cx.server.lookup_since(st.id, cx.generation(st.id), cx.epoch));
         let item = if presence == Presence::Fresh {
             self.cache_hits += 1;
             let mut b = BytesMut::new();
@@ -327,10 +329,15 @@ impl Extended {
     }
 
     /// Makes sure the server holds `st`, injecting its Parse before the client message
-    /// at offset `at`. True when that message is held back for a shape check.
-    fn ensure(&mut self, st: &Arc<Statement>, at: usize, sp: &mut Splice, cx: &mut ClientCtx) -> bool {
+    /// at offset `at`; with `doubt`, also when the server may yet skip the Parse or Close
+    /// of it still unanswered (`unless_in_doubt`). True when that message is held back for
+    /// a shape check.
+    fn ensure(&mut self, st: &Arc<Statement>, at: usize, sp: &mut Splice, cx: &mut ClientCtx, doubt: bool) -> bool {
         let generation = cx.generation(st.id);
-        let presence = cx.server.lookup_since(st.id, generation, st.epoch);
+        let mut presence = cx.server.lookup_since(st.id, generation, st.epoch);
+        if doubt {
+            presence = self.unless_in_doubt(st.id, presence);
+        }
         if presence != Presence::Fresh {
             if presence == Presence::Stale {
                 self.inject_close(st.id, at, sp);
@@ -379,7 +386,7 @@ impl Extended {
             if kind == Kind::Describe {
                 effect = Effect::Capture(st.clone(), cx.generation(st.id));
             }
-            if self.ensure(&st, m.start, sp, cx) {
+            if self.ensure(&st, m.start, sp, cx, true) {
                 return Ok(());
             }
             let (buf, from) = sp.insert_buf();
@@ -421,6 +428,23 @@ impl Extended {
             cx.server.unnamed = u.id;
         }
         u.effects.clone()
+    }
+
+    /// What the server holds of statement `id`, given what the books say (`presence`):
+    /// while a Parse or Close of it is unanswered with a Sync queued behind, an error
+    /// before it may yet make the server skip it, so the books may be wrong either way;
+    /// it is then taken as stale (closed and parsed again, a Close of a statement the
+    /// server lacks being harmless).
+    #[inline]
+    fn unless_in_doubt(&self, id: u64, presence: Presence) -> Presence {
+        if self.queue.is_empty() {
+            return presence; // the usual case: nothing before this exchange unanswered
+        }
+        let mut rest = self.queue.iter();
+        let about_it = |e: &Expect| {
+            (e.kind == Kind::Parse && e.stmt == Some(id)) || matches!(e.effect, Effect::Closes(c) if c == id)
+        };
+        if rest.any(about_it) && rest.any(|e| e.kind == Kind::Sync) { Presence::Stale } else { presence }
     }
 
     /// Whether a Parse of the unnamed statement `id` is unanswered with a Sync queued
