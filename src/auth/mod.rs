@@ -224,9 +224,7 @@ impl UserStore {
         for (name, user) in self.users.iter_mut() {
             let Some(prev) = old.users.get(name) else { continue };
             if format!("{:?}", prev.secret) == format!("{:?}", user.secret)
-                && prev.server.password == user.server.password
-                && prev.server.md5 == user.server.md5
-                && prev.server.scram == user.server.scram
+                && prev.server.same_credentials(&user.server)
             {
                 *user = prev.clone();
             }

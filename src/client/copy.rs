@@ -34,6 +34,13 @@ impl EarlySyncs {
         matches!(self, EarlySyncs::Probed(_) | EarlySyncs::ProbeAnswered)
     }
 
+    /// Whether Sluice's own count of the server's answers can be trusted: no failed
+    /// COPY with a Sync inside leaves it in doubt, and no probe is under way.
+    #[inline]
+    pub fn settled(self) -> bool {
+        matches!(self, EarlySyncs::None | EarlySyncs::Counted)
+    }
+
     /// A Sync of the COPY under way was taken as ignored (an earlier doubt stands).
     pub fn counted(&mut self) {
         if *self == EarlySyncs::None {

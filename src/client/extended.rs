@@ -48,7 +48,8 @@ impl ClientCtx<'_> {
     }
 }
 
-/// Per-link state of the extended-protocol rewriting.
+/// Per-link state of the replies the server owes (every mode) and, in the pooled modes,
+/// of the extended-protocol rewriting.
 #[derive(Debug, Default)]
 pub struct Extended {
     queue: VecDeque<Expect>,
@@ -420,7 +421,11 @@ impl Extended {
             cx.server.unnamed = 0;
             return TextEffects::default();
         };
-        if cx.server.unnamed != u.id || self.unanswered_before_sync(u.id) {
+        if cx.server.unnamed != u.id
+            || self.unanswered_before_sync(
+                |e| matches!(e.effect, Effect::Unnamed(i) | Effect::UnnamedAgain(i) if i == u.id),
+            )
+        {
             sp.insert(at, &u.parse);
             flush_injected(at, sp);
             self.server_parses += 1;
@@ -437,22 +442,22 @@ impl Extended {
     /// server lacks being harmless).
     #[inline]
     fn unless_in_doubt(&self, id: u64, presence: Presence) -> Presence {
-        if self.queue.is_empty() {
-            return presence; // the usual case: nothing before this exchange unanswered
+        // The usual case first: nothing before this exchange unanswered (or stale anyway).
+        if self.queue.is_empty() || presence == Presence::Stale {
+            return presence;
         }
-        let mut rest = self.queue.iter();
         let about_it = |e: &Expect| {
             (e.kind == Kind::Parse && e.stmt == Some(id)) || matches!(e.effect, Effect::Closes(c) if c == id)
         };
-        if rest.any(about_it) && rest.any(|e| e.kind == Kind::Sync) { Presence::Stale } else { presence }
+        if self.unanswered_before_sync(about_it) { Presence::Stale } else { presence }
     }
 
-    /// Whether a Parse of the unnamed statement `id` is unanswered with a Sync queued
-    /// behind it (the queue holds exactly what the server has not answered yet).
-    fn unanswered_before_sync(&self, id: u64) -> bool {
+    /// Whether an item `matches` is unanswered with a Sync queued behind it (the queue
+    /// holds exactly what the server has not answered yet): an error before it may yet
+    /// make the server skip it.
+    fn unanswered_before_sync(&self, matches: impl Fn(&Expect) -> bool) -> bool {
         let mut rest = self.queue.iter();
-        rest.any(|e| matches!(e.effect, Effect::Unnamed(u) | Effect::UnnamedAgain(u) if u == id))
-            && rest.any(|e| e.kind == Kind::Sync)
+        rest.any(matches) && rest.any(|e| e.kind == Kind::Sync)
     }
 
     fn on_close(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
@@ -534,7 +539,7 @@ impl Extended {
 /// the place for Sluice's own messages ahead of it: not a Sync (it may end a skip after
 /// an error), not Flush, nor a COPY message.
 fn starts_request(tag: u8) -> bool {
-    matches!(tag, fe::PARSE | fe::BIND | fe::DESCRIBE | fe::CLOSE | fe::EXECUTE | fe::QUERY | fe::FUNCTION_CALL)
+    Kind::of_request(tag).is_some_and(|k| k != Kind::Sync)
 }
 
 /// A Flush right after messages Sluice injected before input offset `at` (ahead of

@@ -206,7 +206,7 @@ impl Track {
     /// The server may still answer Syncs sent inside a COPY that failed, and no probe
     /// has settled it (`EarlySyncs`): it must be closed, not lent again.
     pub fn server_unsure(&self) -> bool {
-        !matches!(self.early_syncs, EarlySyncs::None | EarlySyncs::Counted)
+        !self.early_syncs.settled()
     }
 
     /// Writes the probe (`EarlySyncs::Unsure`): a Describe of a portal named with a
@@ -484,7 +484,7 @@ impl Track {
                             && *pending == 0
                             && !*unsynced
                             && ext.is_idle()
-                            && matches!(early_syncs, EarlySyncs::None | EarlySyncs::Counted)
+                            && early_syncs.settled()
                         {
                             *violation = true;
                             sp.drop_range(m.start, m.start + m.frame_len);

@@ -33,7 +33,15 @@ impl Extended {
     /// Removes the first `n` Sync expectations after the head (the Execute or Query
     /// that began a COPY FROM STDIN): the server ignores those Syncs.
     pub fn drop_ignored_syncs(&mut self, n: usize) {
-        super::expect::drop_syncs_after_head(&mut self.queue, n, |e| e.kind);
+        let (mut n, mut i) = (n, 1);
+        while n > 0 && i < self.queue.len() {
+            if self.queue[i].kind == Kind::Sync {
+                self.queue.remove(i);
+                n -= 1;
+            } else {
+                i += 1;
+            }
+        }
     }
 
     /// Handles one server message (every mode). Whether it answers a message Sluice

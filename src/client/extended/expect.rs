@@ -71,24 +71,6 @@ impl Kind {
     }
 }
 
-/// Removes the first `n` Syncs after the head of a reply queue (the Execute or Query
-/// that began a COPY FROM STDIN): the server ignores them. `kind` reads an item's kind.
-pub(in crate::client) fn drop_syncs_after_head<T>(
-    queue: &mut std::collections::VecDeque<T>,
-    mut n: usize,
-    kind: impl Fn(&T) -> Kind,
-) {
-    let mut i = 1;
-    while n > 0 && i < queue.len() {
-        if kind(&queue[i]) == Kind::Sync {
-            queue.remove(i);
-            n -= 1;
-        } else {
-            i += 1;
-        }
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Reply {
     Forward,
