@@ -192,6 +192,13 @@ async fn max_client_conn_gives_53300() {
     assert_eq!(code(&e), "53300");
 }
 
+/// A new client of `app` running `select 1` in the background: the task gives the
+/// SQLSTATE of its error, None if it succeeds.
+async fn select_in_background(port: u16) -> tokio::task::JoinHandle<Option<String>> {
+    let c = connect(port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    tokio::spawn(async move { c.simple_query("select 1").await.err().map(|e| code(&e)) })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn query_wait_timeout_then_recovery() {
     let pg = PgCluster::start();
@@ -205,8 +212,7 @@ async fn query_wait_timeout_then_recovery() {
         let started = std::time::Instant::now();
         let mut waits = Vec::new();
         for _ in 0..3 {
-            let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
-            waits.push(tokio::spawn(async move { b.simple_query("select 1").await.err().map(|e| code(&e)) }));
+            waits.push(select_in_background(s.port).await);
         }
         for w in waits {
             assert_eq!(w.await.unwrap().as_deref(), Some("57014"), "round {round}");
@@ -281,16 +287,10 @@ async fn a_reload_setting_query_wait_timeout_bounds_waits_already_queued() {
     let s = sluice(&pg, &[("query_wait_timeout", "0"), ("admin_users", "[\"u_scram\"]")], 1);
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     a.simple_query("begin").await.unwrap();
-    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
-    let waiting = tokio::spawn(async move { b.simple_query("select 1").await.err().map(|e| code(&e)) });
+    let waiting = select_in_background(s.port).await;
     assert!(queued(s.port, "app", Role::SCRAM.name), "the second client did not queue");
-    let cfg = s.config().replace("query_wait_timeout = 0", "query_wait_timeout = 1");
-    assert!(cfg.contains("query_wait_timeout = 1"), "config layout changed:\n{cfg}");
-    s.write_config(&cfg);
-    s.reload();
-    assert!(s.wait_log("configuration reloaded", Duration::from_secs(10)));
-    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
-    let later = tokio::spawn(async move { c.simple_query("select 1").await.err().map(|e| code(&e)) });
+    s.reload_replacing("query_wait_timeout = 0", "query_wait_timeout = 1");
+    let later = select_in_background(s.port).await;
     for (who, w) in [("queued before the reload", waiting), ("queued after it", later)] {
         let r = tokio::time::timeout(Duration::from_secs(10), w).await;
         assert_eq!(r.expect(who).unwrap().as_deref(), Some("57014"), "{who}");

@@ -79,11 +79,7 @@ async fn reload_moving_a_database_replaces_lent_server_connections() {
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     a.simple_query("begin").await.unwrap();
     assert_eq!(value(&a, "select current_database()").await, "app");
-    let cfg = s.config().replace("dbname = \"app\"", "dbname = \"other\"");
-    assert!(cfg.contains("dbname = \"other\""), "config layout changed:\n{cfg}");
-    s.write_config(&cfg);
-    s.reload();
-    assert!(s.wait_log("configuration reloaded", Duration::from_secs(10)));
+    s.reload_replacing("dbname = \"app\"", "dbname = \"other\"");
     assert_eq!(value(&a, "select current_database()").await, "app", "the open transaction keeps its server");
     a.simple_query("commit").await.unwrap();
     assert_eq!(value(&a, "select current_database()").await, "other");
@@ -103,11 +99,7 @@ async fn a_login_spanning_a_reload_gets_a_pool_from_the_new_config() {
     c.send(&startup(&[("user", Role::MD5.name), ("database", "app")], 3 << 16));
     let (tag, body) = c.recv().expect("an authentication request");
     assert_eq!((tag, &body[..4]), (b'R', &[0, 0, 0, 5][..]), "md5 expected");
-    let cfg = s.config().replace("[databases.app]", "[databases.app]\npool_mode = \"session\"");
-    assert!(cfg.contains("pool_mode = \"session\""), "config layout changed:\n{cfg}");
-    s.write_config(&cfg);
-    s.reload();
-    assert!(s.wait_log("configuration reloaded", Duration::from_secs(10)));
+    s.reload_replacing("[databases.app]", "[databases.app]\npool_mode = \"session\"");
     let hash = sluice::auth::md5::password_hash(Role::MD5.name, Role::MD5.password);
     let salt = body[4..8].try_into().unwrap();
     let mut password = sluice::auth::md5::salted_response(&hash, salt).into_bytes();

@@ -611,7 +611,7 @@ fn the_probe_answers_in_a_failed_transaction() {
 /// gets it parsed again, not taken as there).
 #[test]
 fn a_discard_all_answered_around_the_probe_is_recorded() {
-    let (_pg, s, mut c, _pid) = copy_setup();
+    let (_pg, s, mut c, pid) = copy_setup();
     c.send(&[parse("s1", "select 1"), sync()].concat());
     assert_eq!(tags(&c.until_ready()), "1Z");
     failed_copy_with_a_sync_inside(&mut c, &query("discard all"));
@@ -620,6 +620,8 @@ fn a_discard_all_answered_around_the_probe_is_recorded() {
     other.send(&[parse("s2", "select 1"), bind("", "s2", &[]), execute("", 0), sync()].concat());
     let m = other.until_ready();
     assert_eq!((tags(&m), first_value(&m)), ("12DCZ".to_string(), "1".to_string()), "{m:?}");
+    drop(other);
+    others_served_by_the_same_server(&s, &pid);
 }
 
 /// With a whole COPY behind it (its data and end sent before the probe): it runs.
@@ -667,11 +669,7 @@ fn a_copy_behind_the_probe_with_its_data_later_runs_or_ends_the_link() {
     assert_eq!((tag, sqlstate(&body)), (b'E', "08P01".to_string()), "{}", field(&body, b'M'));
     assert!(field(&body, b'M').contains("probe"), "{}", field(&body, b'M'));
     assert!(c.closed());
-    let mut other = trust(&s);
-    other.send(&query("select pg_backend_pid()"));
-    let m = other.until_ready();
-    assert_eq!(tags(&m), "TDCZ");
-    assert_ne!(first_value(&m), pid, "the server was kept");
+    assert_ne!(another_clients_backend(&s), pid, "the server was kept");
 }
 
 /// Session mode: the same COPY into a view passes through as PostgreSQL answers it, and
@@ -694,23 +692,24 @@ fn session_mode_closes_a_server_left_unsure_by_a_failed_copy() {
     assert_eq!(first_value(&c.until_ready()), "42");
     c.send(&msg(b'X', b""));
     assert!(c.closed());
-    let mut other = trust(&s);
-    other.send(&query("select pg_backend_pid()"));
-    let m = other.until_ready();
-    assert_eq!(tags(&m), "TDCZ", "another client got a reply that was not its own");
-    assert_ne!(first_value(&m), pid, "the server was kept");
+    assert_ne!(another_clients_backend(&s), pid, "the server was kept");
 }
 
 /// Three clients in turn get their own answer, from the backend `pid` (the only server,
 /// kept and lent again).
 fn others_served_by_the_same_server(s: &Sluice, pid: &str) {
     for _ in 0..3 {
-        let mut other = trust(s);
-        other.send(&query("select pg_backend_pid()"));
-        let m = other.until_ready();
-        assert_eq!(tags(&m), "TDCZ", "another client got a reply that was not its own");
-        assert_eq!(first_value(&m), pid, "the server was not kept");
+        assert_eq!(another_clients_backend(s), pid, "the server was not kept");
     }
+}
+
+/// The backend a new client's query runs on; its answer must be exactly its own.
+fn another_clients_backend(s: &Sluice) -> String {
+    let mut other = trust(s);
+    other.send(&query("select pg_backend_pid()"));
+    let m = other.until_ready();
+    assert_eq!(tags(&m), "TDCZ", "another client got a reply that was not its own");
+    first_value(&m)
 }
 
 /// An error in an extended-protocol exchange reported before the rest of it has

@@ -90,6 +90,18 @@ impl Sluice {
         std::fs::rename(&tmp, &self.config_path).expect("replace sluice config");
     }
 
+    /// Rewrites the config file with `from` replaced by `to` (which must change it),
+    /// reloads, and waits until the reload is logged.
+    pub fn reload_replacing(&self, from: &str, to: &str) {
+        let cfg = self.config();
+        assert!(cfg.contains(from), "config layout changed, no {from:?}:\n{cfg}");
+        let before = self.log().matches("configuration reloaded").count();
+        self.write_config(&cfg.replace(from, to));
+        self.reload();
+        let logged = self.wait_log_times("configuration reloaded", before + 1, Duration::from_secs(10));
+        assert!(logged, "no reload logged");
+    }
+
     /// The config file as it is now.
     pub fn config(&self) -> String {
         std::fs::read_to_string(&self.config_path).expect("read sluice config")
