@@ -652,14 +652,18 @@ fn an_extended_copy_behind_the_probe_keeps_its_own_sync_ignored() {
 /// With a COPY behind it whose data comes later. If the server began it before Sluice
 /// probed, the probe waits for its end; if after, the server read the probe as that
 /// COPY's data and failed it: the client is told, and the server closed. (Which one
-/// depends on timing; `client::copy`'s unit tests pin both down.)
+/// depends on timing; `client::copy`'s unit tests pin both down.) The server's
+/// CopyInResponse and its error for the probe may come in one read, and the error
+/// then reaches the client first.
 #[test]
 fn a_copy_behind_the_probe_with_its_data_later_runs_or_ends_the_link() {
     let (_pg, s, mut c, pid) = copy_setup();
     failed_copy_with_a_sync_inside(&mut c, &query("copy copy_t from stdin"));
-    assert_eq!(tags(&c.take(1)), "G");
-    c.send(&copy_rows(b"6\n"));
-    let (tag, body) = c.recv().expect("a reply");
+    let (mut tag, mut body) = c.recv().expect("a reply");
+    if tag == b'G' {
+        c.send(&copy_rows(b"6\n"));
+        (tag, body) = c.recv().expect("a reply");
+    }
     if tag == b'C' {
         assert_eq!(tags(&c.take(1)), "Z");
         c.send(&query("select count(*) from copy_t"));
