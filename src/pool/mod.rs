@@ -243,6 +243,8 @@ pub struct Pool {
     changed: Notify,
     /// `wait_until` callers now waiting on `changed`.
     watchers: AtomicUsize,
+    /// Wakes the expiry task when a reload brought the queued waits' deadlines closer.
+    deadlines_moved: Notify,
 }
 
 impl Pool {
@@ -268,6 +270,7 @@ impl Pool {
             paused: Default::default(),
             generation: Default::default(),
             changed: Notify::new(),
+            deadlines_moved: Notify::new(),
             watchers: AtomicUsize::new(0),
         }
     }
@@ -395,7 +398,9 @@ impl Pool {
             return Ok(Next::Connect);
         }
         let (tx, rx) = oneshot::channel();
-        let deadline = Self::deadline(&settings, since);
+        // Loaded again under the lock `bound_queued_waits` takes after a reload stored
+        // new settings: a wait queued after that bound carries the new timeout.
+        let deadline = Self::deadline(&self.settings.load(), since);
         let arm = deadline.is_some() && !inner.expiry_armed;
         inner.expiry_armed |= arm;
         inner.waiters.push_back(Queued { tx, deadline });
@@ -405,26 +410,31 @@ impl Pool {
     /// `query_wait_timeout` changed to `timeout`: a wait queued before it runs out no
     /// later than one queued now. The deadlines stay in queue order, so the expiry task,
     /// which looks at the oldest wait, reaches every one in time (a wait queued with no
-    /// timeout, or a longer one, would otherwise hold up those behind it).
+    /// timeout, or a longer one, would otherwise hold up those behind it); a task
+    /// already sleeping toward an older, later deadline is woken to look again.
     fn bound_queued_waits(self: &Arc<Self>, timeout: Option<Duration>) {
         let Some(t) = timeout else { return };
         let latest = Instant::now() + t;
-        let arm = {
+        let (arm, running) = {
             let mut inner = self.inner.lock();
             for w in inner.waiters.iter_mut() {
                 w.deadline = Some(w.deadline.map_or(latest, |d| d.min(latest)));
             }
             let arm = !inner.waiters.is_empty() && !inner.expiry_armed;
             inner.expiry_armed |= arm;
-            arm
+            (arm, inner.expiry_armed && !arm)
         };
         if arm {
             tokio::spawn(self.clone().expire_waiters());
+        } else if running {
+            // Stored as a permit if the task is not sleeping yet: it looks again anyway.
+            self.deadlines_moved.notify_one();
         }
     }
 
     /// Fails the waits that ran past their deadline, oldest first, sleeping until the
-    /// next one; ends when nobody waits.
+    /// next one (or until a reload moves the deadlines, `bound_queued_waits`); ends when
+    /// nobody waits with a deadline.
     async fn expire_waiters(self: Arc<Self>) {
         loop {
             let wake_at = {
@@ -439,15 +449,23 @@ impl Pool {
                         _ if front.tx.is_closed() => {}
                         Some(d) if d <= now => {}
                         Some(d) => break d,
-                        // Queued with no timeout set (one set since bounds the wait,
-                        // `bound_queued_waits`): look again later.
-                        None => break now + Duration::from_secs(1),
+                        // Queued with no timeout set, and so are all behind it (a
+                        // timeout set since bounds every wait, `bound_queued_waits`,
+                        // and starts a task): nothing to expire.
+                        None => {
+                            inner.expiry_armed = false;
+                            return;
+                        }
                     }
                     let w = inner.waiters.pop_front().expect("front exists");
                     let _ = w.tx.send(Handoff::TimedOut);
                 }
             };
-            tokio::time::sleep_until(tokio::time::Instant::from_std(wake_at)).await;
+            let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(wake_at));
+            tokio::select! {
+                () = sleep => {}
+                () = self.deadlines_moved.notified() => {}
+            }
         }
     }
 
