@@ -10,7 +10,6 @@
 //! needs to know which requests the server skips and whether a COPY was begun by an
 //! Execute.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -25,7 +24,7 @@ use crate::protocol::{ProtocolError, TxStatus, body, fe};
 mod answers;
 pub(super) mod expect;
 pub(super) use answers::emptying;
-use expect::{Effect, Expect, Kind, Reply};
+use expect::{Effect, Expect, Kind, Queue, Reply};
 
 /// What the client side of a scan needs besides the message.
 pub struct ClientCtx<'a> {
@@ -52,7 +51,7 @@ impl ClientCtx<'_> {
 /// of the extended-protocol rewriting.
 #[derive(Debug, Default)]
 pub struct Extended {
-    queue: VecDeque<Expect>,
+    queue: Queue,
     last_bind: Option<u64>,
     last_bind_command: Option<SqlCommand>,
     /// The server reported an error in an extended-protocol exchange whose Sync has not
@@ -456,6 +455,9 @@ impl Extended {
     /// holds exactly what the server has not answered yet): an error before it may yet
     /// make the server skip it.
     fn unanswered_before_sync(&self, matches: impl Fn(&Expect) -> bool) -> bool {
+        if self.queue.syncs() == 0 {
+            return false;
+        }
         let mut rest = self.queue.iter();
         rest.any(matches) && rest.any(|e| e.kind == Kind::Sync)
     }

@@ -1,6 +1,7 @@
 //! The queue items of `client::extended`: what each message sent to the server will be
 //! answered with, what Sluice does with that reply, and what its outcome changes.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -147,5 +148,88 @@ impl Expect {
     pub fn with(mut self, effect: Effect) -> Self {
         self.effect = effect;
         self
+    }
+}
+
+/// The replies the server owes, oldest first, and how many of them are Syncs', so
+/// that asking for a Sync behind an item (`Extended::unanswered_before_sync`) costs
+/// nothing while none is queued: a long pipeline under one Sync stays linear.
+#[derive(Debug, Default)]
+pub(super) struct Queue {
+    items: VecDeque<Expect>,
+    syncs: usize,
+}
+
+impl Queue {
+    #[inline]
+    pub fn push_back(&mut self, e: Expect) {
+        self.syncs += usize::from(e.kind == Kind::Sync);
+        self.items.push_back(e);
+    }
+
+    #[inline]
+    pub fn pop_front(&mut self) -> Option<Expect> {
+        let e = self.items.pop_front()?;
+        self.syncs -= usize::from(e.kind == Kind::Sync);
+        Some(e)
+    }
+
+    pub fn remove(&mut self, i: usize) -> Option<Expect> {
+        let e = self.items.remove(i)?;
+        self.syncs -= usize::from(e.kind == Kind::Sync);
+        Some(e)
+    }
+
+    pub fn clear(&mut self) {
+        self.items.clear();
+        self.syncs = 0;
+    }
+
+    /// The oldest item, to mark it failed (its kind is not to change).
+    #[inline]
+    pub fn front_mut(&mut self) -> Option<&mut Expect> {
+        self.items.front_mut()
+    }
+
+    /// How many Syncs are unanswered.
+    #[inline]
+    pub fn syncs(&self) -> usize {
+        self.syncs
+    }
+}
+
+impl std::ops::Deref for Queue {
+    type Target = VecDeque<Expect>;
+
+    #[inline]
+    fn deref(&self) -> &VecDeque<Expect> {
+        &self.items
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Sync count follows every way items enter and leave.
+    #[test]
+    fn the_queue_counts_its_syncs() {
+        let item = |kind| Expect::new(kind, Reply::Forward, None);
+        let mut q = Queue::default();
+        let counted = |q: &Queue| (q.syncs(), q.iter().filter(|e| e.kind == Kind::Sync).count());
+        for kind in [Kind::Parse, Kind::Sync, Kind::Bind, Kind::Sync, Kind::Sync] {
+            q.push_back(item(kind));
+        }
+        assert_eq!(counted(&q), (3, 3));
+        assert_eq!(q.remove(3).map(|e| e.kind), Some(Kind::Sync));
+        assert_eq!(q.remove(2).map(|e| e.kind), Some(Kind::Bind));
+        assert!(q.remove(9).is_none());
+        assert_eq!(counted(&q), (2, 2));
+        assert_eq!(q.pop_front().map(|e| e.kind), Some(Kind::Parse));
+        assert_eq!(q.pop_front().map(|e| e.kind), Some(Kind::Sync));
+        assert_eq!(counted(&q), (1, 1));
+        q.clear();
+        assert_eq!(counted(&q), (0, 0));
+        assert!(q.pop_front().is_none());
     }
 }
