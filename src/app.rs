@@ -194,19 +194,15 @@ impl App {
         Ok(())
     }
 
-    /// Changes the running configuration in memory (admin SET): `change` gets the running
-    /// one, and what it returns is applied (`apply_config`), one change at a time.
+    /// Changes the running configuration in memory (admin SET), one change at a time:
+    /// `change` gets the running one, and what it returns is applied. Pool settings
+    /// and limits follow at once; the users stay. A changed TLS setting loads that
+    /// side's TLS setup anew for connections from now on; if it cannot be used, nothing
+    /// changes.
     pub fn change_config(&self, change: impl FnOnce(&Config) -> Result<Config, String>) -> Result<(), String> {
         let _writing = self.config_writes.lock();
-        let cfg = change(&self.config.load())?;
-        self.apply_config(cfg)
-    }
-
-    /// Applies a configuration changed in memory: pool settings and limits follow at
-    /// once; the users stay. A changed TLS setting loads that side's TLS
-    /// setup anew for connections from now on; if it cannot be used, nothing changes.
-    fn apply_config(&self, cfg: Config) -> Result<(), String> {
         let old = self.config.load();
+        let cfg = change(&old)?;
         let (g, was) = (&cfg.general, &old.general);
         let client_changed = g.client_tls_keys() != was.client_tls_keys();
         let server_changed = g.server_tls_keys() != was.server_tls_keys();
@@ -225,12 +221,12 @@ impl App {
         Ok(())
     }
 
+    /// Puts `cfg` in place (the caller holds `config_writes`) and applies its
+    /// `tcp_keepalive` to the listening sockets when it changed.
     fn set_config(&self, cfg: Arc<Config>) {
+        let on = cfg.general.tcp_keepalive;
         self.config.store(cfg);
-        // Under the lock, from the config now in place: the last of two racing reloads
-        // leaves its value on the sockets.
         let mut listeners = self.listeners.lock();
-        let on = self.config.load().general.tcp_keepalive;
         if std::mem::replace(&mut listeners.keepalive, on) != on {
             for l in listeners.sockets.iter().filter_map(Weak::upgrade) {
                 set_listener_keepalive(&l, on);

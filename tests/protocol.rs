@@ -653,8 +653,8 @@ fn an_extended_copy_behind_the_probe_keeps_its_own_sync_ignored() {
 /// probed, the probe waits for its end; if after, the server read the probe as that
 /// COPY's data and failed it: the client is told, and the server closed. (Which one
 /// depends on timing; `client::copy`'s unit tests pin both down.) The server's
-/// CopyInResponse and its error for the probe may come in one read, and the error
-/// then reaches the client first.
+/// CopyInResponse and its error for the probe may come in one read: the client then
+/// gets only the error.
 #[test]
 fn a_copy_behind_the_probe_with_its_data_later_runs_or_ends_the_link() {
     let (_pg, s, mut c, pid) = copy_setup();

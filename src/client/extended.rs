@@ -23,7 +23,6 @@ use crate::protocol::{ProtocolError, TxStatus, body, fe};
 
 mod answers;
 pub(super) mod expect;
-pub(super) use answers::emptying;
 use expect::{Effect, Expect, Kind, Queue, Reply};
 
 /// What the client side of a scan needs besides the message.

@@ -566,7 +566,7 @@ fn while_probing(
         be::PARAMETER_STATUS => reported(frame, b.param_updates)?,
         be::COMMAND_COMPLETE => {
             *b.ddl_seen |= changes_schema(body(frame), true);
-            super::extended::emptying(m, b.prepared, &mut b.ext.emptied, &mut b.ext.discarded);
+            b.ext.note_emptying(m, b.prepared);
         }
         // A COPY FROM STDIN one of those requests began, whose end the client had not
         // sent before the probe: the server read the probe as COPY data and failed the

@@ -64,10 +64,11 @@ impl Default for Pools {
 }
 
 impl Pools {
-    /// The pool a client of `db` logging in as `user` uses, created on first use.
-    /// None when the database is not configured.
+    /// The pool a client of `db` logging in as `user` uses, created on first use, from
+    /// a config read now (tests).
+    #[cfg(test)]
     pub fn get(&self, cfg: &Config, users: &UserStore, db: &str, user: &str) -> Option<Arc<Pool>> {
-        self.get_unless_reloaded(None, cfg, users, db, user).ok().flatten()
+        self.get_current(self.reloads(), cfg, users, db, user).ok().flatten()
     }
 
     /// Reloads applied so far (see `get_current`).
@@ -75,22 +76,13 @@ impl Pools {
         self.reloads.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Like `get`, for a login holding the config it read after `reloads()` gave `seen`:
-    /// `Err` if a reload was applied since and a pool would be created from that config.
+    /// The pool a client of `db` logging in as `user` uses, created on first use; None
+    /// when the database is not configured. The login holds the config it read after
+    /// `reloads()` gave `seen`: `Err` if a reload was applied since and a pool would be
+    /// created from that config.
     pub fn get_current(
         &self,
         seen: u64,
-        cfg: &Config,
-        users: &UserStore,
-        db: &str,
-        user: &str,
-    ) -> Result<Option<Arc<Pool>>, Reloaded> {
-        self.get_unless_reloaded(Some(seen), cfg, users, db, user)
-    }
-
-    fn get_unless_reloaded(
-        &self,
-        seen: Option<u64>,
         cfg: &Config,
         users: &UserStore,
         db: &str,
@@ -105,7 +97,7 @@ impl Pools {
             return Ok(None);
         };
         let mut map = self.map.lock();
-        if seen.is_some_and(|seen| seen != self.reloads()) {
+        if seen != self.reloads() {
             return Err(Reloaded);
         }
         let users_of_db = map.entry(key.database.clone()).or_default();

@@ -21,6 +21,23 @@ fn shape_of(m: &Msg) -> Bytes {
 }
 
 impl Extended {
+    /// Records a CommandComplete of DISCARD ALL or DEALLOCATE ALL (`emptied_by`).
+    pub(in crate::client) fn note_emptying(&mut self, m: &Msg, server: &mut ServerStatements) {
+        let tag = crate::protocol::read_cstr(body(m.frame.unwrap_or_default())).map_or(&[][..], |(t, _)| t);
+        let discard = tag == b"DISCARD ALL";
+        if discard || tag == b"DEALLOCATE ALL" {
+            self.emptied_by(discard, server);
+        }
+    }
+
+    /// The server's statements are gone, and so are the client's (`emptied`), and after
+    /// DISCARD ALL its settings (`discarded`).
+    fn emptied_by(&mut self, discard: bool, server: &mut ServerStatements) {
+        server.clear();
+        self.emptied = true;
+        self.discarded |= discard;
+    }
+
     /// Sluice's own replies now at the head of the queue (everything before them has
     /// been answered): append them to `out` for the client.
     pub fn take_leading_synthetic(&mut self, out: &mut BytesMut) {
@@ -59,7 +76,7 @@ impl Extended {
             // Nothing expected (a ReadyForQuery counted early, see `track::EarlySyncs`):
             // what the reply changes still counts.
             if m.tag == be::COMMAND_COMPLETE {
-                emptying(m, server, &mut self.emptied, &mut self.discarded);
+                self.note_emptying(m, server);
             }
             return Ok(false);
         };
@@ -76,17 +93,18 @@ impl Extended {
             self.after_error(item, m, server)?;
             return Ok(refused);
         }
+        let (kind, swallowed) = (head.kind, head.reply == Reply::Swallow);
         // A client's simple query that emptied the server's statements: DISCARD ALL,
         // DEALLOCATE ALL (also in forms Sluice does not answer itself: `/* c */
         // DEALLOCATE ALL`, one of several statements).
-        if m.tag == be::COMMAND_COMPLETE && head.kind == Kind::Query {
-            emptying(m, server, &mut self.emptied, &mut self.discarded);
+        if m.tag == be::COMMAND_COMPLETE && kind == Kind::Query {
+            self.note_emptying(m, server);
         }
         // Every message of a reply to an injected message is removed.
-        if head.reply == Reply::Swallow {
+        if swallowed {
             sp.drop_range(m.start, m.start + m.frame_len);
         }
-        if !head.kind.done_by(m.tag) {
+        if !kind.done_by(m.tag) {
             return Ok(refused);
         }
         let item = self.queue.pop_front().expect("head exists");
@@ -96,11 +114,7 @@ impl Extended {
                 server.add(st.id, usize::MAX);
                 self.redefined.push((name, st));
             }
-            Effect::Empties { discard } if !item.failed => {
-                server.clear();
-                self.emptied = true;
-                self.discarded |= discard;
-            }
+            Effect::Empties { discard } if !item.failed => self.emptied_by(discard, server),
             Effect::Capture(st, generation) => {
                 tracing::debug!(stmt = st.id, generation, "shape captured");
                 *st.shape.lock() = Some((shape_of(m), generation));
@@ -215,19 +229,6 @@ impl Extended {
         // skipped too.)
         self.skipping = self.queue.is_empty();
         Ok(())
-    }
-}
-
-/// A CommandComplete of DISCARD ALL or DEALLOCATE ALL: the server's statements are
-/// gone, and so are the client's (`Extended::emptied`), and after DISCARD ALL its
-/// settings (`Extended::discarded`).
-pub(in crate::client) fn emptying(m: &Msg, server: &mut ServerStatements, emptied: &mut bool, discarded: &mut bool) {
-    let tag = crate::protocol::read_cstr(body(m.frame.unwrap_or_default())).map_or(&[][..], |(t, _)| t);
-    let discard = tag == b"DISCARD ALL";
-    if discard || tag == b"DEALLOCATE ALL" {
-        server.clear();
-        *emptied = true;
-        *discarded |= discard;
     }
 }
 
