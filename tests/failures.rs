@@ -281,21 +281,27 @@ async fn idle_servers_are_retired_and_min_pool_size_kept() {
 /// A wait queued while no `query_wait_timeout` was set, or a longer one, runs out in
 /// time once a reload sets a shorter one, and does not hold up the waits queued behind
 /// it (the expiry task looks at the oldest wait, and is woken from a sleep toward the
-/// old deadline).
+/// old deadline). So does a wait held by PAUSE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_setting_query_wait_timeout_bounds_waits_already_queued() {
     let pg = PgCluster::start();
-    for before in ["0", "120"] {
-        let s = sluice(&pg, &[("query_wait_timeout", before), ("admin_users", "[\"u_scram\"]")], 1);
-        let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
-        a.simple_query("begin").await.unwrap();
-        let waiting = select_in_background(s.port).await;
-        assert!(queued(s.port, "app", Role::SCRAM.name), "the second client did not queue");
-        s.reload_replacing(&format!("query_wait_timeout = {before}"), "query_wait_timeout = 1");
-        let later = select_in_background(s.port).await;
-        for (who, w) in [("queued before the reload", waiting), ("queued after it", later)] {
-            let r = tokio::time::timeout(Duration::from_secs(10), w).await;
-            assert_eq!(r.expect(who).unwrap().as_deref(), Some("57014"), "{who}, from {before}");
+    for paused in [false, true] {
+        for before in ["0", "120"] {
+            let s = sluice(&pg, &[("query_wait_timeout", before), ("admin_users", "[\"u_scram\"]")], 1);
+            let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+            let admin = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "pgbouncer").await;
+            admin.simple_query(if paused { "PAUSE app" } else { "SHOW VERSION" }).await.unwrap();
+            if !paused {
+                a.simple_query("begin").await.unwrap();
+            }
+            let waiting = select_in_background(s.port).await;
+            assert!(queued(s.port, "app", Role::SCRAM.name), "the second client did not queue");
+            s.reload_replacing(&format!("query_wait_timeout = {before}"), "query_wait_timeout = 1");
+            let later = select_in_background(s.port).await;
+            for (who, w) in [("queued before the reload", waiting), ("queued after it", later)] {
+                let r = tokio::time::timeout(Duration::from_secs(10), w).await;
+                assert_eq!(r.expect(who).unwrap().as_deref(), Some("57014"), "{who}, from {before}, paused {paused}");
+            }
         }
     }
 }

@@ -8,6 +8,7 @@ mod learned;
 mod limit;
 mod maintain;
 mod registry;
+mod waits;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -49,6 +50,14 @@ pub struct PoolSettings {
     pub internal_timeout: Option<Duration>,
 }
 
+impl PoolSettings {
+    /// The connections kept open however idle: `min_pool_size`, at most the pool's
+    /// size (a larger one fills the pool, no more).
+    pub fn kept_open(&self) -> usize {
+        self.min_size.min(self.size)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
     #[error("query_wait_timeout: no server connection became free in time")]
@@ -66,7 +75,8 @@ struct Inner {
     #[allow(clippy::vec_box)]
     idle: Vec<Box<ServerConn>>,
     waiters: VecDeque<Queued>,
-    /// A task expires waiters past `query_wait_timeout` (one per pool, while any wait).
+    /// A task expires waiters past `query_wait_timeout` (one per pool, while any wait
+    /// with a deadline is queued).
     expiry_armed: bool,
     /// Open plus connecting server connections.
     total: usize,
@@ -284,21 +294,22 @@ impl Pool {
     /// at once, lent ones as they come back (new certificates alone keep existing
     /// connections).
     pub fn update(self: &Arc<Self>, mut settings: PoolSettings) {
-        let current = self.settings.load();
-        if current.login.same_credentials(&settings.login) {
+        let old = self.settings.load_full();
+        if old.login.same_credentials(&settings.login) {
             // Rebuilt by the reload (a database's own user and password): the keys it
             // derived stay.
-            settings.login = current.login.clone();
+            settings.login = old.login.clone();
         }
-        drop(current);
-        let old = self.settings.swap(Arc::new(settings));
-        let new = self.settings.load();
+        let new = Arc::new(settings);
+        self.settings.store(new.clone());
         let moved = old.target.addr != new.target.addr || old.target.database != new.target.database;
         if moved {
             self.learned.forget();
         }
         if old.wait_timeout != new.wait_timeout {
             self.bound_queued_waits(new.wait_timeout);
+            // Waits held by PAUSE look at the new timeout (`wait_resumed`).
+            self.notify_changed();
         }
         if moved || old.target.tls.mode != new.target.tls.mode {
             // Every connection opened so far is closed: idle ones now, lent ones when
@@ -333,10 +344,7 @@ impl Pool {
         loop {
             match self.next(since)? {
                 Next::Take(s) => return Ok(s),
-                Next::Paused => {
-                    let deadline = Self::deadline(&self.settings.load(), since);
-                    self.wait_resumed(deadline.map(tokio::time::Instant::from_std)).await?;
-                }
+                Next::Paused => self.wait_resumed(since).await?,
                 Next::Connect => {
                     since.get_or_insert_with(Instant::now);
                     let slot = ConnectingSlot { pool: self, armed: true };
@@ -364,12 +372,6 @@ impl Pool {
         }
     }
 
-    /// When a wait that began at `since` (now, if unset) runs out of `query_wait_timeout`.
-    fn deadline(settings: &PoolSettings, since: &mut Option<Instant>) -> Option<Instant> {
-        let start = *since.get_or_insert_with(Instant::now);
-        settings.wait_timeout.map(|t| start + t)
-    }
-
     fn next(&self, since: &mut Option<Instant>) -> Result<Next, PoolError> {
         let settings = self.settings.load();
         let mut inner = self.inner.lock();
@@ -391,6 +393,9 @@ impl Pool {
             if inner.closed {
                 return Err(PoolError::Closed);
             }
+            if self.is_paused() {
+                return Ok(Next::Paused);
+            }
         }
         if inner.waiters.is_empty() && inner.total < settings.size && self.acquire_limits() {
             inner.total += 1;
@@ -401,90 +406,14 @@ impl Pool {
         // Loaded again under the lock `bound_queued_waits` takes after a reload stored
         // new settings: a wait queued after that bound carries the new timeout.
         let deadline = Self::deadline(&self.settings.load(), since);
-        let arm = deadline.is_some() && !inner.expiry_armed;
-        inner.expiry_armed |= arm;
-        inner.waiters.push_back(Queued { tx, deadline });
+        let arm = inner.arm_expiry(deadline.is_some());
+        inner.enqueue(Queued { tx, deadline });
         Ok(Next::Wait(rx, arm))
-    }
-
-    /// `query_wait_timeout` changed to `timeout`: a wait queued before it runs out no
-    /// later than one queued now. The deadlines stay in queue order, so the expiry task,
-    /// which looks at the oldest wait, reaches every one in time (a wait queued with no
-    /// timeout, or a longer one, would otherwise hold up those behind it); a task
-    /// already sleeping toward an older, later deadline is woken to look again.
-    fn bound_queued_waits(self: &Arc<Self>, timeout: Option<Duration>) {
-        let Some(t) = timeout else { return };
-        let latest = Instant::now() + t;
-        let (arm, running) = {
-            let mut inner = self.inner.lock();
-            for w in inner.waiters.iter_mut() {
-                w.deadline = Some(w.deadline.map_or(latest, |d| d.min(latest)));
-            }
-            let arm = !inner.waiters.is_empty() && !inner.expiry_armed;
-            inner.expiry_armed |= arm;
-            (arm, inner.expiry_armed && !arm)
-        };
-        if arm {
-            tokio::spawn(self.clone().expire_waiters());
-        } else if running {
-            // Stored as a permit if the task is not sleeping yet: it looks again anyway.
-            self.deadlines_moved.notify_one();
-        }
-    }
-
-    /// Fails the waits that ran past their deadline, oldest first, sleeping until the
-    /// next one (or until a reload moves the deadlines, `bound_queued_waits`); ends when
-    /// nobody waits with a deadline.
-    async fn expire_waiters(self: Arc<Self>) {
-        loop {
-            let wake_at = {
-                let mut inner = self.inner.lock();
-                let now = Instant::now();
-                loop {
-                    let Some(front) = inner.waiters.front() else {
-                        inner.expiry_armed = false;
-                        return;
-                    };
-                    match front.deadline {
-                        _ if front.tx.is_closed() => {}
-                        Some(d) if d <= now => {}
-                        Some(d) => break d,
-                        // Queued with no timeout set, and so are all behind it (a
-                        // timeout set since bounds every wait, `bound_queued_waits`,
-                        // and starts a task): nothing to expire.
-                        None => {
-                            inner.expiry_armed = false;
-                            return;
-                        }
-                    }
-                    let w = inner.waiters.pop_front().expect("front exists");
-                    let _ = w.tx.send(Handoff::TimedOut);
-                }
-            };
-            let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(wake_at));
-            tokio::select! {
-                () = sleep => {}
-                () = self.deadlines_moved.notified() => {}
-            }
-        }
     }
 
     fn usable(&self, s: &ServerConn, settings: &PoolSettings) -> bool {
         let expired = settings.lifetime.is_some_and(|l| s.created.elapsed() >= l);
         !expired && !s.broken && !self.marked(s) && !s.stream.is_dead_or_noisy()
-    }
-
-    /// Waits until the pool is resumed (or closed: `close` clears the pause), or the
-    /// wait times out.
-    async fn wait_resumed(&self, deadline: Option<tokio::time::Instant>) -> Result<(), PoolError> {
-        let resumed = self.wait_until(|p| !p.is_paused());
-        match deadline {
-            Some(d) => tokio::time::timeout_at(d, resumed).await.map_err(|_| PoolError::WaitTimeout),
-            None => {
-                resumed.await;
-                Ok(())
-            }
-        }
     }
 
     /// Opens a connection for a slot already counted in `total` and `connecting`.
