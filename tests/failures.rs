@@ -278,10 +278,11 @@ async fn idle_servers_are_retired_and_min_pool_size_kept() {
     assert!(wait_until(Duration::from_secs(10), || n(&pg) == 2), "min_pool_size not restored");
 }
 
-/// A wait queued while no `query_wait_timeout` was set, or a longer one, runs out in
-/// time once a reload sets a shorter one, and does not hold up the waits queued behind
-/// it (the expiry task looks at the oldest wait, and is woken from a sleep toward the
-/// old deadline). So does a wait held by PAUSE.
+/// `query_wait_timeout` is the one in force, counted from when each wait began (as in
+/// PgBouncer): a wait queued while none was set, or a longer one, runs out once a
+/// reload sets a shorter one, and does not hold up the waits queued behind it (the
+/// expiry task looks at the oldest wait, and is woken from a sleep toward the old
+/// deadline). So does a wait held by PAUSE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_setting_query_wait_timeout_bounds_waits_already_queued() {
     let pg = PgCluster::start();
@@ -304,6 +305,24 @@ async fn a_reload_setting_query_wait_timeout_bounds_waits_already_queued() {
             }
         }
     }
+}
+
+/// A reload that lengthens `query_wait_timeout` lengthens the waits already queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_lengthening_query_wait_timeout_lengthens_waits_already_queued() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[("query_wait_timeout", "2"), ("admin_users", "[\"u_scram\"]")], 1);
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    a.simple_query("begin").await.unwrap();
+    let waiting = select_in_background(s.port).await;
+    assert!(queued(s.port, "app", Role::SCRAM.name), "the second client did not queue");
+    s.reload_replacing("query_wait_timeout = 2", "query_wait_timeout = 120");
+    // Past the old timeout (a wait for something not to happen: no condition to poll).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!waiting.is_finished(), "the wait ran out by the old timeout");
+    a.simple_query("commit").await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("served after the commit");
+    assert_eq!(r.unwrap(), None, "the wait failed");
 }
 
 /// A min_pool_size beyond the pool's size fills the pool and stops there: the janitor's

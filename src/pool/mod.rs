@@ -76,8 +76,11 @@ struct Inner {
     idle: Vec<Box<ServerConn>>,
     waiters: VecDeque<Queued>,
     /// A task expires waiters past `query_wait_timeout` (one per pool, while any wait
-    /// with a deadline is queued).
+    /// is queued and a timeout is set).
     expiry_armed: bool,
+    /// `query_wait_timeout`, for the waits queued (from when each began): set with the
+    /// queue's lock by the reload that changes it (`retime_waits`).
+    wait_timeout: Option<Duration>,
     /// Open plus connecting server connections.
     total: usize,
     connecting: usize,
@@ -88,7 +91,8 @@ struct Inner {
 #[derive(Debug)]
 struct Queued {
     tx: oneshot::Sender<Handoff>,
-    deadline: Option<Instant>,
+    /// When the client began waiting: `query_wait_timeout` counts from here.
+    since: Instant,
 }
 
 /// What a waiting client is handed, oldest waiter first.
@@ -253,8 +257,9 @@ pub struct Pool {
     changed: Notify,
     /// `wait_until` callers now waiting on `changed`.
     watchers: AtomicUsize,
-    /// Wakes the expiry task when a reload brought the queued waits' deadlines closer.
-    deadlines_moved: Notify,
+    /// Wakes the expiry task to look again: a reload changed the timeout, or a wait
+    /// that began earlier went to the front of the queue.
+    expiry_recheck: Notify,
 }
 
 impl Pool {
@@ -267,8 +272,8 @@ impl Pool {
     ) -> Self {
         Pool {
             key,
+            inner: Mutex::new(Inner { wait_timeout: settings.wait_timeout, ..Inner::default() }),
             settings: ArcSwap::from_pointee(settings),
-            inner: Mutex::new(Inner::default()),
             db_limit,
             user_limit,
             learned: Learned::default(),
@@ -280,7 +285,7 @@ impl Pool {
             paused: Default::default(),
             generation: Default::default(),
             changed: Notify::new(),
-            deadlines_moved: Notify::new(),
+            expiry_recheck: Notify::new(),
             watchers: AtomicUsize::new(0),
         }
     }
@@ -307,7 +312,7 @@ impl Pool {
             self.learned.forget();
         }
         if old.wait_timeout != new.wait_timeout {
-            self.bound_queued_waits(new.wait_timeout);
+            self.retime_waits(new.wait_timeout);
             // Waits held by PAUSE look at the new timeout (`wait_resumed`).
             self.notify_changed();
         }
@@ -403,11 +408,13 @@ impl Pool {
             return Ok(Next::Connect);
         }
         let (tx, rx) = oneshot::channel();
-        // Loaded again under the lock `bound_queued_waits` takes after a reload stored
-        // new settings: a wait queued after that bound carries the new timeout.
-        let deadline = Self::deadline(&self.settings.load(), since);
-        let arm = inner.arm_expiry(deadline.is_some());
-        inner.enqueue(Queued { tx, deadline });
+        let since = *since.get_or_insert_with(Instant::now);
+        let timed = inner.wait_timeout.is_some();
+        let arm = inner.arm_expiry(timed);
+        if inner.enqueue(Queued { tx, since }) && inner.expiry_armed && !arm {
+            // Ahead of the wait the expiry task sleeps toward: it looks again.
+            self.expiry_recheck.notify_one();
+        }
         Ok(Next::Wait(rx, arm))
     }
 

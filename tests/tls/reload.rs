@@ -96,6 +96,34 @@ async fn server_tls_mode_change_reaches_pooled_connections() {
     assert!(ssl_now().await, "the idle plaintext server was retired; the next one uses TLS");
 }
 
+/// Admin SET of the server side's TLS settings: new server connections follow (the
+/// idle plaintext one retired); a setting whose files cannot be used is refused,
+/// naming the key, and changes nothing.
+#[tokio::test]
+async fn admin_set_of_server_tls_takes_effect_or_is_refused() {
+    let certs = TestCerts::generate();
+    let ssl = PgSsl { cert: certs.server.cert.clone(), key: certs.server.key.clone(), ca: None };
+    let pg = PgCluster::start_with(PgOptions { ssl: Some(ssl), ..PgOptions::default() });
+    let s = Sluice::builder(&pg).database("app", &[("pool_size", "2")]).general("admin_users", "[\"u_scram\"]").start();
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let admin = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "pgbouncer").await;
+    let ssl_now = || async {
+        let row = c.query_one("select ssl from pg_stat_ssl where pid = pg_backend_pid()", &[]).await.unwrap();
+        row.get::<_, bool>(0)
+    };
+    assert!(!ssl_now().await);
+    admin.simple_query(&format!("SET server_tls_ca_file = '{}'", certs.ca.display())).await.unwrap();
+    admin.simple_query("SET server_tls_sslmode = 'verify-full'").await.unwrap();
+    assert!(ssl_now().await, "the idle plaintext server was retired; the next one uses TLS");
+    let e = admin.simple_query("SET server_tls_ca_file = '/nonexistent/ca.crt'").await.unwrap_err();
+    assert_eq!(crate::common::code(&e), "22023");
+    let text = e.as_db_error().map(|d| d.message().to_string()).unwrap_or_default();
+    assert!(text.contains("server_tls_ca_file"), "{text}");
+    // Still verify-full with the test CA: a new server connection verifies and uses TLS.
+    admin.simple_query("RECONNECT app").await.unwrap();
+    assert!(ssl_now().await, "a refused SET changed the server TLS setup");
+}
+
 #[test]
 fn unusable_tls_files_stop_start_up_and_check_naming_file_line_and_key() {
     let certs = TestCerts::generate();
