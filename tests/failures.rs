@@ -311,14 +311,14 @@ async fn a_reload_setting_query_wait_timeout_bounds_waits_already_queued() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_lengthening_query_wait_timeout_lengthens_waits_already_queued() {
     let pg = PgCluster::start();
-    let s = sluice(&pg, &[("query_wait_timeout", "2"), ("admin_users", "[\"u_scram\"]")], 1);
+    let s = sluice(&pg, &[("query_wait_timeout", "5"), ("admin_users", "[\"u_scram\"]")], 1);
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     a.simple_query("begin").await.unwrap();
     let waiting = select_in_background(s.port).await;
     assert!(queued(s.port, "app", Role::SCRAM.name), "the second client did not queue");
-    s.reload_replacing("query_wait_timeout = 2", "query_wait_timeout = 120");
+    s.reload_replacing("query_wait_timeout = 5", "query_wait_timeout = 120");
     // Past the old timeout (a wait for something not to happen: no condition to poll).
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
     assert!(!waiting.is_finished(), "the wait ran out by the old timeout");
     a.simple_query("commit").await.unwrap();
     let r = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("served after the commit");

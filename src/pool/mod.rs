@@ -78,6 +78,9 @@ struct Inner {
     /// A task expires waiters past `query_wait_timeout` (one per pool, while any wait
     /// is queued and a timeout is set).
     expiry_armed: bool,
+    /// When that task, asleep, looks next (a time already past while it is awake and
+    /// looking; None when no task runs).
+    expiry_at: Option<Instant>,
     /// `query_wait_timeout`, for the waits queued (from when each began): set with the
     /// queue's lock by the reload that changes it (`retime_waits`).
     wait_timeout: Option<Duration>,
@@ -411,8 +414,9 @@ impl Pool {
         let since = *since.get_or_insert_with(Instant::now);
         let timed = inner.wait_timeout.is_some();
         let arm = inner.arm_expiry(timed);
-        if inner.enqueue(Queued { tx, since }) && inner.expiry_armed && !arm {
-            // Ahead of the wait the expiry task sleeps toward: it looks again.
+        inner.enqueue(Queued { tx, since });
+        if !arm && inner.due_before_expiry_looks(since) {
+            // Queued again, having begun before the wait the expiry task sleeps toward.
             self.expiry_recheck.notify_one();
         }
         Ok(Next::Wait(rx, arm))

@@ -11,21 +11,19 @@ use super::{Handoff, Inner, Pool, PoolError, Queued};
 
 impl Inner {
     /// Queues a wait behind those that began no later than it: at the back, but for a
-    /// wait queued again (after PAUSE, or a queue dropped) that began before some
-    /// already queued, which goes ahead of them. True when it went to the front ahead
-    /// of others (the expiry task may be sleeping toward a later deadline).
-    pub(super) fn enqueue(&mut self, w: Queued) -> bool {
+    /// wait queued again (after PAUSE, a failed server check, a queue dropped) that
+    /// began before some already queued, which goes ahead of them.
+    pub(super) fn enqueue(&mut self, w: Queued) {
         match self.waiters.iter().rposition(|q| q.since <= w.since) {
-            Some(i) if i + 1 == self.waiters.len() => {
-                self.waiters.push_back(w);
-                false
-            }
-            found => {
-                let at = found.map_or(0, |i| i + 1);
-                self.waiters.insert(at, w);
-                at == 0 && self.waiters.len() > 1
-            }
+            Some(i) if i + 1 == self.waiters.len() => self.waiters.push_back(w),
+            found => self.waiters.insert(found.map_or(0, |i| i + 1), w),
         }
+    }
+
+    /// Whether a wait that began at `since` runs out before the expiry task, already
+    /// running, next looks (it must be woken to look again).
+    pub(super) fn due_before_expiry_looks(&self, since: Instant) -> bool {
+        matches!((self.wait_timeout, self.expiry_at), (Some(t), Some(at)) if since + t < at)
     }
 
     /// Whether to start the expiry task for a queue that `needs` one: true once, until
@@ -69,10 +67,12 @@ impl Pool {
                 loop {
                     let (Some(front), Some(t)) = (inner.waiters.front(), inner.wait_timeout) else {
                         inner.expiry_armed = false;
+                        inner.expiry_at = None;
                         return;
                     };
                     let due = front.since + t;
                     if due > now && !front.tx.is_closed() {
+                        inner.expiry_at = Some(due);
                         break due;
                     }
                     let w = inner.waiters.pop_front().expect("front exists");
@@ -114,20 +114,18 @@ mod tests {
     use super::*;
 
     /// A wait queued again (after PAUSE, a dropped queue) that began before some
-    /// already queued goes ahead of them, and says so when it reaches the front; waits
-    /// that began at the same time keep their arrival order.
+    /// already queued goes ahead of them; waits that began at the same time keep their
+    /// arrival order.
     #[test]
     fn waits_are_queued_in_the_order_they_began() {
         let now = Instant::now();
         let mut inner = Inner::default();
         let mut receivers = Vec::new();
-        let mut fronts = Vec::new();
         for secs in [5, 9, 2, 9, 7, 1] {
             let (tx, rx) = tokio::sync::oneshot::channel();
-            fronts.push(inner.enqueue(Queued { tx, since: now + Duration::from_secs(secs) }));
+            inner.enqueue(Queued { tx, since: now + Duration::from_secs(secs) });
             receivers.push(rx);
         }
-        assert_eq!(fronts, [false, false, true, false, false, true]);
         // Which arrival each place in the queue holds, front first.
         let mut order = Vec::new();
         for w in std::mem::take(&mut inner.waiters) {

@@ -119,6 +119,14 @@ async fn admin_set_of_server_tls_takes_effect_or_is_refused() {
     assert_eq!(crate::common::code(&e), "22023");
     let text = e.as_db_error().map(|d| d.message().to_string()).unwrap_or_default();
     assert!(text.contains("server_tls_ca_file"), "{text}");
+    let shown = admin.simple_query("SHOW CONFIG").await.unwrap();
+    let ca = shown.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) if r.get("key") == Some("server_tls_ca_file") => {
+            r.get("value").map(String::from)
+        }
+        _ => None,
+    });
+    assert_eq!(ca, Some(certs.ca.display().to_string()), "the refused SET was stored");
     // Still verify-full with the test CA: a new server connection verifies and uses TLS.
     admin.simple_query("RECONNECT app").await.unwrap();
     assert!(ssl_now().await, "a refused SET changed the server TLS setup");
