@@ -101,10 +101,26 @@ pub struct ServerLogin {
     /// on different servers. Shared with the blocking thread that derives them, which
     /// stores its result even if the connect that asked for it gave up meanwhile.
     cache: Arc<Mutex<Vec<DerivedKeys>>>,
+    /// PBKDF2 derivations run (tests check that concurrent connects share one).
+    derivations: Arc<std::sync::atomic::AtomicU32>,
 }
 
-/// SCRAM keys derived for a (salt, iterations).
-type DerivedKeys = (Vec<u8>, u32, ClientKeys);
+/// SCRAM keys for a (salt, iterations), derived or being derived.
+type DerivedKeys = (Vec<u8>, u32, Derivation);
+
+#[derive(Debug, Clone)]
+enum Derivation {
+    Ready(ClientKeys),
+    /// On a blocking thread: connects that need the same keys meanwhile wait for it
+    /// rather than each running PBKDF2 (a pool opening many connections at once).
+    Running(tokio::sync::watch::Receiver<Option<ClientKeys>>),
+}
+
+/// What `scram_keys` does for keys not derived yet.
+enum Plan {
+    Inline,
+    Wait(tokio::sync::watch::Receiver<Option<ClientKeys>>),
+}
 
 /// Entries `ServerLogin` keeps (distinct servers one user logs in to with SCRAM).
 const SERVER_KEYS_KEPT: usize = 4;
@@ -150,25 +166,32 @@ impl ServerLogin {
     /// `recv` and `send` in cancellation bookkeeping, +2% of the relay's instructions.)
     pub async fn scram_keys(&self, salt: &[u8], iterations: u32) -> Result<ClientKeys, LoginError> {
         if let Some(p) = &self.password {
-            let cached = self.cache.lock().iter().find(|(s, i, _)| s == salt && *i == iterations).map(|c| c.2.clone());
-            if let Some(keys) = cached {
-                return Ok(keys);
-            }
-            let (p, salt, cache) = (p.clone(), salt.to_vec(), self.cache.clone());
-            let derive = move || {
-                let keys = ClientKeys::derive(&p, &salt, iterations);
-                let mut cache = cache.lock();
-                cache.retain(|(s, i, _)| (s, *i) != (&salt, iterations));
-                if cache.len() == SERVER_KEYS_KEPT {
-                    cache.remove(0);
+            let plan = {
+                let mut cache = self.cache.lock();
+                match cache.iter().find(|(s, i, _)| s == salt && *i == iterations).map(|c| c.2.clone()) {
+                    Some(Derivation::Ready(keys)) => return Ok(keys),
+                    Some(Derivation::Running(rx)) => Plan::Wait(rx),
+                    None if iterations <= INLINE_ITERATIONS => Plan::Inline,
+                    None => Plan::Wait(self.start_derivation(&mut cache, p, salt, iterations)),
                 }
-                cache.push((salt, iterations, keys.clone()));
-                keys
             };
-            if iterations <= INLINE_ITERATIONS {
-                return Ok(derive());
-            }
-            return tokio::task::spawn_blocking(derive).await.map_err(|_| LoginError::Derivation);
+            let mut rx = match plan {
+                Plan::Inline => {
+                    let keys = derive(&self.derivations, p, salt, iterations);
+                    remember(&mut self.cache.lock(), salt, iterations, Derivation::Ready(keys.clone()));
+                    return Ok(keys);
+                }
+                Plan::Wait(rx) => rx,
+            };
+            return match rx.wait_for(Option::is_some).await {
+                Ok(keys) => Ok(keys.clone().expect("waited for Some")),
+                // The thread died (PBKDF2 does not panic; a runtime shutting down): the
+                // next connect derives again.
+                Err(_) => {
+                    self.cache.lock().retain(|(s, i, _)| (s.as_slice(), *i) != (salt, iterations));
+                    Err(LoginError::Derivation)
+                }
+            };
         }
         let secret = self.scram.as_ref().ok_or(LoginError::NoPassword("SCRAM"))?;
         if secret.salt != salt || secret.iterations != iterations {
@@ -176,6 +199,27 @@ impl ServerLogin {
         }
         let client_key = (*self.passthrough_key.lock()).ok_or(LoginError::NoClientKey)?;
         Ok(ClientKeys { client_key, server_key: secret.server_key })
+    }
+
+    /// Starts deriving keys on a blocking thread, entered in `cache` (locked by the
+    /// caller) as running; the thread enters its result, and tells those waiting.
+    fn start_derivation(
+        &self,
+        cache: &mut Vec<DerivedKeys>,
+        password: &str,
+        salt: &[u8],
+        iterations: u32,
+    ) -> tokio::sync::watch::Receiver<Option<ClientKeys>> {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        remember(cache, salt, iterations, Derivation::Running(rx.clone()));
+        let (p, salt, cache, count) =
+            (password.to_string(), salt.to_vec(), self.cache.clone(), self.derivations.clone());
+        tokio::task::spawn_blocking(move || {
+            let keys = derive(&count, &p, &salt, iterations);
+            remember(&mut cache.lock(), &salt, iterations, Derivation::Ready(keys.clone()));
+            let _ = tx.send(Some(keys));
+        });
+        rx
     }
 
     /// The response to an md5 challenge.
@@ -187,6 +231,22 @@ impl ServerLogin {
         };
         Ok(md5::salted_response(&hash, salt))
     }
+}
+
+/// PBKDF2 for the SCRAM keys, counted.
+fn derive(count: &std::sync::atomic::AtomicU32, password: &str, salt: &[u8], iterations: u32) -> ClientKeys {
+    count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    ClientKeys::derive(password, salt, iterations)
+}
+
+/// Enters keys for (salt, iterations) in place of any earlier entry, the oldest entry
+/// going when `SERVER_KEYS_KEPT` are kept.
+fn remember(cache: &mut Vec<DerivedKeys>, salt: &[u8], iterations: u32, d: Derivation) {
+    cache.retain(|(s, i, _)| (s.as_slice(), *i) != (salt, iterations));
+    if cache.len() == SERVER_KEYS_KEPT {
+        cache.remove(0);
+    }
+    cache.push((salt.to_vec(), iterations, d));
 }
 
 /// Why Sluice cannot answer a server's authentication request.
@@ -274,6 +334,7 @@ mod tests {
         let many = INLINE_ITERATIONS + 1;
         assert_eq!(l.scram_keys(b"pepper0", many).await.unwrap(), ClientKeys::derive("pw", b"pepper0", many));
         let kept: Vec<Vec<u8>> = l.cache.lock().iter().map(|(s, _, _)| s.clone()).collect();
+        assert_eq!(l.derivations.load(std::sync::atomic::Ordering::Relaxed), 2 + SERVER_KEYS_KEPT as u32);
         assert_eq!(kept.len(), SERVER_KEYS_KEPT);
         assert!(!kept.contains(&b"salt".to_vec()) && kept.contains(&b"pepper0".to_vec()));
 
@@ -284,5 +345,26 @@ mod tests {
         assert_eq!(p.scram_keys(b"salt", 4096).await.unwrap(), k1);
         assert_eq!(p.scram_keys(b"other", 4096).await, Err(LoginError::SecretMismatch));
         assert_eq!(p.md5_response("u", [0; 4]), Err(LoginError::NoPassword("md5")));
+    }
+
+    /// Connects that need keys derived on a blocking thread share one derivation, also
+    /// when the connect that started it gave up (its result is still kept).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_connects_share_one_derivation() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let l = Arc::new(ServerLogin::plain("pw"));
+        let many = INLINE_ITERATIONS + 1;
+        let expected = ClientKeys::derive("pw", b"salt", many);
+        let _ = tokio::time::timeout(std::time::Duration::from_micros(1), l.scram_keys(b"salt", many)).await;
+        let tasks: Vec<_> = (0..8)
+            .map(|_| {
+                let l = l.clone();
+                tokio::spawn(async move { l.scram_keys(b"salt", many).await })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap().unwrap(), expected);
+        }
+        assert_eq!(l.derivations.load(Relaxed), 1);
     }
 }
