@@ -466,14 +466,40 @@ fn a_parse_skipped_in_one_segment_is_not_trusted_in_the_next() {
     let mut c = login(&s);
     assert_eq!(prepare(&mut c, "ins", "insert into seg_t values (1)"), "1Z");
     assert_eq!(prepare(&mut c, "one", "select 1"), "1Z");
+    c.send(&query("select pg_backend_pid()"));
+    let prepared_on = first_value(&c.until_ready());
     // Another client holds the server that has them: the pipeline goes to a new one.
     let mut holder = login(&s);
     holder.send(&query("begin"));
     assert_eq!(tags(&holder.until_ready()), "CZ");
+    holder.send(&query("select pg_backend_pid()"));
+    assert_eq!(first_value(&holder.until_ready()), prepared_on, "the holder got another server");
     let segment = |name: &str| [bind("", name, &[]), execute("", 0)].concat();
     c.send(&[segment("ins"), segment("one"), sync(), segment("one"), sync()].concat());
     let m = c.until_ready();
     assert_eq!((tags(&m), sqlstate(&m[1].1)), ("2EZ".to_string(), "23505".to_string()), "{m:?}");
+    let m = c.until_ready();
+    assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "1".to_string()), "{m:?}");
+}
+
+/// The eviction half: with room for one statement per server, the second segment's
+/// statement was closed by Sluice (evicted) in the first segment after its error, so
+/// the server skipped that Close and still holds it; Sluice must not parse it again as
+/// if gone (PostgreSQL: 42P05), and the statement runs to its own error.
+#[test]
+fn an_eviction_close_skipped_in_one_segment_is_not_trusted_in_the_next() {
+    let (_pg, s) = setup(1, &[("max_prepared_statements", "1")]);
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "one", "select 1"), "1Z");
+    assert_eq!(prepare(&mut c, "bad", "select 1/0"), "1Z");
+    let segment = |name: &str| [bind("", name, &[]), execute("", 0)].concat();
+    c.send(&[segment("bad"), segment("one"), sync(), segment("bad"), sync()].concat());
+    for round in ["first", "second"] {
+        let m = c.until_ready();
+        // (PostgreSQL folds 1/0 when it plans the statement: the Bind fails.)
+        assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "22012".to_string()), "{round}: {m:?}");
+    }
+    c.send(&[segment("one"), sync()].concat());
     let m = c.until_ready();
     assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "1".to_string()), "{m:?}");
 }
