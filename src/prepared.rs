@@ -270,7 +270,15 @@ impl ServerStatements {
 
     /// After DISCARD ALL / DEALLOCATE ALL on the server.
     pub fn clear(&mut self) {
-        self.used.clear();
+        self.clear_except(std::iter::empty());
+    }
+
+    /// After DISCARD ALL / DEALLOCATE ALL on the server, with the statements in `after`
+    /// parsed behind it in the same pipeline: those the server holds (those whose
+    /// Parse fails are forgotten when it does).
+    pub fn clear_except(&mut self, after: impl Iterator<Item = u64>) {
+        let after: Vec<u64> = after.collect();
+        self.used.retain(|id, _| after.contains(id));
         self.to_close.clear();
         self.unnamed = 0;
     }

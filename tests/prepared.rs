@@ -499,6 +499,10 @@ fn an_eviction_close_skipped_in_one_segment_is_not_trusted_in_the_next() {
         // (PostgreSQL folds 1/0 when it plans the statement: the Bind fails.)
         assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "22012".to_string()), "{round}: {m:?}");
     }
+    // Parsed again by the second segment: not closed again behind the client's back.
+    c.send(&[segment("bad"), sync()].concat());
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "22012".to_string()), "{m:?}");
     c.send(&[segment("one"), sync()].concat());
     let m = c.until_ready();
     assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "1".to_string()), "{m:?}");
@@ -807,4 +811,20 @@ fn statements_deallocated_behind_sluices_back_are_parsed_again() {
     let m = run(&mut q, "q1", &[]);
     assert_eq!(sqlstate(&m[0].1), "26000");
     assert_eq!(first_value(&run(&mut q, "q1", &[])), "21");
+}
+
+/// DISCARD ALL through the extended protocol with a Parse behind it in the same
+/// pipeline: the server holds that statement after the DISCARD, and Sluice must know
+/// it, or another client preparing the same text on that server gets 42P05.
+#[test]
+fn a_statement_parsed_behind_an_extended_discard_all_stays_known() {
+    let (_pg, s) = setup(1, &[]);
+    let mut c = login(&s);
+    c.send(&[parse("", "discard all"), bind("", "", &[]), execute("", 0), parse("s1", "select 71"), sync()].concat());
+    assert_eq!(tags(&c.until_ready()), "12C1Z");
+    drop(c);
+    let mut other = login(&s);
+    other.send(&[parse("t1", "select 71"), bind("", "t1", &[]), execute("", 0), sync()].concat());
+    let m = other.until_ready();
+    assert_eq!((tags(&m), first_value(&m)), ("12DCZ".to_string(), "71".to_string()), "{m:?}");
 }

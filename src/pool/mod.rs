@@ -78,8 +78,8 @@ struct Inner {
     /// A task expires waiters past `query_wait_timeout` (one per pool, while any wait
     /// is queued and a timeout is set).
     expiry_armed: bool,
-    /// When that task, asleep, looks next (a time already past while it is awake and
-    /// looking; None when no task runs).
+    /// When that task, asleep, looks next at the latest (it may be woken sooner, and
+    /// is past while it is awake and looking; None when no task runs).
     expiry_at: Option<Instant>,
     /// `query_wait_timeout`, for the waits queued (from when each began): set with the
     /// queue's lock by the reload that changes it (`retime_waits`).

@@ -30,10 +30,11 @@ impl Extended {
         }
     }
 
-    /// The server's statements are gone, and so are the client's (`emptied`), and after
-    /// DISCARD ALL its settings (`discarded`).
+    /// The server's statements are gone, but for those parsed behind the command in the
+    /// same pipeline (their Parse still queued); so are the client's (`emptied`), and
+    /// after DISCARD ALL its settings (`discarded`).
     fn emptied_by(&mut self, discard: bool, server: &mut ServerStatements) {
-        server.clear();
+        server.clear_except(self.queue.iter().filter(|e| e.kind == Kind::Parse).filter_map(|e| e.stmt));
         self.emptied = true;
         self.discarded |= discard;
     }
@@ -172,7 +173,9 @@ impl Extended {
         match effect {
             Effect::Define(name, st) => self.undefined.push((name, st)),
             Effect::Close(name, st) => self.reopened.push((name, st)),
-            Effect::Closes(id) => server.to_close.push(id),
+            // The statement is still on the server: close it before the next request,
+            // unless parsed again since (after a Close of its own that went through).
+            Effect::Closes(id) if server.generation(id).is_none() => server.to_close.push(id),
             // Given back only if it was the client's last word on its unnamed statement,
             // and not from a Parse that failed or was skipped too.
             Effect::CloseUnnamed(closed) => {
