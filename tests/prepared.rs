@@ -480,6 +480,34 @@ fn a_parse_skipped_in_one_segment_is_not_trusted_in_the_next() {
     assert_eq!((tags(&m), sqlstate(&m[1].1)), ("2EZ".to_string(), "23505".to_string()), "{m:?}");
     let m = c.until_ready();
     assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "1".to_string()), "{m:?}");
+    // The second segment parsed it again: the server holds it, and so say the books
+    // (the first segment's skipped Parse does not undo the second's).
+    c.send(&[segment("one"), sync()].concat());
+    let m = c.until_ready();
+    assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "1".to_string()), "{m:?}");
+}
+
+/// A segment that fails before Sluice closes a statement (evicted) and parses it again
+/// (used again): both skipped, the server still holds its copy, which must be closed
+/// before Sluice parses it next (not 42P05).
+#[test]
+fn a_close_and_parse_skipped_in_one_segment_leave_the_books_right() {
+    let (_pg, s) = setup(1, &[("max_prepared_statements", "1")]);
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "one", "select 1"), "1Z");
+    assert_eq!(prepare(&mut c, "bad", "select 1/0"), "1Z");
+    let segment = |name: &str| [bind("", name, &[]), execute("", 0)].concat();
+    c.send(&[segment("bad"), segment("one"), segment("bad"), sync()].concat());
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "22012".to_string()), "{m:?}");
+    for _ in 0..2 {
+        c.send(&[segment("bad"), sync()].concat());
+        let m = c.until_ready();
+        assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "22012".to_string()), "{m:?}");
+        c.send(&[segment("one"), sync()].concat());
+        let m = c.until_ready();
+        assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "1".to_string()), "{m:?}");
+    }
 }
 
 /// The eviction half: with room for one statement per server, the second segment's

@@ -444,10 +444,7 @@ impl Extended {
         if self.queue.is_empty() || presence == Presence::Stale {
             return presence;
         }
-        let about_it = |e: &Expect| {
-            (e.kind == Kind::Parse && e.stmt == Some(id)) || matches!(e.effect, Effect::Closes(c) if c == id)
-        };
-        if self.unanswered_before_sync(about_it) { Presence::Stale } else { presence }
+        if self.unanswered_before_sync(|e| e.parses_or_closes(id)) { Presence::Stale } else { presence }
     }
 
     /// Whether an item `matches` is unanswered with a Sync queued behind it (the queue

@@ -173,9 +173,8 @@ impl Extended {
         match effect {
             Effect::Define(name, st) => self.undefined.push((name, st)),
             Effect::Close(name, st) => self.reopened.push((name, st)),
-            // The statement is still on the server: close it before the next request,
-            // unless parsed again since (after a Close of its own that went through).
-            Effect::Closes(id) if server.generation(id).is_none() => server.to_close.push(id),
+            // The statement is still on the server: close it before the next request.
+            Effect::Closes(id) if !self.settled_later(id) => server.to_close.push(id),
             // Given back only if it was the client's last word on its unnamed statement,
             // and not from a Parse that failed or was skipped too.
             Effect::CloseUnnamed(closed) => {
@@ -198,6 +197,17 @@ impl Extended {
         }
     }
 
+    /// Whether a later Sync segment (behind the next Sync queued) parses or closes
+    /// server statement `id` again: that one settles what the server holds (a Parse
+    /// there is sent after a Close, `unless_in_doubt`), and the books already say what
+    /// it leaves, so a Parse or Close of it that fails or is skipped here changes
+    /// nothing in them. Otherwise the books go back to what the server holds: no
+    /// statement after a failed or skipped Parse, the statement (to be closed) after a
+    /// skipped Close.
+    fn settled_later(&self, id: u64) -> bool {
+        self.queue.iter().skip_while(|e| e.kind != Kind::Sync).any(|e| e.parses_or_closes(id))
+    }
+
     /// An error ended an extended-protocol message: the server now skips everything up
     /// to the next Sync, so drop what was expected of those messages.
     fn after_error(&mut self, item: Expect, m: &Msg, server: &mut ServerStatements) -> Result<(), ProtocolError> {
@@ -206,7 +216,8 @@ impl Extended {
             let f = crate::client::track::error_fields(m)?;
             // 26000: the server lost it behind Sluice's back (a DEALLOCATE Sluice did
             // not recognise): parse it again on next use.
-            if item.kind == Kind::Parse || (f.code == "26000" && matches!(item.kind, Kind::Bind | Kind::Describe)) {
+            let parse_failed = item.kind == Kind::Parse && !self.settled_later(id);
+            if parse_failed || (f.code == "26000" && matches!(item.kind, Kind::Bind | Kind::Describe)) {
                 server.forget(id);
             } else if f.code == "0A000" && f.message.contains("cached plan must not change result type") {
                 // The server's statement is stale: close and re-parse it on next use,
@@ -222,7 +233,9 @@ impl Extended {
             }
             let dropped = self.queue.pop_front().expect("front exists");
             self.skipped_requests += u32::from(matches!(dropped.kind, Kind::Query | Kind::Call));
-            if let (Kind::Parse, Some(id)) = (dropped.kind, dropped.stmt) {
+            if let (Kind::Parse, Some(id)) = (dropped.kind, dropped.stmt)
+                && !self.settled_later(id)
+            {
                 server.forget(id);
             }
             self.undo(dropped.effect, server);

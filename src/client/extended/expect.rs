@@ -149,6 +149,11 @@ impl Expect {
         self.effect = effect;
         self
     }
+
+    /// Whether this is a Parse or a Close (Sluice's) of server statement `id`.
+    pub fn parses_or_closes(&self, id: u64) -> bool {
+        (self.kind == Kind::Parse && self.stmt == Some(id)) || matches!(self.effect, Effect::Closes(c) if c == id)
+    }
 }
 
 /// The replies the server owes, oldest first, and how many of them are Syncs', so
