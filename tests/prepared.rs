@@ -474,7 +474,6 @@ fn a_parse_skipped_in_one_segment_is_not_trusted_in_the_next() {
     assert_eq!(tags(&holder.until_ready()), "CZ");
     holder.send(&query("select pg_backend_pid()"));
     assert_eq!(first_value(&holder.until_ready()), prepared_on, "the holder got another server");
-    let segment = |name: &str| [bind("", name, &[]), execute("", 0)].concat();
     c.send(&[segment("ins"), segment("one"), sync(), segment("one"), sync()].concat());
     let m = c.until_ready();
     assert_eq!((tags(&m), sqlstate(&m[1].1)), ("2EZ".to_string(), "23505".to_string()), "{m:?}");
@@ -492,21 +491,13 @@ fn a_parse_skipped_in_one_segment_is_not_trusted_in_the_next() {
 /// before Sluice parses it next (not 42P05).
 #[test]
 fn a_close_and_parse_skipped_in_one_segment_leave_the_books_right() {
-    let (_pg, s) = setup(1, &[("max_prepared_statements", "1")]);
-    let mut c = login(&s);
-    assert_eq!(prepare(&mut c, "one", "select 1"), "1Z");
-    assert_eq!(prepare(&mut c, "bad", "select 1/0"), "1Z");
-    let segment = |name: &str| [bind("", name, &[]), execute("", 0)].concat();
+    let (_pg, _s, mut c) = one_statement_per_server();
     c.send(&[segment("bad"), segment("one"), segment("bad"), sync()].concat());
-    let m = c.until_ready();
-    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "22012".to_string()), "{m:?}");
-    for _ in 0..2 {
+    fails_by_zero(&mut c, "the pipeline");
+    for round in ["first", "second"] {
         c.send(&[segment("bad"), sync()].concat());
-        let m = c.until_ready();
-        assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "22012".to_string()), "{m:?}");
-        c.send(&[segment("one"), sync()].concat());
-        let m = c.until_ready();
-        assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "1".to_string()), "{m:?}");
+        fails_by_zero(&mut c, round);
+        runs_one(&mut c);
     }
 }
 
@@ -516,21 +507,38 @@ fn a_close_and_parse_skipped_in_one_segment_leave_the_books_right() {
 /// if gone (PostgreSQL: 42P05), and the statement runs to its own error.
 #[test]
 fn an_eviction_close_skipped_in_one_segment_is_not_trusted_in_the_next() {
-    let (_pg, s) = setup(1, &[("max_prepared_statements", "1")]);
+    let (_pg, _s, mut c) = one_statement_per_server();
+    c.send(&[segment("bad"), segment("one"), sync(), segment("bad"), sync()].concat());
+    fails_by_zero(&mut c, "first");
+    fails_by_zero(&mut c, "second");
+    // Parsed again by the second segment: not closed again behind the client's back.
+    c.send(&[segment("bad"), sync()].concat());
+    fails_by_zero(&mut c, "third");
+    runs_one(&mut c);
+}
+
+/// A pool of one server with room for one statement, and a client that prepared `one`
+/// (`select 1`) and `bad` (`select 1/0`): the server holds `bad`.
+fn one_statement_per_server() -> (PgCluster, Sluice, Raw) {
+    let (pg, s) = setup(1, &[("max_prepared_statements", "1")]);
     let mut c = login(&s);
     assert_eq!(prepare(&mut c, "one", "select 1"), "1Z");
     assert_eq!(prepare(&mut c, "bad", "select 1/0"), "1Z");
-    let segment = |name: &str| [bind("", name, &[]), execute("", 0)].concat();
-    c.send(&[segment("bad"), segment("one"), sync(), segment("bad"), sync()].concat());
-    for round in ["first", "second"] {
-        let m = c.until_ready();
-        // (PostgreSQL folds 1/0 when it plans the statement: the Bind fails.)
-        assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "22012".to_string()), "{round}: {m:?}");
-    }
-    // Parsed again by the second segment: not closed again behind the client's back.
-    c.send(&[segment("bad"), sync()].concat());
+    (pg, s, c)
+}
+
+/// Bind and Execute of the client's statement `name` into the unnamed portal.
+fn segment(name: &str) -> Vec<u8> {
+    [bind("", name, &[]), execute("", 0)].concat()
+}
+
+/// `bad` failed (PostgreSQL folds 1/0 when it plans the statement: the Bind fails).
+fn fails_by_zero(c: &mut Raw, what: &str) {
     let m = c.until_ready();
-    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "22012".to_string()), "{m:?}");
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "22012".to_string()), "{what}: {m:?}");
+}
+
+fn runs_one(c: &mut Raw) {
     c.send(&[segment("one"), sync()].concat());
     let m = c.until_ready();
     assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "1".to_string()), "{m:?}");
