@@ -517,6 +517,24 @@ fn an_eviction_close_skipped_in_one_segment_is_not_trusted_in_the_next() {
     runs_one(&mut c);
 }
 
+/// The same with the statement's next Parse in the later segment being a client's
+/// second Parse of its name (refused as a duplicate, as PostgreSQL does): Sluice's
+/// Parse behind it, meant to make the server refuse it, closes the statement first,
+/// and the statement goes on working.
+#[test]
+fn a_duplicate_parse_behind_a_skipped_eviction_close_leaves_the_books_right() {
+    let (_pg, _s, mut c) = one_statement_per_server();
+    c.send(&[segment("bad"), segment("one"), sync(), parse("bad", "select 1/0"), sync()].concat());
+    fails_by_zero(&mut c, "first");
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "42P05".to_string()), "{m:?}");
+    for round in ["second", "third"] {
+        c.send(&[segment("bad"), sync()].concat());
+        fails_by_zero(&mut c, round);
+        runs_one(&mut c);
+    }
+}
+
 /// A pool of one server with room for one statement, and a client that prepared `one`
 /// (`select 1`) and `bad` (`select 1/0`): the server holds `bad`.
 fn one_statement_per_server() -> (PgCluster, Sluice, Raw) {

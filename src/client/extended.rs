@@ -329,12 +329,14 @@ impl Extended {
 
     /// Makes sure the server holds `st`, injecting its Parse before the client message
     /// at offset `at`; with `doubt`, also when the server may yet skip the Parse or Close
-    /// of it still unanswered (`unless_in_doubt`). True when that message is held back for
-    /// a shape check.
+    /// of it still unanswered (`unless_in_doubt`). A Parse injected is always closed
+    /// first while such a Parse or Close is in doubt (a later segment's Parse settles
+    /// the statement, `settled_later`). True when that message is held back for a shape
+    /// check.
     fn ensure(&mut self, st: &Arc<Statement>, at: usize, sp: &mut Splice, cx: &mut ClientCtx, doubt: bool) -> bool {
         let generation = cx.generation(st.id);
         let mut presence = cx.server.lookup_since(st.id, generation, st.epoch);
-        if doubt {
+        if doubt || presence != Presence::Fresh {
             presence = self.unless_in_doubt(st.id, presence);
         }
         if presence != Presence::Fresh {

@@ -216,8 +216,14 @@ impl Extended {
             let f = crate::client::track::error_fields(m)?;
             // 26000: the server lost it behind Sluice's back (a DEALLOCATE Sluice did
             // not recognise): parse it again on next use.
-            let parse_failed = item.kind == Kind::Parse && !self.settled_later(id);
-            if parse_failed || (f.code == "26000" && matches!(item.kind, Kind::Bind | Kind::Describe)) {
+            let lost = f.code == "26000" && matches!(item.kind, Kind::Bind | Kind::Describe);
+            let settled = self.settled_later(id);
+            if item.kind == Kind::Parse && f.code == "42P05" && !settled {
+                // The server holds a copy the books did not know of: closed before the
+                // next request, parsed again on next use.
+                server.forget(id);
+                server.to_close.push(id);
+            } else if (item.kind == Kind::Parse || lost) && !settled {
                 server.forget(id);
             } else if f.code == "0A000" && f.message.contains("cached plan must not change result type") {
                 // The server's statement is stale: close and re-parse it on next use,
