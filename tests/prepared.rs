@@ -535,6 +535,27 @@ fn a_duplicate_parse_behind_a_skipped_eviction_close_leaves_the_books_right() {
     }
 }
 
+/// A client's second Parse of a name it holds, behind a segment whose error made the
+/// server skip the statement's Parse (and Close) Sluice sent: still refused as a
+/// duplicate (the books' "there" came from Sluice's own skipped Parse, not the
+/// client's), and the statement goes on working (not closed behind the books: 26000).
+#[test]
+fn a_duplicate_parse_behind_a_skipped_parse_of_sluices_own_is_refused() {
+    for first in [&["bad", "one"][..], &["bad", "one", "bad", "one"]] {
+        let (_pg, _s, mut c) = one_statement_per_server();
+        let mut pipeline: Vec<u8> = first.iter().flat_map(|n| segment(n)).collect();
+        pipeline.extend([sync(), parse("one", "select 1"), sync()].concat());
+        c.send(&pipeline);
+        fails_by_zero(&mut c, "first");
+        let m = c.until_ready();
+        assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "42P05".to_string()), "{first:?}: {m:?}");
+        runs_one(&mut c);
+        c.send(&[segment("bad"), sync()].concat());
+        fails_by_zero(&mut c, "then");
+        runs_one(&mut c);
+    }
+}
+
 /// A pool of one server with room for one statement, and a client that prepared `one`
 /// (`select 1`) and `bad` (`select 1/0`): the server holds `bad`.
 fn one_statement_per_server() -> (PgCluster, Sluice, Raw) {

@@ -267,9 +267,14 @@ impl Extended {
             // A real server refuses a second Parse of the same name: make it say so.
             // If the earlier Parse was skipped after an error, this one succeeds and
             // the name stands again.
-            // (As the books say, not `unless_in_doubt`: if the earlier Parse is skipped,
-            // this one is what defines the name, as on PostgreSQL.)
-            if self.ensure(&existing, m.start, sp, cx, false) {
+            // The client's own earlier Parse of the name still in doubt does not count
+            // (if the server skips it, this one is what defines the name, as on
+            // PostgreSQL); a Parse or Close of Sluice's own does (`unless_in_doubt`).
+            let name = p.name;
+            let doubt = self.unanswered_before_sync(|e| {
+                e.parses_or_closes(existing.id) && !matches!(&e.effect, Effect::Define(n, _) if n.as_ref() == name)
+            });
+            if self.ensure(&existing, m.start, sp, cx, doubt) {
                 return Ok(());
             }
             sp.drop_range(m.start, m.start + m.frame_len);

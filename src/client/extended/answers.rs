@@ -221,6 +221,7 @@ impl Extended {
             if item.kind == Kind::Parse && f.code == "42P05" && !settled {
                 // The server holds a copy the books did not know of: closed before the
                 // next request, parsed again on next use.
+                tracing::warn!(stmt = id, "a server held a prepared statement Sluice's books missed; closing it");
                 server.forget(id);
                 server.to_close.push(id);
             } else if (item.kind == Kind::Parse || lost) && !settled {
