@@ -106,8 +106,9 @@ pub(super) enum Effect {
     /// came since.
     /// (Boxed: a rare case, kept from making every queue item bigger.)
     CloseUnnamed(Box<(crate::prepared::Unnamed, u64)>),
-    /// A Parse of a name already defined earlier in the pipeline: it fails as a
-    /// duplicate, unless that earlier Parse was skipped, and then the name stands.
+    /// A Parse of a name the client already holds: it fails as a duplicate, unless the
+    /// Parse that defined it, still in the pipeline, was skipped, and then the name
+    /// stands.
     Redefine(Bytes, Arc<Statement>),
     /// DEALLOCATE ALL / DISCARD ALL run on the server (a simple query, or the Execute
     /// of a prepared one): on success the server and the client hold no statements any
@@ -132,7 +133,7 @@ pub(super) enum Effect {
 pub(super) struct Expect {
     pub kind: Kind,
     pub reply: Reply,
-    /// The server-side statement concerned (Parse, Bind, Execute).
+    /// The server-side statement concerned (Parse, Bind, Describe, Execute).
     pub stmt: Option<u64>,
     pub effect: Effect,
     pub failed: bool,
