@@ -117,6 +117,7 @@ impl Extended {
     }
 
     /// Forgets everything but the allocations (a new link starts).
+    #[inline]
     pub fn clear(&mut self) {
         self.queue.clear();
         self.last_bind = None;
@@ -184,6 +185,7 @@ impl Extended {
     /// release decision stays with the caller; the result tells it whether a Query or
     /// FunctionCall gets no ReadyForQuery from the server: Sluice answered it
     /// (DEALLOCATE), or the server skips it (`skipping`).
+    #[inline]
     pub fn on_client(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<bool, ProtocolError> {
         if std::mem::take(&mut self.refuse) {
             self.refuse_held(m, sp);
@@ -251,6 +253,35 @@ impl Extended {
         None
     }
 
+    /// A Parse of a name the client already holds (`existing`). A real server refuses
+    /// it as a duplicate: make it say so. If the Parse that defined the name, still in
+    /// the pipeline, is skipped after an error, this one succeeds and the name stands
+    /// again. The client's own earlier Parse of the name still in doubt does not count
+    /// (if the server skips it, this one is what defines the name, as on PostgreSQL); a
+    /// Parse or Close of Sluice's own does (`unless_in_doubt`). (Out of line: rare.)
+    #[cold]
+    #[inline(never)]
+    fn on_parse_again(
+        &mut self,
+        name: &[u8],
+        existing: Arc<Statement>,
+        m: &Msg,
+        sp: &mut Splice,
+        cx: &mut ClientCtx,
+    ) -> Result<(), ProtocolError> {
+        let doubt = self.unanswered_before_sync(|e| {
+            e.parses_or_closes(existing.id) && !matches!(&e.effect, Effect::Define(n, _) if n.as_ref() == name)
+        });
+        if self.ensure(&existing, m.start, sp, cx, doubt) {
+            return Ok(());
+        }
+        sp.drop_range(m.start, m.start + m.frame_len);
+        sp.insert(m.start, &existing.parse);
+        let effect = Effect::Redefine(Bytes::copy_from_slice(name), existing);
+        self.queue.push_back(Expect::new(Kind::Parse, Reply::Forward, None).with(effect));
+        Ok(())
+    }
+
     fn on_parse(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {
         let frame = m.frame.ok_or(ProtocolError::Malformed("Parse"))?;
         let p = prepared::parse_view(frame)?;
@@ -264,24 +295,7 @@ impl Extended {
             return Ok(());
         }
         if let Some(existing) = cx.stmts.get(p.name).cloned() {
-            // A real server refuses a second Parse of the same name: make it say so.
-            // If the earlier Parse was skipped after an error, this one succeeds and
-            // the name stands again.
-            // The client's own earlier Parse of the name still in doubt does not count
-            // (if the server skips it, this one is what defines the name, as on
-            // PostgreSQL); a Parse or Close of Sluice's own does (`unless_in_doubt`).
-            let name = p.name;
-            let doubt = self.unanswered_before_sync(|e| {
-                e.parses_or_closes(existing.id) && !matches!(&e.effect, Effect::Define(n, _) if n.as_ref() == name)
-            });
-            if self.ensure(&existing, m.start, sp, cx, doubt) {
-                return Ok(());
-            }
-            sp.drop_range(m.start, m.start + m.frame_len);
-            sp.insert(m.start, &existing.parse);
-            let effect = Effect::Redefine(Bytes::copy_from_slice(p.name), existing);
-            self.queue.push_back(Expect::new(Kind::Parse, Reply::Forward, None).with(effect));
-            return Ok(());
+            return self.on_parse_again(p.name, existing, m, sp, cx);
         }
         sp.drop_range(m.start, m.start + m.frame_len);
         if cx.stmts.len() >= cx.client_limit {
@@ -498,6 +512,7 @@ impl Extended {
         Ok(())
     }
 
+    #[inline]
     fn on_query(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<bool, ProtocolError> {
         // A simple query replaces the server's unnamed statement.
         cx.server.unnamed = 0;
