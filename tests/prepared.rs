@@ -1,6 +1,7 @@
 //! Named and unnamed prepared statements through transaction pooling, byte-exact:
-//! sharing server-side statements, local Close, DEALLOCATE, errors in pipelines,
-//! re-parsing on another server, eviction, invalidated plans.
+//! sharing server-side statements, local Close, DEALLOCATE, re-parsing on another
+//! server, eviction, invalidated plans. Pipelines of several Sync segments and the
+//! server's books after errors in them: tests/pipelines.rs.
 
 mod common;
 
@@ -8,59 +9,8 @@ use std::time::Duration;
 
 use common::http::{http_get, sample};
 use common::raw::*;
+use common::stmts::*;
 use common::{PgCluster, Sluice, free_port, wait_until};
-
-fn setup(pool_size: usize, extra: &[(&str, &str)]) -> (PgCluster, Sluice) {
-    let pg = PgCluster::start();
-    let mut b = Sluice::builder(&pg)
-        .general("auth_type", "\"trust\"")
-        .general("pool_mode", "\"transaction\"")
-        .database("app", &[("pool_size", &pool_size.to_string())]);
-    for (k, v) in extra {
-        b = b.general(k, v);
-    }
-    (pg, b.start())
-}
-
-fn login(s: &Sluice) -> Raw {
-    Raw::login(s.port, "u_trust", "app")
-}
-
-/// Parse + Sync; returns the tags received.
-fn prepare(c: &mut Raw, name: &str, sql: &str) -> String {
-    let mut b = parse(name, sql);
-    b.extend(sync());
-    c.send(&b);
-    tags(&c.until_ready())
-}
-
-/// Bind + Execute + Sync of a named statement; returns the messages.
-fn run(c: &mut Raw, name: &str, params: &[&str]) -> Vec<(u8, Vec<u8>)> {
-    let mut b = bind("", name, params);
-    b.extend(execute("", 0));
-    b.extend(sync());
-    c.send(&b);
-    c.until_ready()
-}
-
-/// Describe of a named statement + Sync, as drivers describe what they prepared;
-/// returns the tags received.
-fn describe_stmt(c: &mut Raw, name: &str) -> String {
-    let mut b = vec![b'S'];
-    b.extend_from_slice(name.as_bytes());
-    b.push(0);
-    let mut m = msg(b'D', &b);
-    m.extend(sync());
-    c.send(&m);
-    tags(&c.until_ready())
-}
-
-fn close_stmt(name: &str) -> Vec<u8> {
-    let mut b = vec![b'S'];
-    b.extend_from_slice(name.as_bytes());
-    b.push(0);
-    msg(b'C', &b)
-}
 
 #[test]
 fn statements_are_shared_and_survive_server_changes() {
@@ -105,67 +55,6 @@ fn close_is_local_and_closed_names_are_gone() {
     // and a can prepare the name again
     assert_eq!(prepare(&mut a, "q", "select 2"), "1Z");
     assert_eq!(first_value(&run(&mut a, "q", &[])), "2");
-}
-
-#[test]
-fn errors_in_pipelines_leave_no_phantoms() {
-    let (_pg, s) = setup(1, &[]);
-    let mut c = login(&s);
-    // A failed Parse then messages the server skips up to Sync.
-    let mut b = parse("bad", "select from nowhere_table");
-    b.extend(bind("", "bad", &[]));
-    b.extend(execute("", 0));
-    b.extend(parse("good", "select 7"));
-    b.extend(sync());
-    b.extend(parse("good", "select 7"));
-    b.extend(bind("", "good", &[]));
-    b.extend(execute("", 0));
-    b.extend(sync());
-    c.send(&b);
-    let m = c.until_ready();
-    assert_eq!(tags(&m), "EZ", "{m:?}");
-    assert_eq!(sqlstate(&m[0].1), "42P01");
-    let m = c.until_ready();
-    assert_eq!(tags(&m), "12DCZ", "{m:?}");
-    assert_eq!(first_value(&m), "7");
-    let m = run(&mut c, "bad", &[]);
-    assert_eq!(sqlstate(&m[0].1), "26000", "a failed Parse must not leave a statement");
-    // Parse of a name in use fails as on a real server.
-    let m = {
-        c.send(&[parse("good", "select 8"), sync()].concat());
-        c.until_ready()
-    };
-    assert_eq!(tags(&m), "EZ");
-    assert_eq!(sqlstate(&m[0].1), "42P05");
-    assert_eq!(first_value(&run(&mut c, "good", &[])), "7");
-    // A Close the server skips after an error closes nothing: the name still stands.
-    c.send(&[bind("", "nosuch", &[]), close_stmt("good"), sync()].concat());
-    let m = c.until_ready();
-    assert_eq!(tags(&m), "EZ", "{m:?}");
-    assert_eq!(sqlstate(&m[0].1), "26000");
-    assert_eq!(first_value(&run(&mut c, "good", &[])), "7", "a skipped Close forgot the statement");
-}
-
-#[test]
-fn synthetic_replies_keep_their_place_in_pipelines() {
-    let (_pg, s) = setup(1, &[]);
-    let mut a = login(&s);
-    assert_eq!(prepare(&mut a, "x", "select 'x'"), "1Z");
-    let mut b = login(&s);
-    // b's Parse of the same text is answered by Sluice, between server replies.
-    let mut batch = parse("u", "select 'u'");
-    batch.extend(bind("", "u", &[]));
-    batch.extend(execute("", 0));
-    batch.extend(parse("y", "select 'x'"));
-    batch.extend(close_stmt("nothing"));
-    batch.extend(bind("", "y", &[]));
-    batch.extend(execute("", 0));
-    batch.extend(flush());
-    b.send(&batch);
-    let m = b.take(9);
-    assert_eq!(tags(&m), "12DC132DC", "{m:?}");
-    b.send(&sync());
-    assert_eq!(tags(&b.until_ready()), "Z");
 }
 
 #[test]
@@ -453,134 +342,6 @@ fn a_shape_check_behind_a_copy_begun_ends_the_link_not_hangs() {
     let m = other.until_ready();
     assert_eq!(tags(&m), "TDCZ");
     assert_ne!(first_value(&m), pid, "the server was kept");
-}
-
-/// A pipeline of two Sync segments on a server new to the client's statements: the
-/// first fails before the statement Sluice parses for it, so the server skips that
-/// Parse; the second segment, independent on PostgreSQL, must not take the statement
-/// as there.
-#[test]
-fn a_parse_skipped_in_one_segment_is_not_trusted_in_the_next() {
-    let (pg, s) = setup(2, &[]);
-    pg.psql("create table seg_t (a int primary key); insert into seg_t values (1); grant all on seg_t to u_trust");
-    let mut c = login(&s);
-    assert_eq!(prepare(&mut c, "ins", "insert into seg_t values (1)"), "1Z");
-    assert_eq!(prepare(&mut c, "one", "select 1"), "1Z");
-    c.send(&query("select pg_backend_pid()"));
-    let prepared_on = first_value(&c.until_ready());
-    // Another client holds the server that has them: the pipeline goes to a new one.
-    let mut holder = login(&s);
-    holder.send(&query("begin"));
-    assert_eq!(tags(&holder.until_ready()), "CZ");
-    holder.send(&query("select pg_backend_pid()"));
-    assert_eq!(first_value(&holder.until_ready()), prepared_on, "the holder got another server");
-    c.send(&[segment("ins"), segment("one"), sync(), segment("one"), sync()].concat());
-    let m = c.until_ready();
-    assert_eq!((tags(&m), sqlstate(&m[1].1)), ("2EZ".to_string(), "23505".to_string()), "{m:?}");
-    let m = c.until_ready();
-    assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "1".to_string()), "{m:?}");
-    // The second segment parsed it again: the server holds it, and so say the books
-    // (the first segment's skipped Parse does not undo the second's).
-    c.send(&[segment("one"), sync()].concat());
-    let m = c.until_ready();
-    assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "1".to_string()), "{m:?}");
-}
-
-/// A segment that fails before Sluice closes a statement (evicted) and parses it again
-/// (used again): both skipped, the server still holds its copy, which must be closed
-/// before Sluice parses it next (not 42P05).
-#[test]
-fn a_close_and_parse_skipped_in_one_segment_leave_the_books_right() {
-    let (_pg, _s, mut c) = one_statement_per_server();
-    c.send(&[segment("bad"), segment("one"), segment("bad"), sync()].concat());
-    fails_by_zero(&mut c, "the pipeline");
-    for round in ["first", "second"] {
-        c.send(&[segment("bad"), sync()].concat());
-        fails_by_zero(&mut c, round);
-        runs_one(&mut c);
-    }
-}
-
-/// The eviction half: with room for one statement per server, the second segment's
-/// statement was closed by Sluice (evicted) in the first segment after its error, so
-/// the server skipped that Close and still holds it; Sluice must not parse it again as
-/// if gone (PostgreSQL: 42P05), and the statement runs to its own error.
-#[test]
-fn an_eviction_close_skipped_in_one_segment_is_not_trusted_in_the_next() {
-    let (_pg, _s, mut c) = one_statement_per_server();
-    c.send(&[segment("bad"), segment("one"), sync(), segment("bad"), sync()].concat());
-    fails_by_zero(&mut c, "first");
-    fails_by_zero(&mut c, "second");
-    // Parsed again by the second segment: not closed again behind the client's back.
-    c.send(&[segment("bad"), sync()].concat());
-    fails_by_zero(&mut c, "third");
-    runs_one(&mut c);
-}
-
-/// The same with the statement's next Parse in the later segment being a client's
-/// second Parse of its name (refused as a duplicate, as PostgreSQL does): Sluice's
-/// Parse behind it, meant to make the server refuse it, closes the statement first,
-/// and the statement goes on working.
-#[test]
-fn a_duplicate_parse_behind_a_skipped_eviction_close_leaves_the_books_right() {
-    let (_pg, _s, mut c) = one_statement_per_server();
-    c.send(&[segment("bad"), segment("one"), sync(), parse("bad", "select 1/0"), sync()].concat());
-    fails_by_zero(&mut c, "first");
-    let m = c.until_ready();
-    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "42P05".to_string()), "{m:?}");
-    for round in ["second", "third"] {
-        c.send(&[segment("bad"), sync()].concat());
-        fails_by_zero(&mut c, round);
-        runs_one(&mut c);
-    }
-}
-
-/// A client's second Parse of a name it holds, behind a segment whose error made the
-/// server skip the statement's Parse (and Close) Sluice sent: still refused as a
-/// duplicate (the books' "there" came from Sluice's own skipped Parse, not the
-/// client's), and the statement goes on working (not closed behind the books: 26000).
-#[test]
-fn a_duplicate_parse_behind_a_skipped_parse_of_sluices_own_is_refused() {
-    for first in [&["bad", "one"][..], &["bad", "one", "bad", "one"]] {
-        let (_pg, _s, mut c) = one_statement_per_server();
-        let mut pipeline: Vec<u8> = first.iter().flat_map(|n| segment(n)).collect();
-        pipeline.extend([sync(), parse("one", "select 1"), sync()].concat());
-        c.send(&pipeline);
-        fails_by_zero(&mut c, "first");
-        let m = c.until_ready();
-        assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "42P05".to_string()), "{first:?}: {m:?}");
-        runs_one(&mut c);
-        c.send(&[segment("bad"), sync()].concat());
-        fails_by_zero(&mut c, "then");
-        runs_one(&mut c);
-    }
-}
-
-/// A pool of one server with room for one statement, and a client that prepared `one`
-/// (`select 1`) and `bad` (`select 1/0`): the server holds `bad`.
-fn one_statement_per_server() -> (PgCluster, Sluice, Raw) {
-    let (pg, s) = setup(1, &[("max_prepared_statements", "1")]);
-    let mut c = login(&s);
-    assert_eq!(prepare(&mut c, "one", "select 1"), "1Z");
-    assert_eq!(prepare(&mut c, "bad", "select 1/0"), "1Z");
-    (pg, s, c)
-}
-
-/// Bind and Execute of the client's statement `name` into the unnamed portal.
-fn segment(name: &str) -> Vec<u8> {
-    [bind("", name, &[]), execute("", 0)].concat()
-}
-
-/// `bad` failed (PostgreSQL folds 1/0 when it plans the statement: the Bind fails).
-fn fails_by_zero(c: &mut Raw, what: &str) {
-    let m = c.until_ready();
-    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "22012".to_string()), "{what}: {m:?}");
-}
-
-fn runs_one(c: &mut Raw) {
-    c.send(&[segment("one"), sync()].concat());
-    let m = c.until_ready();
-    assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "1".to_string()), "{m:?}");
 }
 
 #[test]
@@ -886,20 +647,4 @@ fn statements_deallocated_behind_sluices_back_are_parsed_again() {
     let m = run(&mut q, "q1", &[]);
     assert_eq!(sqlstate(&m[0].1), "26000");
     assert_eq!(first_value(&run(&mut q, "q1", &[])), "21");
-}
-
-/// DISCARD ALL through the extended protocol with a Parse behind it in the same
-/// pipeline: the server holds that statement after the DISCARD, and Sluice must know
-/// it, or another client preparing the same text on that server gets 42P05.
-#[test]
-fn a_statement_parsed_behind_an_extended_discard_all_stays_known() {
-    let (_pg, s) = setup(1, &[]);
-    let mut c = login(&s);
-    c.send(&[parse("", "discard all"), bind("", "", &[]), execute("", 0), parse("s1", "select 71"), sync()].concat());
-    assert_eq!(tags(&c.until_ready()), "12C1Z");
-    drop(c);
-    let mut other = login(&s);
-    other.send(&[parse("t1", "select 71"), bind("", "t1", &[]), execute("", 0), sync()].concat());
-    let m = other.until_ready();
-    assert_eq!((tags(&m), first_value(&m)), ("12DCZ".to_string(), "71".to_string()), "{m:?}");
 }

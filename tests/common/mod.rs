@@ -6,6 +6,7 @@ pub mod http;
 mod pg;
 pub mod raw;
 mod sluice;
+pub mod stmts;
 
 use std::net::TcpListener;
 use std::path::Path;

@@ -1,0 +1,216 @@
+//! Prepared statements in pipelines, byte-exact: errors that make the server skip
+//! to the next Sync (no phantom statements, Sluice's own replies in their place),
+//! several Sync segments whose Parses and Closes an earlier error skipped (the
+//! server's books follow what it did), DISCARD ALL with statements parsed behind it.
+
+mod common;
+
+use common::raw::*;
+use common::stmts::*;
+use common::{PgCluster, Sluice};
+
+#[test]
+fn errors_in_pipelines_leave_no_phantoms() {
+    let (_pg, s) = setup(1, &[]);
+    let mut c = login(&s);
+    // A failed Parse then messages the server skips up to Sync.
+    let mut b = parse("bad", "select from nowhere_table");
+    b.extend(bind("", "bad", &[]));
+    b.extend(execute("", 0));
+    b.extend(parse("good", "select 7"));
+    b.extend(sync());
+    b.extend(parse("good", "select 7"));
+    b.extend(bind("", "good", &[]));
+    b.extend(execute("", 0));
+    b.extend(sync());
+    c.send(&b);
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "EZ", "{m:?}");
+    assert_eq!(sqlstate(&m[0].1), "42P01");
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "12DCZ", "{m:?}");
+    assert_eq!(first_value(&m), "7");
+    let m = run(&mut c, "bad", &[]);
+    assert_eq!(sqlstate(&m[0].1), "26000", "a failed Parse must not leave a statement");
+    // Parse of a name in use fails as on a real server.
+    let m = {
+        c.send(&[parse("good", "select 8"), sync()].concat());
+        c.until_ready()
+    };
+    assert_eq!(tags(&m), "EZ");
+    assert_eq!(sqlstate(&m[0].1), "42P05");
+    assert_eq!(first_value(&run(&mut c, "good", &[])), "7");
+    // A Close the server skips after an error closes nothing: the name still stands.
+    c.send(&[bind("", "nosuch", &[]), close_stmt("good"), sync()].concat());
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "EZ", "{m:?}");
+    assert_eq!(sqlstate(&m[0].1), "26000");
+    assert_eq!(first_value(&run(&mut c, "good", &[])), "7", "a skipped Close forgot the statement");
+}
+
+#[test]
+fn synthetic_replies_keep_their_place_in_pipelines() {
+    let (_pg, s) = setup(1, &[]);
+    let mut a = login(&s);
+    assert_eq!(prepare(&mut a, "x", "select 'x'"), "1Z");
+    let mut b = login(&s);
+    // b's Parse of the same text is answered by Sluice, between server replies.
+    let mut batch = parse("u", "select 'u'");
+    batch.extend(bind("", "u", &[]));
+    batch.extend(execute("", 0));
+    batch.extend(parse("y", "select 'x'"));
+    batch.extend(close_stmt("nothing"));
+    batch.extend(bind("", "y", &[]));
+    batch.extend(execute("", 0));
+    batch.extend(flush());
+    b.send(&batch);
+    let m = b.take(9);
+    assert_eq!(tags(&m), "12DC132DC", "{m:?}");
+    b.send(&sync());
+    assert_eq!(tags(&b.until_ready()), "Z");
+}
+
+/// A pipeline of two Sync segments on a server new to the client's statements: the
+/// first fails before the statement Sluice parses for it, so the server skips that
+/// Parse; the second segment, independent on PostgreSQL, must not take the statement
+/// as there.
+#[test]
+fn a_parse_skipped_in_one_segment_is_not_trusted_in_the_next() {
+    let (pg, s) = setup(2, &[]);
+    pg.psql("create table seg_t (a int primary key); insert into seg_t values (1); grant all on seg_t to u_trust");
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "ins", "insert into seg_t values (1)"), "1Z");
+    assert_eq!(prepare(&mut c, "one", "select 1"), "1Z");
+    c.send(&query("select pg_backend_pid()"));
+    let prepared_on = first_value(&c.until_ready());
+    // Another client holds the server that has them: the pipeline goes to a new one.
+    let mut holder = login(&s);
+    holder.send(&query("begin"));
+    assert_eq!(tags(&holder.until_ready()), "CZ");
+    holder.send(&query("select pg_backend_pid()"));
+    assert_eq!(first_value(&holder.until_ready()), prepared_on, "the holder got another server");
+    c.send(&[segment("ins"), segment("one"), sync(), segment("one"), sync()].concat());
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[1].1)), ("2EZ".to_string(), "23505".to_string()), "{m:?}");
+    let m = c.until_ready();
+    assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "1".to_string()), "{m:?}");
+    // The second segment parsed it again: the server holds it, and so say the books
+    // (the first segment's skipped Parse does not undo the second's).
+    runs_one(&mut c);
+}
+
+/// A segment that fails before Sluice closes a statement (evicted) and parses it again
+/// (used again): both skipped, the server still holds its copy, which must be closed
+/// before Sluice parses it next (not 42P05).
+#[test]
+fn a_close_and_parse_skipped_in_one_segment_leave_the_books_right() {
+    let (_pg, _s, mut c) = one_statement_per_server();
+    c.send(&[segment("bad"), segment("one"), segment("bad"), sync()].concat());
+    fails_by_zero(&mut c, "the pipeline");
+    for round in ["first", "second"] {
+        both_run(&mut c, round);
+    }
+}
+
+/// The eviction half: with room for one statement per server, the second segment's
+/// statement was closed by Sluice (evicted) in the first segment after its error, so
+/// the server skipped that Close and still holds it; Sluice must not parse it again as
+/// if gone (PostgreSQL: 42P05), and the statement runs to its own error.
+#[test]
+fn an_eviction_close_skipped_in_one_segment_is_not_trusted_in_the_next() {
+    let (_pg, _s, mut c) = one_statement_per_server();
+    c.send(&[segment("bad"), segment("one"), sync(), segment("bad"), sync()].concat());
+    fails_by_zero(&mut c, "first");
+    fails_by_zero(&mut c, "second");
+    // Parsed again by the second segment: not closed again behind the client's back.
+    both_run(&mut c, "third");
+}
+
+/// The same with the statement's next Parse in the later segment being a client's
+/// second Parse of its name (refused as a duplicate, as PostgreSQL does): Sluice's
+/// Parse behind it, meant to make the server refuse it, closes the statement first,
+/// and the statement goes on working.
+#[test]
+fn a_duplicate_parse_behind_a_skipped_eviction_close_leaves_the_books_right() {
+    let (_pg, _s, mut c) = one_statement_per_server();
+    c.send(&[segment("bad"), segment("one"), sync(), parse("bad", "select 1/0"), sync()].concat());
+    fails_by_zero(&mut c, "first");
+    refused_as_a_duplicate(&mut c, "second");
+    for round in ["second", "third"] {
+        both_run(&mut c, round);
+    }
+}
+
+/// A client's second Parse of a name it holds, behind a segment whose error made the
+/// server skip the statement's Parse (and Close) Sluice sent: still refused as a
+/// duplicate (the books' "there" came from Sluice's own skipped Parse, not the
+/// client's), and the statement goes on working (not closed behind the books: 26000).
+#[test]
+fn a_duplicate_parse_behind_a_skipped_parse_of_sluices_own_is_refused() {
+    for first in [&["bad", "one"][..], &["bad", "one", "bad", "one"]] {
+        let (_pg, _s, mut c) = one_statement_per_server();
+        let mut pipeline: Vec<u8> = first.iter().flat_map(|n| segment(n)).collect();
+        pipeline.extend([sync(), parse("one", "select 1"), sync()].concat());
+        c.send(&pipeline);
+        fails_by_zero(&mut c, "first");
+        refused_as_a_duplicate(&mut c, &format!("{first:?}"));
+        runs_one(&mut c);
+        both_run(&mut c, "then");
+    }
+}
+
+/// A pool of one server with room for one statement, and a client that prepared `one`
+/// (`select 1`) and `bad` (`select 1/0`): the server holds `bad`.
+fn one_statement_per_server() -> (PgCluster, Sluice, Raw) {
+    let (pg, s) = setup(1, &[("max_prepared_statements", "1")]);
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "one", "select 1"), "1Z");
+    assert_eq!(prepare(&mut c, "bad", "select 1/0"), "1Z");
+    (pg, s, c)
+}
+
+/// Bind and Execute of the client's statement `name` into the unnamed portal.
+fn segment(name: &str) -> Vec<u8> {
+    [bind("", name, &[]), execute("", 0)].concat()
+}
+
+/// `bad` failed (PostgreSQL folds 1/0 when it plans the statement: the Bind fails).
+fn fails_by_zero(c: &mut Raw, what: &str) {
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "22012".to_string()), "{what}: {m:?}");
+}
+
+/// The second Parse of a name the client holds was refused, as by PostgreSQL.
+fn refused_as_a_duplicate(c: &mut Raw, what: &str) {
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "42P05".to_string()), "{what}: {m:?}");
+}
+
+/// `bad` runs to its error, then `one` to its row.
+fn both_run(c: &mut Raw, round: &str) {
+    c.send(&[segment("bad"), sync()].concat());
+    fails_by_zero(c, round);
+    runs_one(c);
+}
+
+fn runs_one(c: &mut Raw) {
+    c.send(&[segment("one"), sync()].concat());
+    let m = c.until_ready();
+    assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "1".to_string()), "{m:?}");
+}
+
+/// DISCARD ALL through the extended protocol with a Parse behind it in the same
+/// pipeline: the server holds that statement after the DISCARD, and Sluice must know
+/// it, or another client preparing the same text on that server gets 42P05.
+#[test]
+fn a_statement_parsed_behind_an_extended_discard_all_stays_known() {
+    let (_pg, s) = setup(1, &[]);
+    let mut c = login(&s);
+    c.send(&[parse("", "discard all"), bind("", "", &[]), execute("", 0), parse("s1", "select 71"), sync()].concat());
+    assert_eq!(tags(&c.until_ready()), "12C1Z");
+    drop(c);
+    let mut other = login(&s);
+    other.send(&[parse("t1", "select 71"), bind("", "t1", &[]), execute("", 0), sync()].concat());
+    let m = other.until_ready();
+    assert_eq!((tags(&m), first_value(&m)), ("12DCZ".to_string(), "71".to_string()), "{m:?}");
+}
