@@ -519,11 +519,7 @@ async fn a_raised_shared_limit_lets_queued_clients_in() {
     let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let b_query = tokio::spawn(async move { value(&b, "select 2").await });
     assert!(queued(s.port, "app", Role::SCRAM.name), "b never queued");
-    let cfg = s.config();
-    assert!(cfg.contains("max_db_connections = 1"), "config layout changed:\n{cfg}");
-    s.write_config(&cfg.replace("max_db_connections = 1", "max_db_connections = 2"));
-    s.reload();
-    assert!(s.wait_log("configuration reloaded", Duration::from_secs(10)));
+    s.reload_replacing("max_db_connections = 1", "max_db_connections = 2");
     let got = tokio::time::timeout(Duration::from_secs(10), b_query).await;
     assert_eq!(got.expect("b still waits though the limit was raised").unwrap(), "2");
 }

@@ -84,15 +84,9 @@ async fn server_tls_mode_change_reaches_pooled_connections() {
         row.get::<_, bool>(0)
     };
     assert!(!ssl_now().await);
-    let cfg = s.config().replacen(
-        "[general]\n",
-        &format!("[general]\nserver_tls_sslmode = \"verify-full\"\nserver_tls_ca_file = {}\n", path_str(&certs.ca)),
-        1,
-    );
-    s.write_config(&cfg);
-    let before = reloads(&s);
-    s.reload();
-    assert!(wait_until(Duration::from_secs(10), || reloads(&s) > before), "{}", s.log());
+    let tls =
+        format!("[general]\nserver_tls_sslmode = \"verify-full\"\nserver_tls_ca_file = {}\n", path_str(&certs.ca));
+    s.reload_replacing("[general]\n", &tls);
     assert!(ssl_now().await, "the idle plaintext server was retired; the next one uses TLS");
 }
 
