@@ -270,7 +270,9 @@ impl ServerStatements {
 
     /// After DISCARD ALL / DEALLOCATE ALL on the server.
     pub fn clear(&mut self) {
-        self.clear_except(std::iter::empty());
+        self.used.clear();
+        self.to_close.clear();
+        self.unnamed = 0;
     }
 
     /// After DISCARD ALL / DEALLOCATE ALL on the server, with the statements in `after`

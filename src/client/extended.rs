@@ -257,8 +257,9 @@ impl Extended {
     /// it as a duplicate: make it say so. If the Parse that defined the name, still in
     /// the pipeline, is skipped after an error, this one succeeds and the name stands
     /// again. The client's own earlier Parse of the name still in doubt does not count
-    /// (if the server skips it, this one is what defines the name, as on PostgreSQL); a
-    /// Parse or Close of Sluice's own does (`unless_in_doubt`). (Out of line: rare.)
+    /// (if the server skips it, this one is what defines the name, as on PostgreSQL); any
+    /// other Parse or Close of the statement does (Sluice's own, or the client's Parse
+    /// of another name with the same text; `unless_in_doubt`). (Out of line: rare.)
     #[cold]
     #[inline(never)]
     fn on_parse_again(

@@ -209,7 +209,7 @@ impl Extended {
     /// statement after a failed or skipped Parse, the statement (to be closed) after a
     /// skipped Close.
     fn settled_later(&self, id: u64) -> bool {
-        self.queue.iter().skip_while(|e| e.kind != Kind::Sync).any(|e| e.parses_or_closes(id))
+        self.queue.syncs() > 0 && self.queue.iter().skip_while(|e| e.kind != Kind::Sync).any(|e| e.parses_or_closes(id))
     }
 
     /// An error ended an extended-protocol message: the server now skips everything up
@@ -224,15 +224,14 @@ impl Extended {
             // 26000: the server lost it behind Sluice's back (a DEALLOCATE Sluice did
             // not recognise): parse it again on next use.
             let lost = f.code == "26000" && matches!(item.kind, Kind::Bind | Kind::Describe);
-            let settled = self.settled_later(id);
-            if item.kind == Kind::Parse && f.code == "42P05" && !settled {
-                // The server holds a copy the books did not know of: closed before the
-                // next request, parsed again on next use.
-                tracing::warn!(stmt = id, "a server held a prepared statement Sluice's books missed; closing it");
+            if (item.kind == Kind::Parse || lost) && !self.settled_later(id) {
                 server.forget(id);
-                server.to_close.push(id);
-            } else if (item.kind == Kind::Parse || lost) && !settled {
-                server.forget(id);
+                if item.kind == Kind::Parse && f.code == "42P05" {
+                    // The server holds a copy the books did not know of: closed before
+                    // the next request, parsed again on next use.
+                    tracing::warn!(stmt = id, "a server held a prepared statement Sluice's books missed; closing it");
+                    server.to_close.push(id);
+                }
             } else if f.code == "0A000" && f.message.contains("cached plan must not change result type") {
                 // The server's statement is stale: close and re-parse it on next use,
                 // and so on every other server of the pool.
