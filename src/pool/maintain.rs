@@ -21,7 +21,7 @@ impl Pool {
             let mut total = inner.total;
             for s in inner.idle.drain(..) {
                 let idle_too_long =
-                    settings.idle_timeout.is_some_and(|t| s.last_used.elapsed() >= t) && total > settings.kept_open();
+                    settings.idle_timeout.is_some_and(|t| s.last_used.elapsed() >= t) && total > settings.kept_open;
                 let too_old = settings.lifetime.is_some_and(|l| s.created.elapsed() >= l);
                 if idle_too_long || too_old || s.stream.is_dead_or_noisy() {
                     total -= 1;
@@ -31,7 +31,7 @@ impl Pool {
                 }
             }
             inner.idle = keep;
-            if inner.closed || self.is_paused() { 0 } else { settings.kept_open().saturating_sub(total) }
+            if inner.closed || self.is_paused() { 0 } else { settings.kept_open.saturating_sub(total) }
         };
         for s in retire {
             self.discard(s);
@@ -46,7 +46,7 @@ impl Pool {
         {
             let settings = self.settings.load();
             let mut inner = self.inner.lock();
-            let enough = inner.total >= settings.kept_open();
+            let enough = inner.total >= settings.kept_open;
             if inner.closed || self.is_paused() || enough || !self.acquire_limits() {
                 return Ok(false);
             }

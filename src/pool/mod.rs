@@ -9,6 +9,7 @@ mod limit;
 mod maintain;
 mod registry;
 mod waits;
+use waits::Expiry;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -38,7 +39,9 @@ pub struct PoolSettings {
     pub login: Arc<ServerLogin>,
     pub mode: PoolMode,
     pub size: usize,
-    pub min_size: usize,
+    /// The connections kept open however idle: `min_pool_size`, at most `size` (a
+    /// larger one fills the pool, no more).
+    pub kept_open: usize,
     pub lifetime: Option<Duration>,
     pub idle_timeout: Option<Duration>,
     pub connect_timeout: Option<Duration>,
@@ -48,14 +51,6 @@ pub struct PoolSettings {
     pub reset_query_always: bool,
     /// Limit for each of Sluice's own queries on a server (`internal_query_timeout`).
     pub internal_timeout: Option<Duration>,
-}
-
-impl PoolSettings {
-    /// The connections kept open however idle: `min_pool_size`, at most the pool's
-    /// size (a larger one fills the pool, no more).
-    pub fn kept_open(&self) -> usize {
-        self.min_size.min(self.size)
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -75,12 +70,9 @@ struct Inner {
     #[allow(clippy::vec_box)]
     idle: Vec<Box<ServerConn>>,
     waiters: VecDeque<Queued>,
-    /// A task expires waiters past `query_wait_timeout` (one per pool, while any wait
-    /// is queued and a timeout is set).
-    expiry_armed: bool,
-    /// When that task, asleep, looks next at the latest (it may be woken sooner, and
-    /// is past while it is awake and looking; None when no task runs).
-    expiry_at: Option<Instant>,
+    /// The task that expires waiters past `query_wait_timeout` (one per pool, while
+    /// any wait is queued and a timeout is set).
+    expiry: Expiry,
     /// `query_wait_timeout`, for the waits queued (from when each began): set with the
     /// queue's lock by the reload that changes it (`retime_waits`).
     wait_timeout: Option<Duration>,
@@ -304,8 +296,8 @@ impl Pool {
     pub fn update(self: &Arc<Self>, mut settings: PoolSettings) {
         let old = self.settings.load_full();
         if old.login.same_credentials(&settings.login) {
-            // Rebuilt by the reload (a database's own user and password): the keys it
-            // derived stay.
+            // Rebuilt by the reload (a database's own user and password; a user's is
+            // carried over by `UserStore::inherit` already): the keys it derived stay.
             settings.login = old.login.clone();
         }
         let new = Arc::new(settings);

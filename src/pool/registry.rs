@@ -300,6 +300,7 @@ pub fn settings_for(
         _ => users.get(&server_user).map(|u| u.server.clone()).unwrap_or_default(),
     };
     let user_cfg = cfg.users.get(&server_user).filter(|_| db.user.is_none());
+    let size = cfg.pool_size(db, user_cfg);
     let settings = PoolSettings {
         target: ServerTarget {
             addr: ServerAddr { host: db.host.as_str().into(), port: db.port },
@@ -310,8 +311,8 @@ pub fn settings_for(
         },
         login,
         mode: cfg.pool_mode(db, user_cfg),
-        size: cfg.pool_size(db, user_cfg),
-        min_size: db.min_pool_size.unwrap_or(g.min_pool_size),
+        size,
+        kept_open: db.min_pool_size.unwrap_or(g.min_pool_size).min(size),
         lifetime: secs(g.server_lifetime),
         idle_timeout: secs(g.server_idle_timeout),
         connect_timeout: secs(g.server_connect_timeout),

@@ -9,28 +9,40 @@ use std::time::{Duration, Instant};
 
 use super::{Handoff, Inner, Pool, PoolError, Queued};
 
+/// Where a pool's expiry task stands.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Expiry {
+    /// No task runs.
+    #[default]
+    Off,
+    /// Started, or awake and looking at the queue.
+    Looking,
+    /// Asleep until the front wait runs out, at the latest (it may be woken sooner).
+    Asleep(Instant),
+}
+
 impl Inner {
     /// Queues a wait behind those that began no later than it: at the back, but for a
     /// wait queued again (after PAUSE, a failed server check, a queue dropped) that
     /// began before some already queued, which goes ahead of them.
     pub(super) fn enqueue(&mut self, w: Queued) {
-        match self.waiters.iter().rposition(|q| q.since <= w.since) {
-            Some(i) if i + 1 == self.waiters.len() => self.waiters.push_back(w),
-            found => self.waiters.insert(found.map_or(0, |i| i + 1), w),
-        }
+        let at = self.waiters.iter().rposition(|q| q.since <= w.since).map_or(0, |i| i + 1);
+        self.waiters.insert(at, w);
     }
 
-    /// Whether a wait that began at `since` runs out before the expiry task, already
-    /// running, next looks (it must be woken to look again).
+    /// Whether a wait that began at `since` runs out before the expiry task, asleep,
+    /// next looks (it must be woken to look again).
     pub(super) fn due_before_expiry_looks(&self, since: Instant) -> bool {
-        matches!((self.wait_timeout, self.expiry_at), (Some(t), Some(at)) if since + t < at)
+        matches!((self.wait_timeout, self.expiry), (Some(t), Expiry::Asleep(at)) if since + t < at)
     }
 
     /// Whether to start the expiry task for a queue that `needs` one: true once, until
     /// the task ends (`Pool::expire_waiters`).
     pub(super) fn arm_expiry(&mut self, needs: bool) -> bool {
-        let arm = needs && !self.expiry_armed;
-        self.expiry_armed |= arm;
+        let arm = needs && self.expiry == Expiry::Off;
+        if arm {
+            self.expiry = Expiry::Looking;
+        }
         arm
     }
 }
@@ -44,7 +56,7 @@ impl Pool {
             inner.wait_timeout = timeout;
             let needs = timeout.is_some() && !inner.waiters.is_empty();
             let arm = inner.arm_expiry(needs);
-            if !arm && inner.expiry_armed {
+            if !arm && inner.expiry != Expiry::Off {
                 // Stored as a permit if the task is not sleeping yet: it looks again anyway.
                 self.expiry_recheck.notify_one();
             }
@@ -66,13 +78,12 @@ impl Pool {
                 let now = Instant::now();
                 loop {
                     let (Some(front), Some(t)) = (inner.waiters.front(), inner.wait_timeout) else {
-                        inner.expiry_armed = false;
-                        inner.expiry_at = None;
+                        inner.expiry = Expiry::Off;
                         return;
                     };
                     let due = front.since + t;
                     if due > now && !front.tx.is_closed() {
-                        inner.expiry_at = Some(due);
+                        inner.expiry = Expiry::Asleep(due);
                         break due;
                     }
                     let w = inner.waiters.pop_front().expect("front exists");
@@ -112,6 +123,55 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::UserStore;
+    use crate::config::Config;
+    use crate::pool::{Next, Pools};
+
+    /// A full pool of one with `query_wait_timeout = 2` (no server: its one slot is
+    /// counted as taken).
+    fn full_pool(pools: &Pools) -> Arc<Pool> {
+        let text = "[general]\nquery_wait_timeout = 2\n[databases.a]\nhost = \"127.0.0.1\"\npool_size = 1\n\
+                    [users.u]\npassword = \"p\"\n";
+        let cfg = Config::parse(text, std::path::Path::new("sluice.toml")).expect("a valid config");
+        let users = UserStore::from_config(&cfg).expect("valid users");
+        let pool = pools.get(&cfg, &users, "a", "u").expect("a configured database");
+        pool.inner.lock().total = 1;
+        pool
+    }
+
+    fn queue(pool: &Arc<Pool>, since: Instant) -> tokio::sync::oneshot::Receiver<Handoff> {
+        match pool.next(&mut Some(since)) {
+            Ok(Next::Wait(rx, arm)) => {
+                if arm {
+                    tokio::spawn(pool.clone().expire_waiters());
+                }
+                rx
+            }
+            _ => panic!("the pool is full: the wait is queued"),
+        }
+    }
+
+    /// A wait queued again ahead of the one the expiry task sleeps toward (it began
+    /// earlier: PAUSE, a failed server check) wakes the task, and fails at its own
+    /// deadline, not at the later one's.
+    #[tokio::test]
+    async fn a_wait_queued_again_ahead_times_out_at_its_own_deadline() {
+        let pools = Pools::default();
+        let pool = full_pool(&pools);
+        let now = Instant::now();
+        let mut later = queue(&pool, now);
+        // The task sleeps toward the later wait's deadline (now + 2 s).
+        while !matches!(pool.inner.lock().expiry, Expiry::Asleep(_)) {
+            tokio::task::yield_now().await;
+        }
+        let earlier = queue(&pool, now - Duration::from_secs(1));
+        assert!(matches!(earlier.await, Ok(Handoff::TimedOut)));
+        // At now + 1 s: the later wait has another second to go.
+        let pending = matches!(later.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty));
+        assert!(pending, "the later wait timed out with the earlier one");
+        assert!(matches!(later.await, Ok(Handoff::TimedOut)));
+        assert!(now.elapsed() >= Duration::from_secs(2));
+    }
 
     /// A wait queued again (after PAUSE, a dropped queue) that began before some
     /// already queued goes ahead of them; waits that began at the same time keep their
