@@ -279,14 +279,19 @@ impl UserStore {
     }
 
     /// Carries cached derivations over from the previous store for unchanged users, so
-    /// a reload does not force PBKDF2 again.
+    /// a reload does not force PBKDF2 again: the whole user when nothing changed, its
+    /// server login when only the client's secret did (the pools keep using that login
+    /// object, `Pool::update`, and the ClientKeys clients prove reach it).
     pub fn inherit(&mut self, old: &UserStore) {
         for (name, user) in self.users.iter_mut() {
             let Some(prev) = old.users.get(name) else { continue };
-            if format!("{:?}", prev.secret) == format!("{:?}", user.secret)
-                && prev.server.same_credentials(&user.server)
-            {
+            if !prev.server.same_credentials(&user.server) {
+                continue;
+            }
+            if format!("{:?}", prev.secret) == format!("{:?}", user.secret) {
                 *user = prev.clone();
+            } else if let Some(fresh) = Arc::get_mut(user) {
+                fresh.server = prev.server.clone();
             }
         }
     }
@@ -345,6 +350,26 @@ mod tests {
         assert_eq!(p.scram_keys(b"salt", 4096).await.unwrap(), k1);
         assert_eq!(p.scram_keys(b"other", 4096).await, Err(LoginError::SecretMismatch));
         assert_eq!(p.md5_response("u", [0; 4]), Err(LoginError::NoPassword("md5")));
+    }
+
+    /// A reload keeps a user's server login (with the keys it derived and the ClientKey
+    /// clients proved) while its credentials stay, also when the client's password
+    /// changed; a new server password builds a new one.
+    #[test]
+    fn a_reload_keeps_the_server_login_while_its_credentials_stay() {
+        let store = |users: &[(&str, &str, &str)]| UserStore {
+            users: users
+                .iter()
+                .map(|(n, p, sp)| (n.to_string(), Arc::new(UserAuth::new(n, Some(p), Some(sp)).unwrap())))
+                .collect(),
+        };
+        let old = store(&[("same", "a", "x"), ("client", "a", "x"), ("server", "a", "x")]);
+        let mut new = store(&[("same", "a", "x"), ("client", "b", "x"), ("server", "a", "y")]);
+        new.inherit(&old);
+        let kept = |n: &str| Arc::ptr_eq(&new.get(n).unwrap().server, &old.get(n).unwrap().server);
+        assert!(Arc::ptr_eq(new.get("same").unwrap(), old.get("same").unwrap()));
+        assert!(kept("client") && !kept("server"));
+        assert_eq!(format!("{:?}", new.get("client").unwrap().secret), format!("{:?}", Secret::parse("b").ok()));
     }
 
     /// Connects that need keys derived on a blocking thread share one derivation, also
