@@ -1,7 +1,8 @@
 //! Prepared statements in pipelines, byte-exact: errors that make the server skip
 //! to the next Sync (no phantom statements, Sluice's own replies in their place),
 //! several Sync segments whose Parses and Closes an earlier error skipped (the
-//! server's books follow what it did), DISCARD ALL with statements parsed behind it.
+//! server's books follow what it did), DISCARD ALL with statements parsed behind it,
+//! and a copy the books missed costing one 42P05.
 
 mod common;
 
@@ -223,4 +224,31 @@ fn a_statement_parsed_behind_an_extended_discard_all_stays_known() {
     other.send(&[parse("t1", "select 71"), bind("", "t1", &[]), execute("", 0), sync()].concat());
     let m = other.until_ready();
     assert_eq!((tags(&m), first_value(&m)), ("12DCZ".to_string(), "71".to_string()), "{m:?}");
+}
+
+/// A server holding a copy the books do not know of (here one PREPAREd by hand under
+/// the name Sluice gives the text, after DISCARD ALL emptied server and books): the
+/// Parse Sluice sends fails with 42P05. The client gets that one error; Sluice closes
+/// the copy, and the next Parse of the text runs the client's statement, not the one
+/// by hand.
+#[test]
+fn a_copy_the_books_missed_costs_one_error() {
+    let (_pg, s) = setup(1, &[]);
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "mine", "select 42"), "1Z");
+    c.send(&query("select name from pg_prepared_statements"));
+    let name = first_value(&c.until_ready());
+    assert!(name.starts_with("sluice_"), "{name}");
+    for sql in ["discard all".to_string(), format!("prepare {name} as select 7")] {
+        c.send(&query(&sql));
+        assert_eq!(tags(&c.until_ready()), "CZ", "{sql}");
+    }
+    books_never_missed_a_copy(&s);
+    c.send(&[parse("again", "select 42"), sync()].concat());
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "42P05".to_string()), "{m:?}");
+    assert!(s.log().contains("books missed"), "{}", s.log());
+    assert_eq!(prepare(&mut c, "again", "select 42"), "1Z");
+    let m = run(&mut c, "again", &[]);
+    assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "42".to_string()), "{m:?}");
 }

@@ -270,10 +270,10 @@ impl Extended {
         sp: &mut Splice,
         cx: &mut ClientCtx,
     ) -> Result<(), ProtocolError> {
-        let doubt = self.unanswered_before_sync(|e| {
-            e.parses_or_closes(existing.id) && !matches!(&e.effect, Effect::Define(n, _) if n.as_ref() == name)
-        });
-        if self.ensure(&existing, m.start, sp, cx, doubt) {
+        let id = existing.id;
+        let counts =
+            |e: &Expect| e.parses_or_closes(id) && !matches!(&e.effect, Effect::Define(n, _) if n.as_ref() == name);
+        if self.ensure(&existing, m.start, sp, cx, &counts) {
             return Ok(());
         }
         sp.drop_range(m.start, m.start + m.frame_len);
@@ -348,16 +348,23 @@ impl Extended {
     }
 
     /// Makes sure the server holds `st`, injecting its Parse before the client message
-    /// at offset `at`; with `doubt`, also when the server may yet skip the Parse or Close
-    /// of it still unanswered (`unless_in_doubt`). A Parse injected is always closed
-    /// first while such a Parse or Close is in doubt (a later segment's Parse settles
-    /// the statement, `settled_later`). True when that message is held back for a shape
+    /// at offset `at`, also when a Parse or Close of it still unanswered, one of the
+    /// queue items that `counts`, may yet be skipped by the server (as in
+    /// `unless_in_doubt`); it is then closed first (a later segment's Parse settles the
+    /// statement, `settled_later`). True when that message is held back for a shape
     /// check.
-    fn ensure(&mut self, st: &Arc<Statement>, at: usize, sp: &mut Splice, cx: &mut ClientCtx, doubt: bool) -> bool {
+    fn ensure(
+        &mut self,
+        st: &Arc<Statement>,
+        at: usize,
+        sp: &mut Splice,
+        cx: &mut ClientCtx,
+        counts: &dyn Fn(&Expect) -> bool,
+    ) -> bool {
         let generation = cx.generation(st.id);
         let mut presence = cx.server.lookup_since(st.id, generation, st.epoch);
-        if doubt || presence != Presence::Fresh {
-            presence = self.unless_in_doubt(st.id, presence);
+        if presence != Presence::Stale && self.unanswered_before_sync(counts) {
+            presence = Presence::Stale;
         }
         if presence != Presence::Fresh {
             if presence == Presence::Stale {
@@ -407,7 +414,8 @@ impl Extended {
             if kind == Kind::Describe {
                 effect = Effect::Capture(st.clone(), cx.generation(st.id));
             }
-            if self.ensure(&st, m.start, sp, cx, true) {
+            let id = st.id;
+            if self.ensure(&st, m.start, sp, cx, &|e| e.parses_or_closes(id)) {
                 return Ok(());
             }
             let (buf, from) = sp.insert_buf();
