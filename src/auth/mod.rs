@@ -151,9 +151,11 @@ impl ServerLogin {
         (&self.password, &self.md5, &self.scram) == (&other.password, &other.md5, &other.scram)
     }
 
-    /// Remembers the ClientKey recovered from a client's SCRAM proof.
+    /// Remembers the ClientKey recovered from a client's SCRAM proof, if it is this
+    /// login's secret's (a client may have proved another password: the user's
+    /// `password` and `server_password` can differ).
     pub fn learn_client_key(&self, key: [u8; 32]) {
-        if self.scram.is_some() {
+        if self.scram.as_ref().is_some_and(|s| s.owns_client_key(&key)) {
             *self.passthrough_key.lock() = Some(key);
         }
     }
@@ -290,8 +292,8 @@ impl UserStore {
             }
             if format!("{:?}", prev.secret) == format!("{:?}", user.secret) {
                 *user = prev.clone();
-            } else if let Some(fresh) = Arc::get_mut(user) {
-                fresh.server = prev.server.clone();
+            } else {
+                Arc::get_mut(user).expect("a store being built is its users' only owner").server = prev.server.clone();
             }
         }
     }
@@ -345,6 +347,9 @@ mod tests {
 
         let secret = ScramSecret::derive("pw", b"salt", 4096);
         let p = ServerLogin::from_secret(Secret::Scram(secret.clone()));
+        assert_eq!(p.scram_keys(b"salt", 4096).await, Err(LoginError::NoClientKey));
+        // A ClientKey of another password is not taken.
+        p.learn_client_key(ClientKeys::derive("other", b"salt", 4096).client_key);
         assert_eq!(p.scram_keys(b"salt", 4096).await, Err(LoginError::NoClientKey));
         p.learn_client_key(k1.client_key);
         assert_eq!(p.scram_keys(b"salt", 4096).await.unwrap(), k1);

@@ -395,6 +395,13 @@ fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     mac.finalize().into_bytes().into()
 }
 
+impl ScramSecret {
+    /// Whether `client_key` is this secret's ClientKey (its hash is the StoredKey).
+    pub fn owns_client_key(&self, client_key: &[u8; 32]) -> bool {
+        ct_eq(&sha256(client_key), &self.stored_key)
+    }
+}
+
 fn sha256(data: &[u8]) -> [u8; 32] {
     Sha256::digest(data).into()
 }

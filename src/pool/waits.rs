@@ -15,7 +15,8 @@ pub(super) enum Expiry {
     /// No task runs.
     #[default]
     Off,
-    /// Started, or awake and looking at the queue.
+    /// Started, and not yet asleep (once asleep, it stays `Asleep` until it looks
+    /// again under the queue's lock).
     Looking,
     /// Asleep until the front wait runs out, at the latest (it may be woken sooner).
     Asleep(Instant),
@@ -127,10 +128,10 @@ mod tests {
     use crate::config::Config;
     use crate::pool::{Next, Pools};
 
-    /// A full pool of one with `query_wait_timeout = 2` (no server: its one slot is
+    /// A full pool of one with `query_wait_timeout = 4` (no server: its one slot is
     /// counted as taken).
     fn full_pool(pools: &Pools) -> Arc<Pool> {
-        let text = "[general]\nquery_wait_timeout = 2\n[databases.a]\nhost = \"127.0.0.1\"\npool_size = 1\n\
+        let text = "[general]\nquery_wait_timeout = 4\n[databases.a]\nhost = \"127.0.0.1\"\npool_size = 1\n\
                     [users.u]\npassword = \"p\"\n";
         let cfg = Config::parse(text, std::path::Path::new("sluice.toml")).expect("a valid config");
         let users = UserStore::from_config(&cfg).expect("valid users");
@@ -160,17 +161,17 @@ mod tests {
         let pool = full_pool(&pools);
         let now = Instant::now();
         let mut later = queue(&pool, now);
-        // The task sleeps toward the later wait's deadline (now + 2 s).
+        // The task sleeps toward the later wait's deadline (now + 4 s).
         while !matches!(pool.inner.lock().expiry, Expiry::Asleep(_)) {
             tokio::task::yield_now().await;
         }
-        let earlier = queue(&pool, now - Duration::from_secs(1));
+        let earlier = queue(&pool, now - Duration::from_secs(2));
         assert!(matches!(earlier.await, Ok(Handoff::TimedOut)));
-        // At now + 1 s: the later wait has another second to go.
+        // At now + 2 s: the later wait has two more seconds to go.
         let pending = matches!(later.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty));
         assert!(pending, "the later wait timed out with the earlier one");
         assert!(matches!(later.await, Ok(Handoff::TimedOut)));
-        assert!(now.elapsed() >= Duration::from_secs(2));
+        assert!(now.elapsed() >= Duration::from_secs(4));
     }
 
     /// A wait queued again (after PAUSE, a dropped queue) that began before some
