@@ -164,6 +164,38 @@ fn a_duplicate_parse_behind_a_skipped_parse_of_sluices_own_is_refused() {
     }
 }
 
+/// A client's second Parse of a name whose first Parse an error skipped defines it (as
+/// on PostgreSQL), and the books follow the server through what is pipelined behind:
+/// another statement's Parse that evicts it (the server closes it after parsing it
+/// again), or a second error that skips it too.
+#[test]
+fn a_name_parsed_again_after_a_skipped_parse_is_kept_in_the_books() {
+    // Evicted behind the second Parse: parsed again on next use, not trusted (26000).
+    let (_pg, s, mut c) = one_statement_per_server();
+    let again = [parse("a", "select 2"), parse("b", "select 3"), sync()].concat();
+    c.send(&[segment("bad"), parse("a", "select 2"), sync(), again].concat());
+    fails_by_zero(&mut c, "first");
+    assert_eq!(tags(&c.until_ready()), "11Z");
+    for (name, value) in [("a", "2"), ("b", "3"), ("a", "2")] {
+        let m = run(&mut c, name, &[]);
+        assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), value.to_string()), "{name}: {m:?}");
+    }
+    books_never_missed_a_copy(&s);
+    // Both Parses skipped: the name is not defined, and the server holds no copy the
+    // books miss.
+    let (_pg, s, mut c) = one_statement_per_server();
+    let skipped = [segment("bad"), parse("a", "select 2"), sync()].concat();
+    c.send(&[skipped.clone(), skipped].concat());
+    fails_by_zero(&mut c, "first");
+    fails_by_zero(&mut c, "second");
+    let m = run(&mut c, "a", &[]);
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "26000".to_string()), "{m:?}");
+    assert_eq!(prepare(&mut c, "a", "select 2"), "1Z");
+    let m = run(&mut c, "a", &[]);
+    assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "2".to_string()), "{m:?}");
+    books_never_missed_a_copy(&s);
+}
+
 /// A pool of one server with room for one statement, and a client that prepared `one`
 /// (`select 1`) and `bad` (`select 1/0`): the server holds `bad`.
 fn one_statement_per_server() -> (PgCluster, Sluice, Raw) {

@@ -23,7 +23,7 @@ use crate::protocol::{ProtocolError, TxStatus, body, fe};
 
 mod answers;
 pub(super) mod expect;
-use expect::{Effect, Expect, Kind, Queue, Reply};
+use expect::{Effect, Expect, Kind, Queue, Redefinition, Reply};
 
 /// What the client side of a scan needs besides the message.
 pub struct ClientCtx<'a> {
@@ -278,7 +278,9 @@ impl Extended {
         }
         sp.drop_range(m.start, m.start + m.frame_len);
         sp.insert(m.start, &existing.parse);
-        let effect = Effect::Redefine(Bytes::copy_from_slice(name), existing);
+        let generation = cx.generation(id);
+        let name = Bytes::copy_from_slice(name);
+        let effect = Effect::Redefine(Box::new(Redefinition { name, st: existing, generation, cap: cx.cap }));
         self.queue.push_back(Expect::new(Kind::Parse, Reply::Forward, None).with(effect));
         Ok(())
     }

@@ -6,7 +6,7 @@
 use bytes::{Bytes, BytesMut};
 
 use super::Extended;
-use super::expect::{Effect, Expect, Kind, Reply};
+use super::expect::{Effect, Expect, Kind, Redefinition, Reply};
 use crate::prepared::ServerStatements;
 use crate::protocol::build;
 use crate::protocol::scan::{Msg, Splice};
@@ -115,9 +115,9 @@ impl Extended {
         let item = self.queue.pop_front().expect("head exists");
         let end = m.start + m.frame_len;
         match item.effect {
-            Effect::Redefine(name, st) => {
-                server.add(st.id, usize::MAX);
-                self.redefined.push((name, st));
+            Effect::Redefine(r) => {
+                self.redefined.push((r.name.clone(), r.st.clone()));
+                self.settle_redefinition(*r, true, server);
             }
             Effect::Empties { discard } if !item.failed => self.emptied_by(discard, server),
             Effect::Capture(st, generation) => {
@@ -179,6 +179,7 @@ impl Extended {
             Effect::Close(name, st) => self.reopened.push((name, st)),
             // The statement is still on the server: close it before the next request.
             Effect::Closes(id) if !self.settled_later(id) => server.to_close.push(id),
+            Effect::Redefine(r) => self.settle_redefinition(*r, false, server),
             // Given back only if it was the client's last word on its unnamed statement,
             // and not from a Parse that failed or was skipped too.
             Effect::CloseUnnamed(closed) => {
@@ -201,6 +202,25 @@ impl Extended {
         }
     }
 
+    /// The books after a client's Parse of a name it holds (`Effect::Redefine`), sent as
+    /// the Parse of `r.st` and not recorded when sent: the server holds the statement
+    /// when it answered (`held`: parsed, or refused as a duplicate); otherwise (skipped,
+    /// or failed for another reason) it may or may not, and it is closed before the next
+    /// request. A Parse or Close of it queued behind settles it instead (the books
+    /// already say what that leaves).
+    fn settle_redefinition(&mut self, r: Redefinition, held: bool, server: &mut ServerStatements) {
+        let id = r.st.id;
+        if self.queue.iter().any(|e| e.parses_or_closes(id)) {
+            return;
+        }
+        if !held {
+            server.forget(id);
+            server.to_close.push(id);
+        } else if let Some(evicted) = server.add_gen(id, r.generation, r.st.epoch, r.cap) {
+            server.to_close.push(evicted);
+        }
+    }
+
     /// Whether a later Sync segment (behind the next Sync queued) parses or closes
     /// server statement `id` again: that one settles what the server holds (a Parse
     /// there is sent after a Close, `unless_in_doubt`), and the books already say what
@@ -218,7 +238,14 @@ impl Extended {
     #[cold]
     #[inline(never)]
     fn after_error(&mut self, item: Expect, m: &Msg, server: &mut ServerStatements) -> Result<(), ProtocolError> {
-        self.undo(item.effect, server);
+        match item.effect {
+            // Refused as a duplicate (the usual outcome): the server holds the statement.
+            Effect::Redefine(r) => {
+                let held = crate::client::track::error_fields(m)?.code == "42P05";
+                self.settle_redefinition(*r, held, server);
+            }
+            effect => self.undo(effect, server),
+        }
         if let Some(id) = item.stmt {
             let f = crate::client::track::error_fields(m)?;
             // 26000: the server lost it behind Sluice's back (a DEALLOCATE Sluice did

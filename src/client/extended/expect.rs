@@ -108,8 +108,8 @@ pub(super) enum Effect {
     CloseUnnamed(Box<(crate::prepared::Unnamed, u64)>),
     /// A Parse of a name the client already holds: it fails as a duplicate, unless the
     /// Parse that defined it, still in the pipeline, was skipped, and then the name
-    /// stands.
-    Redefine(Bytes, Arc<Statement>),
+    /// stands. (Boxed: rare.)
+    Redefine(Box<Redefinition>),
     /// DEALLOCATE ALL / DISCARD ALL run on the server (a simple query, or the Execute
     /// of a prepared one): on success the server and the client hold no statements any
     /// more (and after DISCARD ALL, no settings).
@@ -127,6 +127,17 @@ pub(super) enum Effect {
     /// Sluice's Describe of a copy (of this generation) the client has not seen: if
     /// the shape differs from what the client saw, it gets 0A000 as from PostgreSQL.
     Verify(Arc<Statement>, u64),
+}
+
+/// A client's Parse of a name it holds, sent as the server-side Parse of `st`
+/// (`Effect::Redefine`): on success the server holds `st` as prepared at `generation`,
+/// within the pool's `cap`.
+#[derive(Debug)]
+pub(super) struct Redefinition {
+    pub name: Bytes,
+    pub st: Arc<Statement>,
+    pub generation: u64,
+    pub cap: usize,
 }
 
 #[derive(Debug)]
