@@ -194,6 +194,29 @@ fn a_name_parsed_again_after_a_skipped_parse_is_kept_in_the_books() {
     let m = run(&mut c, "a", &[]);
     assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "2".to_string()), "{m:?}");
     books_never_missed_a_copy(&s);
+    // One skipped, then one refused as a duplicate (`a` held before) or defining it
+    // (`a` new): either way the server holds `a`, and so say the books.
+    for held_before in [true, false] {
+        let (_pg, s) = setup(1, &[]);
+        let mut c = login(&s);
+        assert_eq!(prepare(&mut c, "bad", "select 1/0"), "1Z");
+        if held_before {
+            assert_eq!(prepare(&mut c, "a", "select 2"), "1Z");
+        }
+        let skipped = [segment("bad"), parse("a", "select 2"), sync()].concat();
+        c.send(&[skipped, parse("a", "select 2"), sync()].concat());
+        fails_by_zero(&mut c, "first");
+        if held_before {
+            refused_as_a_duplicate(&mut c, "second");
+        } else {
+            assert_eq!(tags(&c.until_ready()), "1Z");
+        }
+        for round in 0..2 {
+            let m = run(&mut c, "a", &[]);
+            assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "2".to_string()), "{round}: {m:?}");
+        }
+        books_never_missed_a_copy(&s);
+    }
 }
 
 /// A pool of one server with room for one statement, and a client that prepared `one`

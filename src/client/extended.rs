@@ -271,8 +271,14 @@ impl Extended {
         cx: &mut ClientCtx,
     ) -> Result<(), ProtocolError> {
         let id = existing.id;
-        let counts =
-            |e: &Expect| e.parses_or_closes(id) && !matches!(&e.effect, Effect::Define(n, _) if n.as_ref() == name);
+        let counts = |e: &Expect| {
+            e.parses_or_closes(id)
+                && !match &e.effect {
+                    Effect::Define(n, _) => n.as_ref() == name,
+                    Effect::Redefine(r) => r.name.as_ref() == name,
+                    _ => false,
+                }
+        };
         if self.ensure(&existing, m.start, sp, cx, &counts) {
             return Ok(());
         }
@@ -481,11 +487,16 @@ impl Extended {
 
     /// Whether an item `matches` is unanswered with a Sync queued behind it (the queue
     /// holds exactly what the server has not answered yet): an error before it may yet
-    /// make the server skip it.
+    /// make the server skip it. (The look through the queue, needed only while a Sync
+    /// is queued, is out of line: inlined into `on_client`, it has grown it past what
+    /// the compiler inlines into the scan loop.)
+    #[inline]
     fn unanswered_before_sync(&self, matches: impl Fn(&Expect) -> bool) -> bool {
-        if self.queue.syncs() == 0 {
-            return false;
-        }
+        self.queue.syncs() != 0 && self.any_before_sync(&matches)
+    }
+
+    #[inline(never)]
+    fn any_before_sync(&self, matches: &dyn Fn(&Expect) -> bool) -> bool {
         let mut rest = self.queue.iter();
         rest.any(matches) && rest.any(|e| e.kind == Kind::Sync)
     }

@@ -204,13 +204,14 @@ impl Extended {
 
     /// The books after a client's Parse of a name it holds (`Effect::Redefine`), sent as
     /// the Parse of `r.st` and not recorded when sent: the server holds the statement
-    /// when it answered (`held`: parsed, or refused as a duplicate); otherwise (skipped,
-    /// or failed for another reason) it may or may not, and it is closed before the next
-    /// request. A Parse or Close of it queued behind settles it instead (the books
-    /// already say what that leaves).
+    /// when it answered (`held`: parsed, or refused as a duplicate), unless a Close of
+    /// it is owed already (`to_close`: the books say it is gone); otherwise (skipped, or
+    /// failed for another reason) it may or may not, and it is closed before the next
+    /// request. A Parse or Close of it queued behind (another client Parse of a name it
+    /// holds included) settles it instead: the books already say what that leaves.
     fn settle_redefinition(&mut self, r: Redefinition, held: bool, server: &mut ServerStatements) {
         let id = r.st.id;
-        if self.queue.iter().any(|e| e.parses_or_closes(id)) {
+        if self.queue.iter().any(|e| e.parses_or_closes(id)) || (held && server.to_close.contains(&id)) {
             return;
         }
         if !held {

@@ -164,7 +164,12 @@ impl Expect {
 
     /// Whether this is a Parse or a Close (Sluice's) of server statement `id`.
     pub fn parses_or_closes(&self, id: u64) -> bool {
-        (self.kind == Kind::Parse && self.stmt == Some(id)) || matches!(self.effect, Effect::Closes(c) if c == id)
+        (self.kind == Kind::Parse && self.stmt == Some(id))
+            || match &self.effect {
+                Effect::Closes(c) => *c == id,
+                Effect::Redefine(r) => r.st.id == id,
+                _ => false,
+            }
     }
 }
 
