@@ -14,6 +14,7 @@ mod session;
 mod track;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
@@ -49,6 +50,10 @@ pub enum Exit {
     Closed,
     /// Sluice ends the connection with a FATAL error.
     Fatal { code: String, message: String },
+    /// Sluice ends the connection in the middle of a message it was relaying to the
+    /// client (part of a large row sent): a FATAL written there would be read as part
+    /// of that message, so the connection is closed without one (the reason is logged).
+    Cut(String),
     /// A cancel request was handled.
     Cancel,
     /// The TLS handshake failed (nothing more can be sent to the client).
@@ -62,6 +67,15 @@ impl Exit {
 
     pub fn protocol(message: impl std::fmt::Display) -> Exit {
         Exit::fatal(sqlstate::PROTOCOL_VIOLATION, message.to_string())
+    }
+
+    /// This exit, for a connection whose client output stops in the middle of a
+    /// message: no ErrorResponse can follow (`Exit::Cut`).
+    pub fn mid_message(self) -> Exit {
+        match self {
+            Exit::Fatal { code, message } => Exit::Cut(format!("{message} ({code})")),
+            other => other,
+        }
     }
 
     /// The exit of a client ended from the admin console (KILL_CLIENT, KILL db).
@@ -79,6 +93,7 @@ impl Exit {
             Exit::Terminated => "client terminated".into(),
             Exit::Closed => "client closed the connection".into(),
             Exit::Fatal { code, message } => format!("{message} ({code})"),
+            Exit::Cut(reason) => format!("{reason}; closed in the middle of a message to the client"),
             Exit::Cancel => "cancel request".into(),
             Exit::Tls(reason) => reason.clone(),
         }
@@ -108,14 +123,24 @@ pub async fn serve(app: Arc<App>, stream: Stream, peer: Peer, _guard: ClientGuar
     finish(&app, &mut conn, exit).await;
 }
 
+/// How long the last words to a client (its FATAL, TLS close_notify) may wait for a
+/// client that does not read them; it holds only its own connection meanwhile.
+const LAST_WORDS_TIMEOUT: Duration = Duration::from_secs(5);
+
 async fn finish(app: &App, conn: &mut ClientConn, exit: Exit) {
-    if let Exit::Fatal { code, message } = &exit {
-        send_error(&mut conn.stream, Severity::Fatal, code, message).await;
-    }
+    let fatal = matches!(exit, Exit::Fatal { .. });
     // TLS: send close_notify. Plain sockets are simply closed when dropped (a shutdown
     // first would add a system call per connection and change nothing on the wire).
-    if conn.stream.is_tls() {
-        let _ = conn.stream.shutdown().await;
+    if fatal || conn.stream.is_tls() {
+        let last_words = async {
+            if let Exit::Fatal { code, message } = &exit {
+                send_error(&mut conn.stream, Severity::Fatal, code, message).await;
+            }
+            if conn.stream.is_tls() {
+                let _ = conn.stream.shutdown().await;
+            }
+        };
+        let _ = tokio::time::timeout(LAST_WORDS_TIMEOUT, last_words).await;
     }
     match &exit {
         Exit::Cancel => debug!(peer = %conn.peer, "cancel request handled"),

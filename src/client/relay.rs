@@ -4,21 +4,24 @@
 //! Each read is forwarded with one write. The transaction ends, and the server goes
 //! back to the pool, when every Query/Sync has been answered by a ReadyForQuery 'I'.
 
+use std::task::Poll;
 use std::time::Instant;
 
 use bytes::{Buf, BytesMut};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::extended::ClientCtx;
 use super::interrupt::Interrupt;
 use super::session::{Session, sleep_opt};
 use super::track::{CopyIn, EarlySyncs};
 use super::{ClientConn, Exit};
-use crate::app::Phase;
+use crate::app::{App, Phase};
 use crate::config::PoolMode;
+use crate::net::Stream;
 use crate::net::backlog::Event;
 use crate::protocol::build::{self, Severity};
 use crate::protocol::{ProtocolError, TxStatus, sqlstate};
+use crate::stats::ClientInfo;
 
 fn server_lost(detail: Option<String>) -> Exit {
     let message = match detail {
@@ -42,7 +45,85 @@ enum Woke {
 
 fn query_timed_out(server: &mut crate::server::ServerConn) -> Exit {
     server.broken = true;
+    query_timeout()
+}
+
+fn query_timeout() -> Exit {
     Exit::fatal(sqlstate::QUERY_CANCELED, "query_timeout: query took too long")
+}
+
+/// Why a client's session must end now rather than at its transaction's end: killed
+/// by the admin console, or the shutdown's last phase.
+fn stop_sending(app: &App, info: &ClientInfo) -> Option<Exit> {
+    if info.is_killed() {
+        return Some(Exit::killed());
+    }
+    (app.current_phase() == Phase::Stopping).then(Exit::shutting_down)
+}
+
+/// Writes `out` to the client. The usual write takes it all at once (tried first, with
+/// no wait set up); a client that has stopped reading does not hold the relay, and its
+/// server, for ever: a KILL, the shutdown's last phase (`stop`) or the query's deadline
+/// ends the wait.
+#[inline]
+async fn send_to_client(
+    stream: &mut Stream,
+    out: &[u8],
+    interrupt: &mut Interrupt<'_, '_>,
+    stop: impl Fn() -> Option<Exit>,
+    deadline: Option<Instant>,
+) -> Result<(), Exit> {
+    let now = std::future::poll_fn(|cx| {
+        let mut s = std::pin::Pin::new(&mut *stream);
+        Poll::Ready(match s.as_mut().poll_write(cx, out) {
+            Poll::Ready(Ok(n)) if n == out.len() => match s.poll_flush(cx) {
+                Poll::Ready(Ok(())) => Ok(None),
+                _ => Ok(Some(n)),
+            },
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => Err(Exit::Closed),
+            Poll::Ready(Ok(n)) => Ok(Some(n)),
+            Poll::Pending => Ok(Some(0)),
+        })
+    })
+    .await?;
+    match now {
+        None => Ok(()),
+        Some(n) => send_to_client_slowly(stream, &out[n..], interrupt, stop, deadline).await,
+    }
+}
+
+/// `send_to_client` once the client's socket did not take everything at once.
+#[inline(never)]
+async fn send_to_client_slowly(
+    stream: &mut Stream,
+    mut out: &[u8],
+    interrupt: &mut Interrupt<'_, '_>,
+    stop: impl Fn() -> Option<Exit>,
+    deadline: Option<Instant>,
+) -> Result<(), Exit> {
+    loop {
+        // Written, then flushed (a TLS stream may hold back the tail of a write).
+        let step = async {
+            if out.is_empty() { stream.flush().await.map(|()| None) } else { stream.write(out).await.map(Some) }
+        };
+        tokio::select! {
+            biased;
+            r = step => match r {
+                Ok(None) => return Ok(()),
+                Ok(Some(0)) | Err(_) => return Err(Exit::Closed),
+                Ok(Some(n)) => out = &out[n..],
+            },
+            // Part of the client's output is still unsent: it ends mid-message.
+            _ = sleep_opt(deadline.map(|d| d.saturating_duration_since(Instant::now()))), if deadline.is_some() => {
+                return Err(query_timeout().mid_message());
+            }
+            _ = interrupt.fired() => {
+                if let Some(exit) = stop() {
+                    return Err(exit.mid_message());
+                }
+            }
+        }
+    }
 }
 
 fn reserve(buf: &mut BytesMut, chunk: usize) {
@@ -55,7 +136,12 @@ impl Session {
     /// Relays until the transaction ends (Ok: the server went back to the pool) or
     /// the connection ends (Err).
     pub(super) async fn relay(&mut self, conn: &mut ClientConn, interrupt: &mut Interrupt<'_, '_>) -> Result<(), Exit> {
-        let r = self.relay_loop(conn, interrupt).await;
+        // Ended with the client's output in the middle of a server message: no FATAL
+        // can follow it.
+        let r = self
+            .relay_loop(conn, interrupt)
+            .await
+            .map_err(|exit| if self.track.server_scan.mid_message() { exit.mid_message() } else { exit });
         conn.splice.reset();
         if !self.to_server.is_empty() {
             // Ended with part of the client's input still unsent: the server may hold
@@ -135,7 +221,7 @@ impl Session {
                 }
                 Woke::Server => {
                     let held = self.track.ext.holding();
-                    self.forward_server(conn).await?;
+                    self.forward_server(conn, interrupt, query_deadline).await?;
                     if held && !self.track.ext.holding() && !conn.buf.is_empty() {
                         // The answer a message was held for came: on with the client's input.
                         self.forward_client(conn).await?;
@@ -252,7 +338,12 @@ impl Session {
         Ok(())
     }
 
-    async fn forward_server(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
+    async fn forward_server(
+        &mut self,
+        conn: &mut ClientConn,
+        interrupt: &mut Interrupt<'_, '_>,
+        query_deadline: Option<Instant>,
+    ) -> Result<(), Exit> {
         let splice = &mut conn.splice;
         let server = self.server.as_mut().expect("relay without a server");
         let n = self.track.scan_server(&server.buf, splice, self.mode, &mut server.prepared).map_err(|e| {
@@ -264,7 +355,12 @@ impl Session {
             }
         })?;
         let out = splice.finish(&server.buf, n);
-        let written = if out.is_empty() { Ok(()) } else { conn.stream.send(out).await };
+        let stop = || stop_sending(&self.app, &self.info);
+        let written = if out.is_empty() {
+            Ok(())
+        } else {
+            send_to_client(&mut conn.stream, out, interrupt, stop, query_deadline).await
+        };
         splice.reset();
         server.buf.advance(n);
         if let Some(tx) = self.track.tx {
@@ -296,8 +392,10 @@ impl Session {
             self.params = crate::params::ClientParams::default();
             server.applied = Some(crate::params::ClientParams::default());
         }
-        if written.is_err() {
-            return Err(Exit::Closed);
+        if let Err(exit) = written {
+            // Part of the server's reply is unread (or was not taken by the client).
+            server.broken = true;
+            return Err(exit);
         }
         if self.track.server_fatal.is_some() {
             server.broken = true;

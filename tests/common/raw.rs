@@ -111,6 +111,11 @@ impl Raw {
         r
     }
 
+    /// The connection itself, to read raw bytes.
+    pub fn stream(&mut self) -> &mut TcpStream {
+        &mut self.s
+    }
+
     pub fn send(&mut self, bytes: &[u8]) {
         self.s.write_all(bytes).expect("write to sluice");
     }

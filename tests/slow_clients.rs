@@ -1,0 +1,114 @@
+//! Clients that stop reading a large result: an admin KILL_CLIENT or `query_timeout`
+//! still ends them and frees their server connection for the next client, and the
+//! connection ends without an ErrorResponse written into the middle of a row (also
+//! when the server dies in the middle of one).
+
+mod common;
+
+use std::io::Read;
+use std::time::Duration;
+
+use common::raw::{Raw, first_value, query, tags};
+use common::{PgCluster, Sluice, psql_cmd, wait_until};
+
+/// One server connection, trust logins, `u_trust` an admin, `query_wait_timeout` 10 s
+/// (a client left waiting fails instead of hanging the test).
+fn sluice(pg: &PgCluster, extra: &[(&str, &str)]) -> Sluice {
+    let mut b = Sluice::builder(pg)
+        .general("auth_type", "\"trust\"")
+        .general("pool_mode", "\"transaction\"")
+        .general("admin_users", r#"["u_trust"]"#)
+        .general("query_wait_timeout", "10")
+        .database("app", &[("pool_size", "1")]);
+    for (k, v) in extra {
+        b = b.general(k, v);
+    }
+    b.start()
+}
+
+/// A client that asked for ~200 MB and reads none of it, returned once PostgreSQL is
+/// blocked writing to Sluice: Sluice stopped reading the server because its own write
+/// to the client does not go through.
+fn stalled(pg: &PgCluster, s: &Sluice) -> Raw {
+    let mut c = Raw::login(s.port, "u_trust", "app");
+    c.send(&query("select repeat('x', 1000000) from generate_series(1, 200)"));
+    let blocked = || pg.backends("wait_event = 'ClientWrite'") == 1;
+    assert!(wait_until(Duration::from_secs(30), blocked), "PostgreSQL never blocked writing to Sluice");
+    c
+}
+
+/// The next client gets the (only) server connection and its answer.
+fn next_client_is_served(s: &Sluice) {
+    let mut c = Raw::login(s.port, "u_trust", "app");
+    c.send(&query("select 42"));
+    let m = c.until_ready();
+    assert_eq!((tags(&m), first_value(&m)), ("TDCZ".to_string(), "42".to_string()), "{m:?}");
+}
+
+/// Reads what the stalled client was sent, to the end: the connection must close, and
+/// if it closes in the middle of a message, no ErrorResponse is inside that message
+/// (the FATAL may only come at a message boundary).
+fn reads_to_a_clean_end(mut c: Raw) {
+    let mut bytes = Vec::new();
+    c.stream().read_to_end(&mut bytes).expect("the connection closes");
+    let mut at = 0;
+    while at + 5 <= bytes.len() {
+        let len = u32::from_be_bytes(bytes[at + 1..at + 5].try_into().unwrap()) as usize;
+        if at + 1 + len > bytes.len() {
+            break;
+        }
+        at += 1 + len;
+    }
+    let cut = &bytes[at..];
+    assert!(
+        !cut.windows(5).any(|w| [b"57P01", b"57014", b"08006"].contains(&w.try_into().unwrap())),
+        "an ErrorResponse inside a message cut short ({} bytes read, the last {} a partial message)",
+        bytes.len(),
+        cut.len()
+    );
+}
+
+#[test]
+fn a_client_that_stops_reading_is_killed_and_its_server_freed() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[]);
+    let c = stalled(&pg, &s);
+    let console = |sql: &str| {
+        let out = psql_cmd(s.port, "127.0.0.1", "u_trust", "", "pgbouncer")
+            .args(["-P", "tuples_only=off", "-P", "footer=off", "-F", "|", "-c", sql])
+            .output()
+            .expect("psql runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let clients = console("SHOW CLIENTS");
+    let mut lines = clients.lines().map(|l| l.split('|').collect::<Vec<_>>());
+    let header = lines.next().expect("a header");
+    let column = |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("{clients}"));
+    let (id, database) = (column("id"), column("database"));
+    let row = lines.find(|r| r.get(database) == Some(&"app")).expect("the stalled client is listed");
+    console(&format!("KILL_CLIENT {}", row[id]));
+    next_client_is_served(&s);
+    reads_to_a_clean_end(c);
+}
+
+#[test]
+fn query_timeout_ends_a_client_that_stops_reading() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[("query_timeout", "2")]);
+    let c = stalled(&pg, &s);
+    next_client_is_served(&s);
+    reads_to_a_clean_end(c);
+    assert!(s.log().contains("query_timeout"), "{}", s.log());
+}
+
+/// The server dies while the client has part of a row: the client reads what was sent
+/// and the connection closes, with no 08006 written into the row.
+#[test]
+fn a_server_dying_mid_row_closes_the_client_without_a_torn_message() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[]);
+    let c = stalled(&pg, &s);
+    pg.psql("select pg_terminate_backend(pid) from pg_stat_activity where wait_event = 'ClientWrite'");
+    reads_to_a_clean_end(c);
+    next_client_is_served(&s);
+}
