@@ -286,7 +286,8 @@ impl Extended {
         sp.insert(m.start, &existing.parse);
         let generation = cx.generation(id);
         let name = Bytes::copy_from_slice(name);
-        let effect = Effect::Redefine(Box::new(Redefinition { name, st: existing, generation, cap: cx.cap }));
+        let effect =
+            Effect::Redefine(Box::new(Redefinition { name, st: existing, generation, cap: cx.cap, defines: false }));
         self.queue.push_back(Expect::new(Kind::Parse, Reply::Forward, None).with(effect));
         Ok(())
     }

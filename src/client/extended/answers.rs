@@ -7,6 +7,16 @@ use bytes::{Bytes, BytesMut};
 
 use super::Extended;
 use super::expect::{Effect, Expect, Kind, Redefinition, Reply};
+
+/// How the server answered a client's Parse of a name it holds (`Effect::Redefine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Parsed,
+    /// Refused as a duplicate (42P05): the server holds the statement.
+    Duplicate,
+    /// Skipped after an earlier error, or refused for another reason.
+    NotRun,
+}
 use crate::prepared::ServerStatements;
 use crate::protocol::build;
 use crate::protocol::scan::{Msg, Splice};
@@ -35,7 +45,11 @@ impl Extended {
     /// same pipeline (their Parse still queued); so are the client's (`emptied`), and
     /// after DISCARD ALL its settings (`discarded`).
     fn emptied_by(&mut self, discard: bool, server: &mut ServerStatements) {
-        server.clear_except(self.queue.iter().filter(|e| e.kind == Kind::Parse).filter_map(|e| e.stmt));
+        let parsed_behind = |e: &Expect| match &e.effect {
+            Effect::Redefine(r) => Some(r.st.id),
+            _ => e.stmt.filter(|_| e.kind == Kind::Parse),
+        };
+        server.clear_except(self.queue.iter().filter_map(parsed_behind));
         self.emptied = true;
         self.discarded |= discard;
     }
@@ -115,10 +129,7 @@ impl Extended {
         let item = self.queue.pop_front().expect("head exists");
         let end = m.start + m.frame_len;
         match item.effect {
-            Effect::Redefine(r) => {
-                self.redefined.push((r.name.clone(), r.st.clone()));
-                self.settle_redefinition(*r, true, server);
-            }
+            Effect::Redefine(r) => self.settle_redefinition(*r, Answer::Parsed, server),
             Effect::Empties { discard } if !item.failed => self.emptied_by(discard, server),
             Effect::Capture(st, generation) => {
                 tracing::debug!(stmt = st.id, generation, "shape captured");
@@ -175,11 +186,15 @@ impl Extended {
     /// Undoes what a message the server failed or skipped was expected to do.
     fn undo(&mut self, effect: Effect, server: &mut ServerStatements) {
         match effect {
-            Effect::Define(name, st) => self.undefined.push((name, st)),
+            // A Parse of the name again, still queued, decides whether it stands.
+            Effect::Define(name, st) => match self.queue.redefinition_mut(&name, st.id) {
+                Some(r) => r.defines = true,
+                None => self.undefined.push((name, st)),
+            },
             Effect::Close(name, st) => self.reopened.push((name, st)),
             // The statement is still on the server: close it before the next request.
             Effect::Closes(id) if !self.settled_later(id) => server.to_close.push(id),
-            Effect::Redefine(r) => self.settle_redefinition(*r, false, server),
+            Effect::Redefine(r) => self.settle_redefinition(*r, Answer::NotRun, server),
             // Given back only if it was the client's last word on its unnamed statement,
             // and not from a Parse that failed or was skipped too.
             Effect::CloseUnnamed(closed) => {
@@ -202,31 +217,40 @@ impl Extended {
         }
     }
 
-    /// The books after a client's Parse of a name it holds (`Effect::Redefine`), sent as
-    /// the Parse of `r.st` and not recorded when sent: the server holds the statement
-    /// when it answered (`held`: parsed, or refused as a duplicate), unless a Close of
-    /// it is owed already (`to_close`: the books say it is gone); otherwise (skipped, or
-    /// failed for another reason) it may or may not, and it is closed before the next
-    /// request. A Parse or Close of it queued behind (another client Parse of a name it
-    /// holds included) settles it instead: the books already say what that leaves.
-    fn settle_redefinition(&mut self, r: Redefinition, held: bool, server: &mut ServerStatements) {
-        let id = r.st.id;
+    /// The client's names and the books after a client's Parse of a name it holds
+    /// (`Effect::Redefine`), sent as the Parse of `r.st` and not recorded when sent.
+    /// The name stands again if the Parse ran; if not, and the earlier Parse of the
+    /// name was undone meanwhile (`defines`), it goes. The server holds the statement
+    /// when it answered (parsed, or refused as a duplicate), unless a Close of it is
+    /// owed already (`to_close`: the books say it is gone); otherwise (skipped, or failed
+    /// for another reason) it may or may not, and it is closed before the next request.
+    /// A Parse or Close of it queued behind (another client Parse of a name it holds
+    /// included) settles the books instead: they already say what that leaves.
+    fn settle_redefinition(&mut self, r: Redefinition, answer: Answer, server: &mut ServerStatements) {
+        let (id, epoch) = (r.st.id, r.st.epoch);
+        let held = answer != Answer::NotRun;
+        if answer == Answer::Parsed {
+            self.redefined.push((r.name, r.st));
+        } else if r.defines {
+            self.undefined.push((r.name, r.st));
+        }
         if self.queue.iter().any(|e| e.parses_or_closes(id)) || (held && server.to_close.contains(&id)) {
             return;
         }
         if !held {
             server.forget(id);
             server.to_close.push(id);
-        } else if let Some(evicted) = server.add_gen(id, r.generation, r.st.epoch, r.cap) {
+        } else if let Some(evicted) = server.add_gen(id, r.generation, epoch, r.cap) {
             server.to_close.push(evicted);
         }
     }
 
     /// Whether a later Sync segment (behind the next Sync queued) parses or closes
     /// server statement `id` again: that one settles what the server holds (a Parse
-    /// there is sent after a Close, `unless_in_doubt`), and the books already say what
-    /// it leaves, so a Parse or Close of it that fails or is skipped here changes
-    /// nothing in them. Otherwise the books go back to what the server holds: no
+    /// there is sent after a Close, `unless_in_doubt`, and the books already say what it
+    /// leaves; a client's Parse of a name it holds is settled when answered,
+    /// `settle_redefinition`), so a Parse or Close of it that fails or is skipped here
+    /// changes nothing in them. Otherwise the books go back to what the server holds: no
     /// statement after a failed or skipped Parse, the statement (to be closed) after a
     /// skipped Close.
     fn settled_later(&self, id: u64) -> bool {
@@ -242,8 +266,8 @@ impl Extended {
         match item.effect {
             // Refused as a duplicate (the usual outcome): the server holds the statement.
             Effect::Redefine(r) => {
-                let held = crate::client::track::error_fields(m)?.code == "42P05";
-                self.settle_redefinition(*r, held, server);
+                let duplicate = crate::client::track::error_fields(m)?.code == "42P05";
+                self.settle_redefinition(*r, if duplicate { Answer::Duplicate } else { Answer::NotRun }, server);
             }
             effect => self.undo(effect, server),
         }
@@ -252,14 +276,15 @@ impl Extended {
             // 26000: the server lost it behind Sluice's back (a DEALLOCATE Sluice did
             // not recognise): parse it again on next use.
             let lost = f.code == "26000" && matches!(item.kind, Kind::Bind | Kind::Describe);
-            if (item.kind == Kind::Parse || lost) && !self.settled_later(id) {
+            if item.kind == Kind::Parse && f.code == "42P05" {
+                // The server holds a copy the books did not know of (whatever a later
+                // segment does with it): closed before the next request, parsed again
+                // on next use.
+                tracing::warn!(stmt = id, "a server held a prepared statement Sluice's books missed; closing it");
                 server.forget(id);
-                if item.kind == Kind::Parse && f.code == "42P05" {
-                    // The server holds a copy the books did not know of: closed before
-                    // the next request, parsed again on next use.
-                    tracing::warn!(stmt = id, "a server held a prepared statement Sluice's books missed; closing it");
-                    server.to_close.push(id);
-                }
+                server.to_close.push(id);
+            } else if (item.kind == Kind::Parse || lost) && !self.settled_later(id) {
+                server.forget(id);
             } else if f.code == "0A000" && f.message.contains("cached plan must not change result type") {
                 // The server's statement is stale: close and re-parse it on next use,
                 // and so on every other server of the pool.

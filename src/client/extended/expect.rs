@@ -138,6 +138,9 @@ pub(super) struct Redefinition {
     pub st: Arc<Statement>,
     pub generation: u64,
     pub cap: usize,
+    /// The client's earlier Parse of the name failed or was skipped while this one was
+    /// queued: the name stands only if this one succeeds.
+    pub defines: bool,
 }
 
 #[derive(Debug)]
@@ -183,6 +186,14 @@ pub(super) struct Queue {
 }
 
 impl Queue {
+    /// The queued client Parse of `name` again, as statement `id` (`Effect::Redefine`).
+    pub fn redefinition_mut(&mut self, name: &[u8], id: u64) -> Option<&mut Redefinition> {
+        self.items.iter_mut().find_map(|e| match &mut e.effect {
+            Effect::Redefine(r) if r.name.as_ref() == name && r.st.id == id => Some(&mut **r),
+            _ => None,
+        })
+    }
+
     #[inline]
     pub fn push_back(&mut self, e: Expect) {
         self.syncs += usize::from(e.kind == Kind::Sync);
