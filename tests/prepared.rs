@@ -217,6 +217,30 @@ fn deallocate_and_discard_behave_as_on_a_server() {
     assert_eq!(first_value(&other.until_ready()), "5", "the server stayed with the client that sent DEALLOCATE");
 }
 
+/// DEALLOCATE answered by Sluice reports the transaction status PostgreSQL would: that
+/// of a BEGIN pipelined ahead of it, and in a failed transaction it is refused (25P02)
+/// and the statement kept.
+#[test]
+fn deallocate_reports_the_transaction_as_postgresql_does() {
+    let (_pg, s) = setup(1, &[]);
+    let mut c = login(&s);
+    for name in ["d1", "d2"] {
+        assert_eq!(prepare(&mut c, name, "select 2"), "1Z");
+    }
+    c.send(&[query("begin"), query("deallocate d1")].concat());
+    let m = [c.until_ready(), c.until_ready()].concat();
+    assert_eq!(tags(&m), "CZCZ");
+    assert_eq!((m[1].1.as_slice(), m[3].1.as_slice()), (&b"T"[..], &b"T"[..]), "{m:?}");
+    c.send(&query("select 1/0"));
+    assert_eq!(tags(&c.until_ready()), "EZ");
+    c.send(&query("deallocate d2"));
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[0].1), m[1].1.as_slice()), ("EZ".to_string(), "25P02".to_string(), &b"E"[..]));
+    c.send(&query("rollback"));
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    assert_eq!(first_value(&run(&mut c, "d2", &[])), "2", "the refused DEALLOCATE kept d2");
+}
+
 #[test]
 fn eviction_and_server_loss_reprepare_transparently() {
     let (pg, s) = setup(1, &[("max_prepared_statements", "2")]);

@@ -19,7 +19,7 @@ use crate::prepared::{
 };
 use crate::protocol::build;
 use crate::protocol::scan::{Msg, Splice};
-use crate::protocol::{ProtocolError, TxStatus, body, fe};
+use crate::protocol::{ProtocolError, TxStatus, body, fe, sqlstate};
 
 mod answers;
 pub(super) mod expect;
@@ -545,24 +545,51 @@ impl Extended {
             // A text not read whole (long) may hold any statement.
             self.parsing_set = sql.is_none_or(prepared::may_change_parsing);
         }
-        let command = sql.and_then(prepared::sql_command);
-        let local_tag = match command {
-            Some(SqlCommand::Deallocate(name)) if cx.stmts.remove(name.as_bytes()).is_some() => "DEALLOCATE",
-            Some(SqlCommand::DeallocateAll) => {
-                cx.stmts.clear();
-                "DEALLOCATE ALL"
-            }
+        match sql.and_then(prepared::sql_command) {
+            Some(c @ (SqlCommand::Deallocate(_) | SqlCommand::DeallocateAll)) => Ok(self.on_deallocate(c, m, sp, cx)),
             _ => {
                 self.push(Kind::Query, Reply::Forward, None);
-                return Ok(false);
+                Ok(false)
             }
+        }
+    }
+
+    /// A simple query that is exactly a DEALLOCATE: of a statement the client holds, or
+    /// ALL, answered here (true: no ReadyForQuery comes from the server); of another
+    /// name, forwarded (the server refuses it). (Out of line: rare, and `on_query`
+    /// stays small enough for the scan loop to inline.)
+    #[cold]
+    #[inline(never)]
+    fn on_deallocate(&mut self, command: SqlCommand, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> bool {
+        let mut b = BytesMut::new();
+        let answer = match command {
+            // As PostgreSQL: refused in a failed transaction, the statements kept.
+            _ if self.queue.is_empty() && cx.tx == TxStatus::Failed => {
+                let text = "current transaction is aborted, commands ignored until end of transaction block";
+                build::error_response(&mut b, build::Severity::Error, sqlstate::IN_FAILED_SQL_TRANSACTION, text);
+                Some(TxStatus::Failed)
+            }
+            SqlCommand::Deallocate(name) if cx.stmts.remove(name.as_bytes()).is_some() => {
+                build::command_complete(&mut b, "DEALLOCATE");
+                Some(cx.tx)
+            }
+            SqlCommand::DeallocateAll => {
+                cx.stmts.clear();
+                build::command_complete(&mut b, "DEALLOCATE ALL");
+                Some(cx.tx)
+            }
+            _ => None,
+        };
+        let Some(status) = answer else {
+            self.push(Kind::Query, Reply::Forward, None);
+            return false;
         };
         sp.drop_range(m.start, m.start + m.frame_len);
-        let mut b = BytesMut::new();
-        build::command_complete(&mut b, local_tag);
-        build::ready_for_query(&mut b, cx.tx);
+        // The status now; behind requests still unanswered, the one the last of them
+        // leaves (`emit_synthetic`).
+        build::ready_for_query(&mut b, status);
         self.push(Kind::Local, Reply::Synthetic(b.freeze()), None);
-        Ok(true)
+        true
     }
 
     /// The message held for a failed shape check: the server gets, instead of it, a

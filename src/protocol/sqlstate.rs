@@ -12,6 +12,7 @@ pub const ADMIN_SHUTDOWN: &str = "57P01";
 pub const CANNOT_CONNECT_NOW: &str = "57P03";
 pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
 pub const ACTIVE_SQL_TRANSACTION: &str = "25001";
+pub const IN_FAILED_SQL_TRANSACTION: &str = "25P02";
 pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
 pub const INVALID_PARAMETER_VALUE: &str = "22023";
 pub const INTERNAL_ERROR: &str = "XX000";

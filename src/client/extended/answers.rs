@@ -159,11 +159,31 @@ impl Extended {
             }
             _ => {}
         }
-        while let Some(Expect { reply: Reply::Synthetic(b), .. }) = self.queue.front() {
-            sp.insert(end, b);
-            self.queue.pop_front();
+        if matches!(self.queue.front(), Some(Expect { reply: Reply::Synthetic(_), .. })) {
+            self.emit_synthetic(m, sp, end);
         }
         Ok(refused)
+    }
+
+    /// Sluice's own replies now at the head of the queue, behind the server's message
+    /// `m` (ending at `end`): into the client's output. A ReadyForQuery of Sluice's
+    /// (a DEALLOCATE answered here) carries the transaction status of the server's
+    /// ReadyForQuery just before it, not the one when it was queued. (Out of line: rare.)
+    #[cold]
+    #[inline(never)]
+    fn emit_synthetic(&mut self, m: &Msg, sp: &mut Splice, end: usize) {
+        let status = m.frame.filter(|_| m.tag == be::READY_FOR_QUERY).and_then(|f| f.get(5).copied());
+        while let Some(Expect { reply: Reply::Synthetic(b), .. }) = self.queue.front() {
+            match (status, b.len().checked_sub(6).map(|i| &b[i..])) {
+                (Some(s), Some([b'Z', 0, 0, 0, 5, _])) => {
+                    let mut patched = b.to_vec();
+                    *patched.last_mut().expect("a ReadyForQuery") = s;
+                    sp.insert(end, &patched);
+                }
+                _ => sp.insert(end, b),
+            }
+            self.queue.pop_front();
+        }
     }
 
     /// The statement's result type changed since the client described it: the client
