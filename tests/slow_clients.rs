@@ -11,14 +11,14 @@ use std::time::Duration;
 use common::raw::{Raw, first_value, query, tags};
 use common::{PgCluster, Sluice, psql_cmd, wait_until};
 
-/// One server connection, trust logins, `u_trust` an admin, `query_wait_timeout` 10 s
+/// One server connection, trust logins, `u_trust` an admin, `query_wait_timeout` 20 s
 /// (a client left waiting fails instead of hanging the test).
 fn sluice(pg: &PgCluster, extra: &[(&str, &str)]) -> Sluice {
     let mut b = Sluice::builder(pg)
         .general("auth_type", "\"trust\"")
         .general("pool_mode", "\"transaction\"")
         .general("admin_users", r#"["u_trust"]"#)
-        .general("query_wait_timeout", "10")
+        .general("query_wait_timeout", "20")
         .database("app", &[("pool_size", "1")]);
     for (k, v) in extra {
         b = b.general(k, v);
@@ -94,7 +94,7 @@ fn a_client_that_stops_reading_is_killed_and_its_server_freed() {
 #[test]
 fn query_timeout_ends_a_client_that_stops_reading() {
     let pg = PgCluster::start();
-    let s = sluice(&pg, &[("query_timeout", "2")]);
+    let s = sluice(&pg, &[("query_timeout", "6")]);
     let c = stalled(&pg, &s);
     next_client_is_served(&s);
     reads_to_a_clean_end(c);

@@ -563,8 +563,9 @@ impl Extended {
     fn on_deallocate(&mut self, command: SqlCommand, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> bool {
         let mut b = BytesMut::new();
         let answer = match command {
-            // As PostgreSQL: refused in a failed transaction, the statements kept.
-            _ if self.queue.is_empty() && cx.tx == TxStatus::Failed => {
+            // As PostgreSQL: refused in a failed transaction, the statements kept. (The
+            // status is known when nothing ahead of it goes to the server.)
+            _ if cx.tx == TxStatus::Failed && self.queue.iter().all(|e| matches!(e.reply, Reply::Synthetic(_))) => {
                 let text = "current transaction is aborted, commands ignored until end of transaction block";
                 build::error_response(&mut b, build::Severity::Error, sqlstate::IN_FAILED_SQL_TRANSACTION, text);
                 Some(TxStatus::Failed)

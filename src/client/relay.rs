@@ -155,7 +155,7 @@ impl Session {
     }
 
     async fn relay_loop(&mut self, conn: &mut ClientConn, interrupt: &mut Interrupt<'_, '_>) -> Result<(), Exit> {
-        self.forward_client(conn).await?;
+        self.forward_client(conn, interrupt, None).await?;
         // Room kept for the client's next read: small (most requests are), bigger once
         // a read fills it (COPY FROM STDIN, large Bind): no reallocation for the usual
         // short exchange, few reads for a long stream.
@@ -217,14 +217,14 @@ impl Session {
                     if n >= client_room && n >= 1024 {
                         client_chunk = 8 * 1024;
                     }
-                    self.forward_client(conn).await?
+                    self.forward_client(conn, interrupt, query_deadline).await?
                 }
                 Woke::Server => {
                     let held = self.track.ext.holding();
                     self.forward_server(conn, interrupt, query_deadline).await?;
                     if held && !self.track.ext.holding() && !conn.buf.is_empty() {
                         // The answer a message was held for came: on with the client's input.
-                        self.forward_client(conn).await?;
+                        self.forward_client(conn, interrupt, query_deadline).await?;
                     }
                 }
                 Woke::Other => {}
@@ -301,7 +301,12 @@ impl Session {
         Ok(())
     }
 
-    async fn forward_client(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
+    async fn forward_client(
+        &mut self,
+        conn: &mut ClientConn,
+        interrupt: &mut Interrupt<'_, '_>,
+        query_deadline: Option<Instant>,
+    ) -> Result<(), Exit> {
         let splice = &mut conn.splice;
         let server = self.server.as_mut().expect("relay without a server");
         let gens = self.pool.stmt_gens.load();
@@ -333,7 +338,14 @@ impl Session {
         let mut local = BytesMut::new();
         self.track.ext.take_leading_synthetic(&mut local);
         if !local.is_empty() {
-            conn.stream.send(&local).await.map_err(|_| Exit::Closed)?;
+            let stop = || stop_sending(&self.app, &self.info);
+            if let Err(exit) = send_to_client(&mut conn.stream, &local, interrupt, stop, query_deadline).await {
+                // The server holds the client's requests sent with these replies.
+                if let Some(server) = self.server.as_mut() {
+                    server.broken = true;
+                }
+                return Err(exit);
+            }
         }
         Ok(())
     }
@@ -402,14 +414,19 @@ impl Session {
             return Err(server_lost(self.track.server_fatal.take()));
         }
         if self.track.violation {
-            self.statement_violation(conn).await?;
+            self.statement_violation(conn, interrupt, query_deadline).await?;
         }
         Ok(())
     }
 
     /// Statement mode refuses transaction blocks: roll the server back and tell the
     /// client, which keeps its connection.
-    async fn statement_violation(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
+    async fn statement_violation(
+        &mut self,
+        conn: &mut ClientConn,
+        interrupt: &mut Interrupt<'_, '_>,
+        query_deadline: Option<Instant>,
+    ) -> Result<(), Exit> {
         self.track.violation = false;
         let server = self.server.as_mut().expect("relay without a server");
         if !self.to_server.is_empty() {
@@ -426,6 +443,7 @@ impl Session {
         let mut out = BytesMut::new();
         build::error_response(&mut out, Severity::Error, sqlstate::ACTIVE_SQL_TRANSACTION, STATEMENT_MODE_REFUSAL);
         build::ready_for_query(&mut out, TxStatus::Idle);
-        conn.stream.send(&out).await.map_err(|_| Exit::Closed)
+        let stop = || stop_sending(&self.app, &self.info);
+        send_to_client(&mut conn.stream, &out, interrupt, stop, query_deadline).await
     }
 }
