@@ -585,7 +585,20 @@ fn validate_database(name: &str, db: &Database, g: &General, invalid: Invalid) -
     if db.password.is_some() && db.user.is_none() {
         return Err(invalid("password", "is only used together with user".into()));
     }
+    if let Some(e) = db.password.as_deref().and_then(secret_error) {
+        return Err(invalid("password", e));
+    }
+    for (key, value) in [("dbname", &db.dbname), ("user", &db.user)] {
+        if value.as_deref() == Some("") {
+            return Err(invalid(key, "must not be empty (leave it out for the default)".into()));
+        }
+    }
     Ok(())
+}
+
+/// Why a password, md5 hash or SCRAM secret cannot be used, if it cannot.
+fn secret_error(value: &str) -> Option<String> {
+    crate::auth::Secret::parse(value).err().map(|_| "is not a valid SCRAM-SHA-256 secret".to_string())
 }
 
 fn validate_user(user: &User, g: &General, invalid: Invalid) -> Result<(), ConfigError> {
@@ -607,6 +620,9 @@ fn validate_user(user: &User, g: &General, invalid: Invalid) -> Result<(), Confi
                 "an md5 hash cannot check SCRAM logins; give a plain password or a SCRAM secret".into(),
             ));
         }
+    }
+    if let Some(e) = user.server_password.as_deref().and_then(secret_error) {
+        return Err(invalid("server_password", e));
     }
     if user.pool_size == Some(0) {
         return Err(invalid("pool_size", "must be at least 1".into()));

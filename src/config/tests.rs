@@ -70,6 +70,15 @@ fn user_secrets_are_checked_against_auth_type() {
         err("[general]\nauth_type = \"md5\"\n[users.bob]\n\npassword = \"SCRAM-SHA-256$4096:c2FsdA==$AAAA:AAAA\"\n");
     assert!(e.contains("users.bob.password"), "{e}");
     assert!(parse("[general]\nauth_type = \"trust\"\n[users.bob]\n").is_ok());
+    // What Sluice logs in to servers with: checked too, naming the key.
+    let e = err("[users.bob]\npassword = \"p\"\nserver_password = \"SCRAM-SHA-256$x\"\n");
+    assert!(e.starts_with("sluice.toml:3: users.bob.server_password: is not a valid"), "{e}");
+    let e = err("[databases.app]\nuser = \"o\"\npassword = \"SCRAM-SHA-256$x\"\n");
+    assert!(e.starts_with("sluice.toml:3: databases.app.password: is not a valid"), "{e}");
+    for key in ["dbname", "user"] {
+        let e = err(&format!("[databases.app]\n{key} = \"\"\n"));
+        assert!(e.starts_with(&format!("sluice.toml:2: databases.app.{key}: must not be empty")), "{e}");
+    }
 }
 
 #[test]

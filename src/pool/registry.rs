@@ -2,6 +2,7 @@
 //! closed on reload, plus the shared per-database and per-user connection limits.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use foldhash::HashMap;
@@ -296,7 +297,10 @@ pub fn settings_for(
     let g = &cfg.general;
     let server_user = key.user.clone();
     let login = match (&db.user, &db.password) {
-        (Some(_), Some(p)) => Arc::new(ServerLogin::plain(p)),
+        // Validated with the config: a plain password, an md5 hash or a SCRAM secret.
+        (Some(_), Some(p)) => {
+            Arc::new(crate::auth::Secret::parse(p).map_or_else(|_| ServerLogin::plain(p), ServerLogin::from_secret))
+        }
         _ => users.get(&server_user).map(|u| u.server.clone()).unwrap_or_default(),
     };
     let user_cfg = cfg.users.get(&server_user).filter(|_| db.user.is_none());
@@ -317,7 +321,8 @@ pub fn settings_for(
         idle_timeout: secs(g.server_idle_timeout),
         connect_timeout: secs(g.server_connect_timeout),
         wait_timeout: secs(g.query_wait_timeout),
-        check_delay: secs(g.server_check_delay),
+        // 0: checked every time, as in PgBouncer (validated finite, not negative).
+        check_delay: Some(Duration::from_secs_f64(g.server_check_delay)),
         reset_query: g.server_reset_query.clone(),
         reset_query_always: g.server_reset_query_always,
         internal_timeout: secs(g.internal_query_timeout),
@@ -404,5 +409,21 @@ mod tests {
         pools.reload(&changed, &users);
         assert!(!Arc::ptr_eq(&pool.settings().login, &login));
         assert!(!pool.settings().login.same_credentials(&login));
+        // An md5 hash is used as one, not sent as a password.
+        let hash = crate::auth::md5::password_hash("owner", "x");
+        pools.reload(&cfg(&hash), &users);
+        let login = pool.settings().login.clone();
+        assert_eq!((login.md5.as_deref(), login.password.as_deref()), (Some(hash.as_str()), None));
+    }
+
+    /// `server_check_delay = 0` checks a server before every loan, as in PgBouncer.
+    #[test]
+    fn a_zero_check_delay_checks_every_loan() {
+        let text =
+            "[general]\nserver_check_delay = 0\n[databases.a]\nhost = \"127.0.0.1\"\n[users.u]\npassword = \"p\"\n";
+        let cfg = Config::parse(text, Path::new("sluice.toml")).expect("a valid config");
+        let users = UserStore::from_config(&cfg).expect("valid users");
+        let pool = Pools::default().get(&cfg, &users, "a", "u").expect("a pool");
+        assert_eq!(pool.settings().check_delay, Some(std::time::Duration::ZERO));
     }
 }
