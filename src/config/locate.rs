@@ -6,8 +6,8 @@ pub fn locate_key(text: &str, section: &str, key: &str) -> usize {
     let mut current = String::new();
     let mut header_line = 0;
     for (i, raw) in text.lines().enumerate() {
-        let line = raw.trim();
-        if let Some(h) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+        let line = without_comment(raw);
+        if let Some(h) = header(line) {
             current = normalize(h);
             if current == normalize(section) {
                 header_line = i + 1;
@@ -35,14 +35,36 @@ pub fn key_at(text: &str, offset: usize) -> String {
     let line = text[start..].lines().next().unwrap_or("").trim();
     let Some((key, _)) = line.split_once('=') else { return "-".to_string() };
     let key = key.trim().trim_matches('"');
-    let section = text[..start]
-        .lines()
-        .rev()
-        .find_map(|l| l.trim().strip_prefix('[').and_then(|l| l.strip_suffix(']')).map(normalize));
+    let section = text[..start].lines().rev().find_map(|l| header(without_comment(l)).map(normalize));
     match section {
         Some(s) if !s.is_empty() => format!("{s}.{key}"),
         _ => key.to_string(),
     }
+}
+
+/// The name inside a `[section]` header line.
+fn header(line: &str) -> Option<&str> {
+    line.strip_prefix('[').and_then(|l| l.strip_suffix(']'))
+}
+
+/// A line without its `# comment` (a `#` inside a quoted string is kept), trimmed.
+fn without_comment(line: &str) -> &str {
+    let mut quote = None;
+    let mut escaped = false;
+    for (i, c) in line.char_indices() {
+        match (quote, c) {
+            (Some('"'), '\\') if !escaped => {
+                escaped = true;
+                continue;
+            }
+            (Some(q), c) if c == q && !escaped => quote = None,
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '#') => return line[..i].trim(),
+            _ => {}
+        }
+        escaped = false;
+    }
+    line.trim()
 }
 
 fn normalize(section: &str) -> String {
@@ -60,6 +82,11 @@ mod tests {
         assert_eq!(locate_key(text, "databases.app", "port"), 5);
         assert_eq!(locate_key(text, "databases.app", "host"), 4);
         assert_eq!(locate_key(text, "users.x", "password"), 0);
+        // Comments after a header or a value; a `#` inside a string is not one.
+        let text = "[databases.app]  # primary\nhost = \"h#1\" # note\nport = 0\n";
+        assert_eq!(locate_key(text, "databases.app", "port"), 3);
+        assert_eq!(key_at(text, text.find('0').unwrap()), "databases.app.port");
+        assert_eq!(without_comment(r##"a = "x\"#y" # z"##), r##"a = "x\"#y""##);
     }
 
     #[test]

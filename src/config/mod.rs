@@ -454,6 +454,18 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
         };
         listen.push(ip);
     }
+    // One socket per address and port: a second for the same address, or one beside
+    // a wildcard of its family, cannot be bound.
+    for (i, ip) in listen.iter().enumerate() {
+        let covered =
+            |o: &IpAddr| o == ip || (o.is_ipv4() == ip.is_ipv4() && (o.is_unspecified() || ip.is_unspecified()));
+        if listen[..i].iter().any(covered) {
+            return Err(invalid(
+                "listen_addr",
+                format!("{ip} is listed twice, or beside a wildcard address of its family (which covers it)"),
+            ));
+        }
+    }
     if g.listen_port == 0 {
         return Err(invalid("listen_port", "must be between 1 and 65535".into()));
     }

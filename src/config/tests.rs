@@ -101,8 +101,14 @@ fn pool_mode_precedence() {
 
 #[test]
 fn ipv6_and_wildcard_listen() {
-    let c = parse("[general]\nlisten_addr = [\"::1\", \"[::1]\", \"*\"]\n").unwrap();
-    assert_eq!(c.listen.len(), 4);
+    let c = parse("[general]\nlisten_addr = [\"[::1]\", \"127.0.0.1\"]\n").unwrap();
+    assert_eq!(c.listen.len(), 2);
+    assert_eq!(parse("[general]\nlisten_addr = [\"*\"]\n").unwrap().listen.len(), 2);
+    // Addresses that cannot all be bound: named before start-up fails on them.
+    for list in [r#""::1", "[::1]""#, r#""*", "0.0.0.0""#, r#""127.0.0.1", "0.0.0.0""#] {
+        let e = err(&format!("[general]\nlisten_addr = [{list}]\n"));
+        assert!(e.starts_with("sluice.toml:2: general.listen_addr:"), "{list}: {e}");
+    }
 }
 
 #[test]
