@@ -105,6 +105,11 @@ mod tests {
         assert!(set(&c, "default_pool_size", "x").unwrap_err().contains("invalid value"));
         assert!(set(&c, "listen_port", "1").unwrap_err().contains("restart"));
         assert!(set(&c, "nope", "1").unwrap_err().contains("unknown"));
+        // A value a database's own setting does not fit names that database.
+        let text = "[general]\nauth_type = \"trust\"\n[databases.app]\nmin_pool_size = 3\n";
+        let c = Config::parse(text, std::path::Path::new("x.toml")).unwrap();
+        let e = set(&c, "default_pool_size", "2").unwrap_err();
+        assert!(e.starts_with("databases.app.min_pool_size: is larger than the pool size (2)"), "{e}");
     }
 
     #[test]

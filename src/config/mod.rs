@@ -395,7 +395,8 @@ impl Config {
         let listen = validate_general(&general, &invalid).map_err(message)?;
         validate_admin(&general, &self.databases, &self.users, &invalid).map_err(message)?;
         for (name, db) in &self.databases {
-            validate_database(name, db, &general, &invalid).map_err(message)?;
+            // Named as in the file: which database the new value does not fit.
+            validate_database(name, db, &general, &invalid).map_err(|e| format!("databases.{name}.{}", message(e)))?;
         }
         Ok(Config { general, listen, ..self.clone() })
     }
