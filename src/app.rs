@@ -12,7 +12,7 @@ use tracing::{error, info, warn};
 
 use crate::auth::UserStore;
 use crate::cancel::CancelRegistry;
-use crate::config::{Config, secs};
+use crate::config::{Config, General, secs};
 use crate::net::listener::{Listener, set_listener_keepalive};
 use crate::pool::Pools;
 use crate::tls::{self, ClientTls, ServerTls};
@@ -174,14 +174,14 @@ impl App {
             error!("reload failed, keeping the running configuration: {e}");
             format!("reload failed, keeping the running configuration: {e}")
         };
-        let cfg = Config::load(&path).map_err(|e| failed(&e))?;
+        let mut cfg = Config::load(&path).map_err(|e| failed(&e))?;
         let mut users = UserStore::from_config(&cfg).map_err(|e| failed(&e))?;
         users.inherit(&self.users.load());
         let old = self.config.load();
         if old.general.listen_addr != cfg.general.listen_addr || old.general.listen_port != cfg.general.listen_port {
             warn!("listen_addr/listen_port changes need a restart");
         }
-        let (client_tls, server_tls) = self.reload_tls(&cfg);
+        let (client_tls, server_tls) = self.reload_tls(&mut cfg, &old.general);
         self.client_tls.store(client_tls);
         self.pools.set_server_tls(server_tls);
         // The config first, the pools after: a login that sees the pools' reload count go
@@ -239,22 +239,27 @@ impl App {
 
 impl App {
     /// Re-reads the TLS files of both sides. A side whose files cannot be used keeps its
-    /// running setup (logged); connections keep the setup they were opened with.
-    fn reload_tls(&self, cfg: &Config) -> (Arc<ClientTls>, Arc<ServerTls>) {
-        let keep = |e: tls::TlsError, side: &str| {
-            error!("{}; keeping the running {side} TLS setup", cfg.general_error(e.key, e.message));
+    /// running setup (logged), and `cfg` keeps that side's running TLS keys, so that what
+    /// SHOW CONFIG says and what logins check is the setup in force (and keeps the
+    /// running `auth_type` instead of a new `cert`, which needs the new client setup);
+    /// connections keep the setup they were opened with.
+    fn reload_tls(&self, cfg: &mut Config, running: &General) -> (Arc<ClientTls>, Arc<ServerTls>) {
+        let keep = |cfg: &Config, e: tls::TlsError, side: &str| {
+            error!("{}; keeping the running {side} TLS setup and settings", cfg.general_error(e.key, e.message));
         };
         let client = match ClientTls::load(cfg) {
             Ok(t) => Arc::new(t),
             Err(e) => {
-                keep(e, "client");
+                keep(cfg, e, "client");
+                cfg.general.keep_client_tls(running);
                 self.client_tls.load_full()
             }
         };
         let server = match ServerTls::load(cfg) {
             Ok(t) => Arc::new(t),
             Err(e) => {
-                keep(e, "server");
+                keep(cfg, e, "server");
+                cfg.general.keep_server_tls(running);
                 self.pools.server_tls()
             }
         };

@@ -198,6 +198,30 @@ pub struct General {
     pub metrics_listen: String,
 }
 
+impl General {
+    /// Takes `running`'s client TLS keys (a reload whose client TLS files cannot be
+    /// used), and its `auth_type` instead of a new `cert`, which checks certificates
+    /// through the new client setup.
+    pub fn keep_client_tls(&mut self, running: &General) {
+        self.client_tls_sslmode = running.client_tls_sslmode;
+        self.client_tls_cert_file.clone_from(&running.client_tls_cert_file);
+        self.client_tls_key_file.clone_from(&running.client_tls_key_file);
+        self.client_tls_ca_file.clone_from(&running.client_tls_ca_file);
+        self.client_tls_protocols.clone_from(&running.client_tls_protocols);
+        if self.auth_type == AuthType::Cert {
+            self.auth_type = running.auth_type;
+        }
+    }
+
+    /// Takes `running`'s server TLS keys (a reload whose server TLS files cannot be used).
+    pub fn keep_server_tls(&mut self, running: &General) {
+        self.server_tls_sslmode = running.server_tls_sslmode;
+        self.server_tls_ca_file.clone_from(&running.server_tls_ca_file);
+        self.server_tls_cert_file.clone_from(&running.server_tls_cert_file);
+        self.server_tls_key_file.clone_from(&running.server_tls_key_file);
+    }
+}
+
 impl Default for General {
     fn default() -> Self {
         Self {

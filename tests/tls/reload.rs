@@ -1,6 +1,6 @@
 //! SIGHUP and TLS: certificates are read again without dropping connections; a file
-//! that cannot be used keeps the running certificate while the rest of the reload
-//! goes ahead; a new server_tls_sslmode reaches pooled server connections.
+//! that cannot be used keeps the running certificate and TLS settings while the rest of
+//! the reload goes ahead; a new server_tls_sslmode reaches pooled server connections.
 
 use std::path::Path;
 use std::time::Duration;
@@ -47,10 +47,17 @@ fn sighup_rereads_certificates_and_keeps_the_old_one_on_a_bad_file() {
     assert!(wait_until(Duration::from_secs(10), || served() == new), "new connections get the new certificate");
     assert_eq!(client::query_value(&mut old, "select 'still here'"), "still here");
 
-    // A bad certificate file, together with a new database in the same reload.
+    // A bad certificate file, together with a new database, and a client TLS mode and
+    // certificate logins that need the new client setup, in the same reload: the TLS
+    // settings and auth_type stay the running ones.
     std::fs::write(&live.cert, "not a certificate\n").unwrap();
     let other = format!("\n[databases.other]\nhost = \"127.0.0.1\"\nport = {}\ndbname = \"app\"\n", pg.port);
-    s.write_config(&(s.config() + &other));
+    let changed = s
+        .config()
+        .replace(r#"client_tls_sslmode = "require""#, r#"client_tls_sslmode = "verify-ca""#)
+        .replace(r#"auth_type = "trust""#, r#"auth_type = "cert""#);
+    assert!(changed.contains("verify-ca") && changed.contains(r#""cert""#), "{changed}");
+    s.write_config(&(changed + &other));
     let before = reloads(&s);
     s.reload();
     assert!(wait_until(Duration::from_secs(10), || reloads(&s) > before), "{}", s.log());
@@ -65,8 +72,9 @@ fn sighup_rereads_certificates_and_keeps_the_old_one_on_a_bad_file() {
     assert_eq!(client::query_value(&mut sock, "select current_database()"), "app");
     assert_eq!(client::query_value(&mut old, "select 'and still'"), "and still");
 
-    // A good file again is picked up by the next reload.
+    // A good file again is picked up by the next reload (with the running settings).
     install(&certs.server, &live);
+    s.write_config(&(s.config().replace("verify-ca", "require").replace(r#""cert""#, r#""trust""#)));
     s.reload();
     let first = der(&certs.server.cert);
     assert!(wait_until(Duration::from_secs(10), || served() == first));
