@@ -182,6 +182,9 @@ impl App {
             warn!("listen_addr/listen_port changes need a restart");
         }
         let (client_tls, server_tls) = self.reload_tls(&mut cfg, &old.general);
+        // A running auth_type kept (the new `cert` needed the client TLS files) must still
+        // fit the new users' secrets.
+        cfg.check_users().map_err(|e| failed(&e))?;
         self.client_tls.store(client_tls);
         self.pools.set_server_tls(server_tls);
         // The config first, the pools after: a login that sees the pools' reload count go

@@ -5,8 +5,8 @@
 use super::table::{Table, text};
 use crate::config::{Config, General};
 
-/// Keys read only at start-up (listeners, threads, logging, the stats task, the
-/// admin database name): SET refuses them.
+/// Keys SET refuses: read only at start-up (listeners, threads, logging), or taken
+/// by a reload only (`auth_type`, `admin_database`, `stats_period`).
 const RESTART_ONLY: [&str; 11] = [
     "listen_addr",
     "listen_port",

@@ -425,6 +425,24 @@ impl Config {
         Ok(Config { general, listen, ..self.clone() })
     }
 
+    /// Whether every user's secrets can check logins under this configuration's
+    /// `auth_type` (as at load; for a reload that kept the running `auth_type`).
+    pub fn check_users(&self) -> Result<(), String> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            file: self.path.display().to_string(),
+            line: 0,
+            key: key.to_string(),
+            message,
+        };
+        for (name, user) in &self.users {
+            validate_user(user, &self.general, &invalid).map_err(|e| match e {
+                ConfigError::Invalid { key, message, .. } => format!("users.{name}.{key}: {message}"),
+                e => e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+
     /// The pool mode for a (database, user) pair: user, then database, then general.
     pub fn pool_mode(&self, db: &Database, user: Option<&User>) -> PoolMode {
         user.and_then(|u| u.pool_mode).filter(|_| db.user.is_none()).or(db.pool_mode).unwrap_or(self.general.pool_mode)
@@ -624,6 +642,14 @@ fn validate_database(name: &str, db: &Database, g: &General, invalid: Invalid) -
     }
     if let Some(e) = db.password.as_deref().and_then(secret_error) {
         return Err(invalid("password", e));
+    }
+    if db.password.as_deref().is_some_and(|p| p.starts_with("SCRAM-SHA-256$")) {
+        // Pass-through needs a client proving that secret, and a database's own user
+        // is never a client's: give what Sluice can log in with by itself.
+        return Err(invalid(
+            "password",
+            "a SCRAM secret cannot log in as a database's own user; give a plain password or an md5 hash".into(),
+        ));
     }
     for (key, value) in [("dbname", &db.dbname), ("user", &db.user)] {
         if value.as_deref() == Some("") {

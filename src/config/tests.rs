@@ -75,6 +75,14 @@ fn user_secrets_are_checked_against_auth_type() {
     assert!(e.starts_with("sluice.toml:3: users.bob.server_password: is not a valid"), "{e}");
     let e = err("[databases.app]\nuser = \"o\"\npassword = \"SCRAM-SHA-256$x\"\n");
     assert!(e.starts_with("sluice.toml:3: databases.app.password: is not a valid"), "{e}");
+    let scram = crate::auth::scram::ScramSecret::derive("p", b"0123456789abcdef", 4096).to_string();
+    let e = err(&format!("[databases.app]\nuser = \"o\"\npassword = \"{scram}\"\n"));
+    assert!(e.contains("databases.app.password: a SCRAM secret cannot log in as a database's own user"), "{e}");
+    // A reload that keeps the running auth_type checks the new users against it.
+    let mut c = parse(&format!("[users.x]\npassword = \"{scram}\"\n")).unwrap();
+    assert!(c.check_users().is_ok());
+    c.general.auth_type = AuthType::Md5;
+    assert!(c.check_users().unwrap_err().starts_with("users.x.password: a SCRAM secret cannot check md5 logins"));
     for key in ["dbname", "user"] {
         let e = err(&format!("[databases.app]\n{key} = \"\"\n"));
         assert!(e.starts_with(&format!("sluice.toml:2: databases.app.{key}: must not be empty")), "{e}");

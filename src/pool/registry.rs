@@ -297,7 +297,7 @@ pub fn settings_for(
     let g = &cfg.general;
     let server_user = key.user.clone();
     let login = match (&db.user, &db.password) {
-        // Validated with the config: a plain password, an md5 hash or a SCRAM secret.
+        // Validated with the config: a plain password or an md5 hash.
         (Some(_), Some(p)) => {
             Arc::new(crate::auth::Secret::parse(p).map_or_else(|_| ServerLogin::plain(p), ServerLogin::from_secret))
         }
