@@ -23,6 +23,12 @@ pub(super) fn interruption(app: &App, info: &ClientInfo) -> Option<Exit> {
     matches!(app.current_phase(), Phase::Draining | Phase::Stopping).then(Exit::shutting_down)
 }
 
+/// `interruption` that cannot wait for the transaction's end: killed by the admin
+/// console, or the shutdown's last phase (not its draining one).
+pub(super) fn interruption_now(app: &App, info: &ClientInfo) -> Option<Exit> {
+    interruption(app, info).filter(|_| info.is_killed() || app.current_phase() == Phase::Stopping)
+}
+
 pub(super) struct Interrupt<'a, 'i> {
     info: &'i ClientInfo,
     notified: Pin<&'a mut Notified<'i>>,
@@ -36,6 +42,11 @@ impl<'a, 'i> Interrupt<'a, 'i> {
     /// `notified` must come from `info.interrupt.notified()`.
     pub fn new(info: &'i ClientInfo, notified: Pin<&'a mut Notified<'i>>) -> Self {
         Interrupt { info, notified, registered: false, seen: info.interrupts.load(Acquire) }
+    }
+
+    /// Why the session must end at once, if it must (`interruption_now`).
+    pub fn ends_now(&self, app: &App) -> Option<Exit> {
+        interruption_now(app, self.info)
     }
 
     /// Resolves when the client is interrupted (again); the caller then reads why from

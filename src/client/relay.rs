@@ -21,7 +21,6 @@ use crate::net::Stream;
 use crate::net::backlog::Event;
 use crate::protocol::build::{self, Severity};
 use crate::protocol::{ProtocolError, TxStatus, sqlstate};
-use crate::stats::ClientInfo;
 
 fn server_lost(detail: Option<String>) -> Exit {
     let message = match detail {
@@ -52,25 +51,16 @@ fn query_timeout() -> Exit {
     Exit::fatal(sqlstate::QUERY_CANCELED, "query_timeout: query took too long")
 }
 
-/// Why a client's session must end now rather than at its transaction's end: killed
-/// by the admin console, or the shutdown's last phase.
-fn stop_sending(app: &App, info: &ClientInfo) -> Option<Exit> {
-    if info.is_killed() {
-        return Some(Exit::killed());
-    }
-    (app.current_phase() == Phase::Stopping).then(Exit::shutting_down)
-}
-
 /// Writes `out` to the client. The usual write takes it all at once (tried first, with
 /// no wait set up); a client that has stopped reading does not hold the relay, and its
-/// server, for ever: a KILL, the shutdown's last phase (`stop`) or the query's deadline
-/// ends the wait.
+/// server, for ever: a KILL, the shutdown's last phase (`Interrupt::ends_now`) or the
+/// query's deadline ends the wait.
 #[inline]
 async fn send_to_client(
     stream: &mut Stream,
     out: &[u8],
     interrupt: &mut Interrupt<'_, '_>,
-    stop: impl Fn() -> Option<Exit>,
+    app: &App,
     deadline: Option<Instant>,
 ) -> Result<(), Exit> {
     let now = std::future::poll_fn(|cx| {
@@ -88,7 +78,7 @@ async fn send_to_client(
     .await?;
     match now {
         None => Ok(()),
-        Some(n) => send_to_client_slowly(stream, &out[n..], interrupt, stop, deadline).await,
+        Some(n) => send_to_client_slowly(stream, &out[n..], interrupt, app, deadline).await,
     }
 }
 
@@ -98,7 +88,7 @@ async fn send_to_client_slowly(
     stream: &mut Stream,
     mut out: &[u8],
     interrupt: &mut Interrupt<'_, '_>,
-    stop: impl Fn() -> Option<Exit>,
+    app: &App,
     deadline: Option<Instant>,
 ) -> Result<(), Exit> {
     loop {
@@ -118,7 +108,7 @@ async fn send_to_client_slowly(
                 return Err(query_timeout().mid_message());
             }
             _ = interrupt.fired() => {
-                if let Some(exit) = stop() {
+                if let Some(exit) = interrupt.ends_now(app) {
                     return Err(exit.mid_message());
                 }
             }
@@ -338,8 +328,7 @@ impl Session {
         let mut local = BytesMut::new();
         self.track.ext.take_leading_synthetic(&mut local);
         if !local.is_empty() {
-            let stop = || stop_sending(&self.app, &self.info);
-            if let Err(exit) = send_to_client(&mut conn.stream, &local, interrupt, stop, query_deadline).await {
+            if let Err(exit) = send_to_client(&mut conn.stream, &local, interrupt, &self.app, query_deadline).await {
                 // The server holds the client's requests sent with these replies.
                 if let Some(server) = self.server.as_mut() {
                     server.broken = true;
@@ -367,11 +356,10 @@ impl Session {
             }
         })?;
         let out = splice.finish(&server.buf, n);
-        let stop = || stop_sending(&self.app, &self.info);
         let written = if out.is_empty() {
             Ok(())
         } else {
-            send_to_client(&mut conn.stream, out, interrupt, stop, query_deadline).await
+            send_to_client(&mut conn.stream, out, interrupt, &self.app, query_deadline).await
         };
         splice.reset();
         server.buf.advance(n);
@@ -443,7 +431,6 @@ impl Session {
         let mut out = BytesMut::new();
         build::error_response(&mut out, Severity::Error, sqlstate::ACTIVE_SQL_TRANSACTION, STATEMENT_MODE_REFUSAL);
         build::ready_for_query(&mut out, TxStatus::Idle);
-        let stop = || stop_sending(&self.app, &self.info);
-        send_to_client(&mut conn.stream, &out, interrupt, stop, query_deadline).await
+        send_to_client(&mut conn.stream, &out, interrupt, &self.app, query_deadline).await
     }
 }

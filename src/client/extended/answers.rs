@@ -7,16 +7,6 @@ use bytes::{Bytes, BytesMut};
 
 use super::Extended;
 use super::expect::{Effect, Expect, Kind, Redefinition, Reply};
-
-/// How the server answered a client's Parse of a name it holds (`Effect::Redefine`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Answer {
-    Parsed,
-    /// Refused as a duplicate (42P05): the server holds the statement.
-    Duplicate,
-    /// Skipped after an earlier error, or refused for another reason.
-    NotRun,
-}
 use crate::prepared::ServerStatements;
 use crate::protocol::build;
 use crate::protocol::scan::{Msg, Splice};
@@ -28,6 +18,16 @@ fn shape_of(m: &Msg) -> Bytes {
         Some(f) if m.tag == be::ROW_DESCRIPTION => Bytes::copy_from_slice(f),
         _ => Bytes::from_static(b"n"),
     }
+}
+
+/// How the server answered a client's Parse of a name it holds (`Effect::Redefine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Parsed,
+    /// Refused as a duplicate (42P05): the server holds the statement.
+    Duplicate,
+    /// Skipped after an earlier error, or refused for another reason.
+    NotRun,
 }
 
 impl Extended {
