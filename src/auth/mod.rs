@@ -116,12 +116,6 @@ enum Derivation {
     Running(tokio::sync::watch::Receiver<Option<ClientKeys>>),
 }
 
-/// What `scram_keys` does for keys not derived yet.
-enum Plan {
-    Inline,
-    Wait(tokio::sync::watch::Receiver<Option<ClientKeys>>),
-}
-
 /// Entries `ServerLogin` keeps (distinct servers one user logs in to with SCRAM).
 const SERVER_KEYS_KEPT: usize = 4;
 
@@ -168,22 +162,20 @@ impl ServerLogin {
     /// `recv` and `send` in cancellation bookkeeping, +2% of the relay's instructions.)
     pub async fn scram_keys(&self, salt: &[u8], iterations: u32) -> Result<ClientKeys, LoginError> {
         if let Some(p) = &self.password {
-            let plan = {
+            // A derivation to wait for (running on a thread), or none: derived here.
+            let running = {
                 let mut cache = self.cache.lock();
                 match cache.iter().find(|(s, i, _)| s == salt && *i == iterations).map(|c| c.2.clone()) {
                     Some(Derivation::Ready(keys)) => return Ok(keys),
-                    Some(Derivation::Running(rx)) => Plan::Wait(rx),
-                    None if iterations <= INLINE_ITERATIONS => Plan::Inline,
-                    None => Plan::Wait(self.start_derivation(&mut cache, p, salt, iterations)),
+                    Some(Derivation::Running(rx)) => Some(rx),
+                    None if iterations <= INLINE_ITERATIONS => None,
+                    None => Some(self.start_derivation(&mut cache, p, salt, iterations)),
                 }
             };
-            let mut rx = match plan {
-                Plan::Inline => {
-                    let keys = derive(&self.derivations, p, salt, iterations);
-                    remember(&mut self.cache.lock(), salt, iterations, Derivation::Ready(keys.clone()));
-                    return Ok(keys);
-                }
-                Plan::Wait(rx) => rx,
+            let Some(mut rx) = running else {
+                let keys = derive(&self.derivations, p, salt, iterations);
+                remember(&mut self.cache.lock(), salt, iterations, Derivation::Ready(keys.clone()));
+                return Ok(keys);
             };
             return match rx.wait_for(Option::is_some).await {
                 Ok(keys) => Ok(keys.clone().expect("waited for Some")),

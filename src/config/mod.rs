@@ -406,21 +406,11 @@ impl Config {
     /// This configuration with another `[general]` section, validated as at load (for
     /// the admin console's SET). The error is the message without file and line.
     pub fn with_general(&self, general: General) -> Result<Config, String> {
-        let invalid = |key: &str, message: String| ConfigError::Invalid {
-            file: String::new(),
-            line: 0,
-            key: key.to_string(),
-            message,
-        };
-        let message = |e: ConfigError| match e {
-            ConfigError::Invalid { key, message, .. } => format!("{key}: {message}"),
-            e => e.to_string(),
-        };
-        let listen = validate_general(&general, &invalid).map_err(message)?;
-        validate_admin(&general, &self.databases, &self.users, &invalid).map_err(message)?;
+        let listen = validate_general(&general, &unplaced).map_err(|e| keyed("", e))?;
+        validate_admin(&general, &self.databases, &self.users, &unplaced).map_err(|e| keyed("", e))?;
         for (name, db) in &self.databases {
             // Named as in the file: which database the new value does not fit.
-            validate_database(name, db, &general, &invalid).map_err(|e| format!("databases.{name}.{}", message(e)))?;
+            validate_database(name, db, &general, &unplaced).map_err(|e| keyed(&format!("databases.{name}."), e))?;
         }
         Ok(Config { general, listen, ..self.clone() })
     }
@@ -428,17 +418,8 @@ impl Config {
     /// Whether every user's secrets can check logins under this configuration's
     /// `auth_type` (as at load; for a reload that kept the running `auth_type`).
     pub fn check_users(&self) -> Result<(), String> {
-        let invalid = |key: &str, message: String| ConfigError::Invalid {
-            file: self.path.display().to_string(),
-            line: 0,
-            key: key.to_string(),
-            message,
-        };
         for (name, user) in &self.users {
-            validate_user(user, &self.general, &invalid).map_err(|e| match e {
-                ConfigError::Invalid { key, message, .. } => format!("users.{name}.{key}: {message}"),
-                e => e.to_string(),
-            })?;
+            validate_user(user, &self.general, &unplaced).map_err(|e| keyed(&format!("users.{name}."), e))?;
         }
         Ok(())
     }
@@ -664,11 +645,24 @@ fn secret_error(value: &str) -> Option<String> {
     crate::auth::Secret::parse(value).err().map(|_| "is not a valid SCRAM-SHA-256 secret".to_string())
 }
 
+/// A validation error outside the file (admin SET, a reload's second look): no line.
+fn unplaced(key: &str, message: String) -> ConfigError {
+    ConfigError::Invalid { file: String::new(), line: 0, key: key.to_string(), message }
+}
+
+/// An `unplaced` error as `prefix` + key: message.
+fn keyed(prefix: &str, e: ConfigError) -> String {
+    match e {
+        ConfigError::Invalid { key, message, .. } => format!("{prefix}{key}: {message}"),
+        e => e.to_string(),
+    }
+}
+
 fn validate_user(user: &User, g: &General, invalid: Invalid) -> Result<(), ConfigError> {
-    use crate::auth::{md5, scram};
+    use crate::auth::md5;
     if let Some(p) = &user.password {
-        if p.starts_with("SCRAM-SHA-256$") && scram::ScramSecret::parse(p).is_err() {
-            return Err(invalid("password", "is not a valid SCRAM-SHA-256 secret".into()));
+        if let Some(e) = secret_error(p) {
+            return Err(invalid("password", e));
         }
         if p.starts_with("SCRAM-SHA-256$") && g.auth_type == AuthType::Md5 {
             return Err(invalid(

@@ -46,7 +46,7 @@ pub struct PoolSettings {
     pub idle_timeout: Option<Duration>,
     pub connect_timeout: Option<Duration>,
     pub wait_timeout: Option<Duration>,
-    pub check_delay: Option<Duration>,
+    pub check_delay: Duration,
     pub reset_query: String,
     pub reset_query_always: bool,
     /// Limit for each of Sluice's own queries on a server (`internal_query_timeout`).
@@ -605,6 +605,6 @@ impl Pool {
     }
 
     pub fn needs_check(&self, s: &ServerConn) -> bool {
-        self.settings.load().check_delay.is_some_and(|d| s.last_used.elapsed() >= d)
+        s.last_used.elapsed() >= self.settings.load().check_delay
     }
 }

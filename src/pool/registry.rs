@@ -322,7 +322,7 @@ pub fn settings_for(
         connect_timeout: secs(g.server_connect_timeout),
         wait_timeout: secs(g.query_wait_timeout),
         // 0: checked every time, as in PgBouncer (validated finite, not negative).
-        check_delay: Some(Duration::from_secs_f64(g.server_check_delay)),
+        check_delay: Duration::from_secs_f64(g.server_check_delay),
         reset_query: g.server_reset_query.clone(),
         reset_query_always: g.server_reset_query_always,
         internal_timeout: secs(g.internal_query_timeout),
@@ -424,6 +424,6 @@ mod tests {
         let cfg = Config::parse(text, Path::new("sluice.toml")).expect("a valid config");
         let users = UserStore::from_config(&cfg).expect("valid users");
         let pool = Pools::default().get(&cfg, &users, "a", "u").expect("a pool");
-        assert_eq!(pool.settings().check_delay, Some(std::time::Duration::ZERO));
+        assert_eq!(pool.settings().check_delay, std::time::Duration::ZERO);
     }
 }
