@@ -68,6 +68,50 @@ async fn sighup_reloads_without_dropping_clients() {
     assert_eq!(value(&d, "select 5").await, "5");
 }
 
+/// A reload that lowers a pool's size closes the connections beyond it: idle ones at
+/// the janitor's next round, lent ones when their transaction ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_lowering_pool_size_closes_the_connections_beyond_it() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).database("app", &[("pool_size", "3")]).start();
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+        c.simple_query("begin").await.unwrap();
+        clients.push(c);
+    }
+    let servers = |n: usize| {
+        let count = || pg.backends("usename = 'u_scram'") == n;
+        tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), count))
+    };
+    assert!(servers(3));
+    for (lent, from, to) in [(false, 3, 1), (true, 1, 3), (true, 3, 1)] {
+        if !lent {
+            for c in &clients {
+                c.simple_query("commit").await.unwrap();
+            }
+        }
+        s.reload_replacing(&format!("pool_size = {from}"), &format!("pool_size = {to}"));
+        if lent {
+            for c in &clients {
+                c.simple_query("commit").await.unwrap();
+            }
+        }
+        if to == 3 {
+            for c in &clients {
+                c.simple_query("begin").await.unwrap();
+            }
+            continue;
+        }
+        assert!(
+            servers(1),
+            "{} server connections after pool_size {from} -> 1 ({})",
+            pg.backends("usename = 'u_scram'"),
+            if lent { "lent" } else { "idle" }
+        );
+    }
+}
+
 /// A reload that points a database at another server database replaces its server
 /// connections: one lent out during the reload is closed when its client gives it back,
 /// not kept for the next transaction.

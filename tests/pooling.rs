@@ -133,6 +133,47 @@ async fn parameters_are_isolated_between_clients() {
     assert_ne!(value(&c, "show TimeZone").await, "Asia/Tokyo");
 }
 
+/// A client that leaves in the middle of a transaction after a SET: Sluice's ROLLBACK
+/// undoes the SET on the server, and the next client with that setting gets it applied
+/// again (before, the connection was still taken to carry it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_by_sluice_undoes_the_settings_it_reverts() {
+    let pg = PgCluster::start();
+    let s = pooled(&pg, "transaction", 1);
+    let url = format!(
+        "host=127.0.0.1 port={} user={} password={} dbname=app options='-c TimeZone=Asia/Tokyo'",
+        s.port,
+        Role::SCRAM.name,
+        Role::SCRAM.password
+    );
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    a.batch_execute("begin; set TimeZone = 'Asia/Tokyo'").await.unwrap();
+    assert_eq!(value(&a, "show TimeZone").await, "Asia/Tokyo");
+    drop(a);
+    let (b, cb) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    tokio::spawn(cb);
+    assert_eq!(value(&b, "show TimeZone").await, "Asia/Tokyo");
+}
+
+/// Sluice's ROLLBACK can bring back a server-only setting too (`is_superuser`, after a
+/// superuser's `SET LOCAL ROLE`): the next client is served, not refused for a setting
+/// no SET can give back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollback_bringing_back_a_server_only_setting_is_harmless() {
+    let pg = PgCluster::start();
+    pg.psql("create role u_super superuser login password 'pw_super'");
+    let s = Sluice::builder(&pg)
+        .general("pool_mode", "\"transaction\"")
+        .database("app", &[("pool_size", "1")])
+        .user("u_super", &[("password", "\"pw_super\"")])
+        .start();
+    let a = connect(s.port, "u_super", "pw_super", "app").await;
+    a.batch_execute("begin; set local role u_scram").await.unwrap();
+    drop(a);
+    let b = connect(s.port, "u_super", "pw_super", "app").await;
+    assert_eq!(value(&b, "select current_setting('is_superuser')").await, "on");
+}
+
 /// In transaction mode a login is answered from what the pool learned: the reply for
 /// one set of startup settings is worked out once (through a server, which checks the
 /// values) and reused, and every client still hears its own values in the server's
@@ -212,6 +253,22 @@ fn reset_query_always_runs_after_each_transaction() {
         let gone = first_value(&r.until_ready());
         assert_eq!(gone, if always { "t" } else { "f" }, "server_reset_query_always = {always}");
     }
+    // A reset that fails part way leaves the connection in an unknown state: closed, not
+    // lent again (the next transaction runs on a new backend).
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .general("pool_mode", "\"transaction\"")
+        .general("server_reset_query_always", "true")
+        .general("server_reset_query", "\"RESET ALL; SELECT 1/0\"")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let mut r = Raw::login(s.port, "u_trust", "app");
+    let mut pid = || {
+        r.send(&query("select pg_backend_pid()"));
+        first_value(&r.until_ready())
+    };
+    let first = pid();
+    assert_ne!(pid(), first, "a server whose reset failed was lent again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

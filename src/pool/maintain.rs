@@ -9,7 +9,8 @@ use crate::server::ServerError;
 
 impl Pool {
     /// One janitor pass: closes connections idle past `server_idle_timeout` or older
-    /// than `server_lifetime` (keeping `min_pool_size`), drops abandoned waiters, and
+    /// than `server_lifetime` (keeping `min_pool_size`), and idle ones beyond the pool's
+    /// size, drops abandoned waiters, and
     /// returns how many connections to open to reach `min_pool_size`.
     pub fn maintain(&self) -> usize {
         let settings = self.settings.load();
@@ -23,7 +24,9 @@ impl Pool {
                 let idle_too_long =
                     settings.idle_timeout.is_some_and(|t| s.last_used.elapsed() >= t) && total > settings.kept_open;
                 let too_old = settings.lifetime.is_some_and(|l| s.created.elapsed() >= l);
-                if idle_too_long || too_old || s.stream.is_dead_or_noisy() {
+                // More connections than the pool's size (lowered by a reload or SET).
+                let too_many = total > settings.size;
+                if idle_too_long || too_old || too_many || s.stream.is_dead_or_noisy() {
                     total -= 1;
                     retire.push(s);
                 } else {

@@ -426,36 +426,44 @@ impl Pool {
     }
 
     async fn connect_counted(&self) -> Result<Box<ServerConn>, ServerError> {
-        // A connect begun before a RECONNECT belongs to the generation it replaces. Read
-        // before the settings: a reload swaps the settings, then starts a generation, so
-        // a connect that read the old settings has the old generation too.
-        let generation = self.generation.load(std::sync::atomic::Ordering::Acquire);
-        let settings = self.settings.load_full();
-        let id = self.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let started = Instant::now();
-        // Boxed: opening a connection (TLS, SCRAM) is rare, and its state would otherwise
-        // enlarge every client task that may wait for a server.
-        let r = Box::pin(connect(&settings.target, &settings.login, settings.connect_timeout, id)).await;
-        match &r {
-            Ok(s) => {
-                self.stats.server_connects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                self.stats.connect_hist.observe(started.elapsed());
-                s.info.set_state(ServerState::Active, 0);
-                s.info.generation.store(generation, std::sync::atomic::Ordering::Relaxed);
-                self.servers.insert(id, s.info.clone());
+        loop {
+            // A connect begun before a RECONNECT belongs to the generation it replaces.
+            // Read before the settings: a reload swaps the settings, then starts a
+            // generation, so a connect that read the old settings has the old one too.
+            let generation = self.generation.load(std::sync::atomic::Ordering::Acquire);
+            let settings = self.settings.load_full();
+            let id = self.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let started = Instant::now();
+            // Boxed: opening a connection (TLS, SCRAM) is rare, and its state would
+            // otherwise enlarge every client task that may wait for a server.
+            let s = match Box::pin(connect(&settings.target, &settings.login, settings.connect_timeout, id)).await {
+                Ok(s) => s,
+                Err(e) => {
+                    self.stats.server_connect_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return Err(e);
+                }
+            };
+            self.stats.server_connects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.stats.connect_hist.observe(started.elapsed());
+            if generation != self.generation.load(std::sync::atomic::Ordering::Acquire) {
+                // A RECONNECT, KILL or reload moving the pool came while it connected:
+                // not lent even once (WAIT_CLOSE, which counts the marked connections
+                // it can see, did not see this one). Opened again, to the pool's server
+                // (after a KILL, which pauses the pool, that one is closed when given
+                // back: one connect more, in a rare race).
+                s.close();
+                continue;
             }
-            Err(_) => {
-                self.stats.server_connect_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            s.info.set_state(ServerState::Active, 0);
+            s.info.generation.store(generation, std::sync::atomic::Ordering::Relaxed);
+            self.servers.insert(id, s.info.clone());
+            // Not from a connection opened before a reload moved the pool: its server
+            // is no longer the pool's.
+            if Arc::ptr_eq(&settings, &self.settings.load()) {
+                self.learned.set_defaults(&s.reported);
             }
+            return Ok(s);
         }
-        // Not from a connection opened before a reload moved the pool: its server is
-        // no longer the pool's.
-        if let Ok(s) = &r
-            && Arc::ptr_eq(&settings, &self.settings.load())
-        {
-            self.learned.set_defaults(&s.reported);
-        }
-        r
     }
 
     /// Takes a connection back. Clean connections go to the oldest waiter or the idle
@@ -472,7 +480,8 @@ impl Pool {
         let mut inner = self.inner.lock();
         // Checked under the lock: PAUSE and RECONNECT set their flag, then empty the idle
         // stack under it, so a connection is either seen by them there or refused here.
-        if inner.closed || self.is_paused() || self.marked(&s) {
+        // Also closed: one more than the pool's size (lowered by a reload or SET).
+        if inner.closed || self.is_paused() || self.marked(&s) || inner.total > settings.size {
             drop(inner);
             return self.discard(s);
         }
@@ -604,7 +613,17 @@ impl Pool {
         self.settings.load().internal_timeout
     }
 
+    /// Whether `s` must pass a check before it is lent: idle for `server_check_delay`.
     pub fn needs_check(&self, s: &ServerConn) -> bool {
         s.last_used.elapsed() >= self.settings.load().check_delay
+    }
+
+    /// The check before a loan: `server` back once an empty query shows it alive; None
+    /// when it fails, and the server is closed (also when the caller is dropped during
+    /// the round trip: its slot is freed).
+    pub async fn checked(&self, server: Box<ServerConn>) -> Option<Box<ServerConn>> {
+        let mut held = Borrowed::new(self, server);
+        held.exec("", self.internal_timeout()).await.ok()?;
+        Some(held.take())
     }
 }

@@ -188,7 +188,15 @@ impl ServerConn {
                     };
                 }
                 be::PARAMETER_STATUS => {
-                    self.note_parameter(&frame)?;
+                    let (name, value) = self.note_parameter(&frame)?;
+                    // Changed by Sluice's own query (a ROLLBACK undoing a client's SET
+                    // in its transaction): the settings the connection carries follow,
+                    // so the next client's are applied again where they differ. Only the
+                    // settings clients hold, as in the relay (not `in_hot_standby` or
+                    // `is_superuser`, which no SET can give back).
+                    if let Some(applied) = self.applied.as_mut().filter(|_| crate::params::is_reported(&name)) {
+                        applied.set(&name, &value);
+                    }
                 }
                 be::ERROR_RESPONSE => {
                     let f = ErrorFields::parse(body(&frame))?;
