@@ -40,6 +40,10 @@ pub enum AppError {
     Secret(#[from] crate::auth::scram::ScramError),
 }
 
+/// A changed TLS key whose files cannot be used (`App::change_config`): the key and why.
+#[derive(Debug)]
+pub struct UnusableTls(pub String);
+
 /// The handle shared by every task.
 #[derive(Debug)]
 pub struct App {
@@ -178,13 +182,16 @@ impl App {
         let mut users = UserStore::from_config(&cfg).map_err(|e| failed(&e))?;
         users.inherit(&self.users.load());
         let old = self.config.load();
-        if old.general.listen_addr != cfg.general.listen_addr || old.general.listen_port != cfg.general.listen_port {
-            warn!("listen_addr/listen_port changes need a restart");
-        }
+        let kept = cfg.keep_start_up(&old);
         let (client_tls, server_tls) = self.reload_tls(&mut cfg, &old.general);
         // A running auth_type kept (the new `cert` needed the client TLS files) must still
         // fit the new users' secrets.
         cfg.check_users().map_err(|e| failed(&e))?;
+        for key in kept {
+            warn!(
+                "general.{key}: changed in the file; read only at start-up, so the running value stays until a restart"
+            );
+        }
         self.client_tls.store(client_tls);
         self.pools.set_server_tls(server_tls);
         // The config first, the pools after: a login that sees the pools' reload count go
@@ -202,14 +209,17 @@ impl App {
     /// and limits follow at once; the users stay. A changed TLS setting loads that
     /// side's TLS setup anew for connections from now on; if it cannot be used, nothing
     /// changes.
-    pub fn change_config(&self, change: impl FnOnce(&Config) -> Result<Config, String>) -> Result<(), String> {
+    pub fn change_config<E: From<UnusableTls>>(
+        &self,
+        change: impl FnOnce(&Config) -> Result<Config, E>,
+    ) -> Result<(), E> {
         let _writing = self.config_writes.lock();
         let old = self.config.load();
         let cfg = change(&old)?;
         let (g, was) = (&cfg.general, &old.general);
         let client_changed = g.client_tls_keys() != was.client_tls_keys();
         let server_changed = g.server_tls_keys() != was.server_tls_keys();
-        let unusable = |e: tls::TlsError| format!("general.{}: {}", e.key, e.message);
+        let unusable = |e: tls::TlsError| UnusableTls(format!("general.{}: {}", e.key, e.message));
         let client = if client_changed { Some(ClientTls::load(&cfg).map_err(unusable)?) } else { None };
         let server = if server_changed { Some(ServerTls::load(&cfg).map_err(unusable)?) } else { None };
         if let Some(client) = client {

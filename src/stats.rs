@@ -179,6 +179,9 @@ pub struct ClientInfo {
     pub id: u64,
     pub user: String,
     pub database: String,
+    /// A client of the admin console (decided by the config its login read: a later
+    /// rename of `admin_database` does not turn it into a pooled client, nor the reverse).
+    pub console: bool,
     /// Where the client connected from; formatted only when shown.
     pub peer: crate::net::listener::Peer,
     pub connect_time_us: u64,
@@ -211,6 +214,7 @@ impl ClientInfo {
             id,
             user: user.to_string(),
             database: database.to_string(),
+            console: false,
             peer: peer.clone(),
             connect_time_us: now,
             application_name: Mutex::new(String::new()),
@@ -224,6 +228,11 @@ impl ClientInfo {
             killed: Default::default(),
             cancel_pending: Default::default(),
         }
+    }
+
+    /// Marked as a client of the admin console (see `console`).
+    pub fn on_console(self, console: bool) -> Self {
+        ClientInfo { console, ..self }
     }
 
     /// Past its login (state other than `Login`): what SHOW DATABASES, USERS and

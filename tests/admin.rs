@@ -379,8 +379,12 @@ async fn kill_client_disable_and_reconnect() {
     assert_eq!(cell(&a, "SHOW CONFIG", "key", "default_pool_size", "value").await.as_deref(), Some("7"));
     let e = a.simple_query("SET default_pool_size = 0").await.unwrap_err();
     assert!(msg(&e).contains("at least 1"), "{e}");
+    assert_eq!(code(&e), "22023", "{e}");
     let e = a.simple_query("SET listen_port = 1").await.unwrap_err();
     assert!(msg(&e).contains("restart"), "{e}");
+    assert_eq!(code(&e), "55P02", "{e}");
+    let e = a.simple_query("SET no_such_key = 1").await.unwrap_err();
+    assert_eq!(code(&e), "42704", "{e}");
     let e = a.simple_query("SUSPEND").await.unwrap_err();
     assert_eq!(code(&e), "0A000", "{e}");
 }
@@ -581,4 +585,37 @@ async fn set_of_a_tls_key_takes_effect_or_is_refused() {
     assert_eq!(ssl_answer(s.port), b'N');
     a.simple_query("SET client_tls_sslmode = 'allow'").await.unwrap();
     assert_eq!(ssl_answer(s.port), b'S');
+}
+
+/// A console client stays one after a reload renames `admin_database`: a `KILL` of
+/// every database leaves it connected (it would have ended it as a pooled client of a
+/// database called `pgbouncer`), and SHOW DATABASES counts it on the console's row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_spares_console_clients_after_admin_database_is_renamed() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg)).general("admin_database", "\"pgbouncer\"").start();
+    let old = admin(s.port).await;
+    let c = app_client(s.port).await;
+    assert_eq!(value(&c, "select 1").await, "1");
+    s.reload_replacing("admin_database = \"pgbouncer\"", "admin_database = \"console\"");
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "console").await;
+    let counted = cell(&a, "SHOW DATABASES", "name", "console", "current_client_connections").await;
+    assert_eq!(counted.as_deref(), Some("2"), "both console clients on the console's row");
+    a.simple_query("KILL").await.unwrap();
+    c.simple_query("select 2").await.expect_err("the pooled client is killed");
+    assert!(!rows(&old, "SHOW VERSION").await.is_empty(), "the console client from before the rename was killed");
+    a.simple_query("RESUME").await.unwrap();
+    assert_eq!(value(&app_client(s.port).await, "select 3").await, "3");
+}
+
+/// A reload keeps the running value of a key read only at start-up: SHOW CONFIG shows
+/// the value in force, and the log names the key whose file value changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_config_after_a_reload_shows_the_start_up_keys_in_force() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg)).general("log_level", "\"info\"").start();
+    s.reload_replacing("log_level = \"info\"", "log_level = \"warn\"");
+    assert!(s.log().contains("general.log_level: changed in the file"), "{}", s.log());
+    let a = admin(s.port).await;
+    assert_eq!(cell(&a, "SHOW CONFIG", "key", "log_level", "value").await.as_deref(), Some("info"));
 }

@@ -18,12 +18,16 @@ async fn get(port: u16, path: &str) -> (u16, String) {
 }
 
 /// GETs `path` until `done(body)` or `timeout` (`eventually`); whether it held, and the
-/// last body.
+/// last body (or the last request's error: a refused or reset request is polled again).
 async fn poll_get(port: u16, path: &str, timeout: Duration, done: impl Fn(&str) -> bool) -> (bool, String) {
     let last = std::cell::RefCell::new(String::new());
     let held = eventually(timeout, || async {
-        let body = get(port, path).await.1;
-        let ok = done(&body);
+        let path = path.to_string();
+        let got = tokio::task::spawn_blocking(move || http_get(port, &path)).await.unwrap();
+        let (ok, body) = match got {
+            Ok((_, body)) => (done(&body), body),
+            Err(e) => (false, format!("HTTP GET failed: {e}")),
+        };
         *last.borrow_mut() = body;
         ok
     })
@@ -250,4 +254,20 @@ async fn live_view_renders_in_chromium() {
         std::fs::write(keep, &png).unwrap();
     }
     load.iter().for_each(|t| t.abort());
+}
+
+/// The endpoint serves at most 64 connections at once: one more is closed without an
+/// answer, and requests are served again once the others have gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoint_caps_its_connections() {
+    let pg = PgCluster::start();
+    let (_s, http) = start(&pg);
+    assert_eq!(get(http, "/metrics").await.0, 200);
+    let held: Vec<TcpStream> = (0..64).map(|_| TcpStream::connect(("127.0.0.1", http)).expect("connect")).collect();
+    let answered = |r: std::io::Result<(u16, String)>| r.is_ok_and(|(status, _)| status == 200);
+    let one_more = tokio::task::spawn_blocking(move || http_get(http, "/metrics")).await.unwrap();
+    assert!(!answered(one_more), "a 65th connection was served");
+    drop(held);
+    let (served, body) = poll_get(http, "/metrics", Duration::from_secs(10), |b| b.contains("sluice_")).await;
+    assert!(served, "not served again after the others closed: {body}");
 }

@@ -76,6 +76,13 @@ impl AdminError {
     }
 }
 
+/// A TLS setup SET's new value cannot load (`App::change_config`): an invalid value.
+impl From<crate::app::UnusableTls> for AdminError {
+    fn from(e: crate::app::UnusableTls) -> Self {
+        AdminError::new(sqlstate::INVALID_PARAMETER_VALUE, e.0)
+    }
+}
+
 fn syntax(msg: impl Into<String>) -> AdminError {
     AdminError::new(sqlstate::SYNTAX_ERROR, msg)
 }
@@ -319,8 +326,7 @@ pub async fn run(app: &Arc<App>, cmd: &Command, by: &str) -> Result<(), AdminErr
             app.reload().map_err(|e| AdminError::new(sqlstate::INVALID_PARAMETER_VALUE, e))
         }
         Command::Set { key, value } => {
-            app.change_config(|cfg| super::config::set(cfg, key, value))
-                .map_err(|e| AdminError::new(sqlstate::INVALID_PARAMETER_VALUE, e))?;
+            app.change_config(|cfg| super::config::set(cfg, key, value))?;
             info!(by, key, value, "admin: SET");
             Ok(())
         }
@@ -339,11 +345,9 @@ pub async fn run(app: &Arc<App>, cmd: &Command, by: &str) -> Result<(), AdminErr
 /// KILL: ends the database's clients (or every non-admin client) and closes its
 /// server connections; the database stays paused until RESUME, as in PgBouncer.
 fn kill(app: &App, db: Option<&str>) {
-    let cfg = app.config.load();
     app.pools.pause(db);
     for c in app.client_infos.list() {
-        let admin = super::is_admin_database(&cfg, &c.database);
-        if !admin && db.is_none_or(|d| c.database == d) {
+        if !c.console && db.is_none_or(|d| c.database == d) {
             c.kill();
         }
     }

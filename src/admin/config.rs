@@ -2,24 +2,18 @@
 //! run-time changes of the keys that take effect without a restart, validated as the
 //! config file is.
 
+use super::commands::AdminError;
 use super::table::{Table, text};
 use crate::config::{Config, General};
+use crate::protocol::sqlstate;
 
-/// Keys SET refuses: read only at start-up (listeners, threads, logging), or taken
-/// by a reload only (`auth_type`, `admin_database`, `stats_period`).
-const RESTART_ONLY: [&str; 11] = [
-    "listen_addr",
-    "listen_port",
-    "unix_socket_dir",
-    "unix_socket_mode",
-    "workers",
-    "log_level",
-    "log_format",
-    "metrics_listen",
-    "auth_type",
-    "admin_database",
-    "stats_period",
-];
+/// Keys SET refuses besides those read only at start-up (`General::START_UP_ONLY`):
+/// taken by a reload only.
+const RELOAD_ONLY: [&str; 3] = ["auth_type", "admin_database", "stats_period"];
+
+fn changeable(key: &str) -> bool {
+    !General::START_UP_ONLY.contains(&key) && !RELOAD_ONLY.contains(&key)
+}
 
 fn table_of(g: &General) -> toml::value::Table {
     match toml::Value::try_from(g) {
@@ -43,7 +37,7 @@ pub fn show(cfg: &Config) -> Table {
     let mut t = Table::new(&["key", "value", "default", "changeable"], "ssss");
     for (key, value) in &current {
         let default = defaults.get(key).map(display).unwrap_or_default();
-        let changeable = if RESTART_ONLY.contains(&key.as_str()) { "no" } else { "yes" };
+        let changeable = if changeable(key) { "yes" } else { "no" };
         t.push(vec![text(key), text(display(value)), text(default), text(changeable)]);
     }
     t
@@ -71,18 +65,29 @@ fn typed(key: &str, current: &toml::Value, value: &str) -> Result<toml::Value, S
     })
 }
 
-/// The configuration with `key` set to `value`, validated; or why not.
-pub fn set(cfg: &Config, key: &str, value: &str) -> Result<Config, String> {
+/// The configuration with `key` set to `value`, validated; or why not, with
+/// PostgreSQL's SQLSTATE for a refused SET: 42704 for an unknown key, 55P02 for one
+/// that cannot change now, 22023 for a value that does not fit.
+pub fn set(cfg: &Config, key: &str, value: &str) -> Result<Config, AdminError> {
     let key = key.to_ascii_lowercase();
     let mut table = table_of(&cfg.general);
-    let current = table.get(&key).ok_or_else(|| format!("unknown config parameter: {key}"))?;
-    if RESTART_ONLY.contains(&key.as_str()) {
-        return Err(format!("{key} cannot be changed at run time (it needs a restart)"));
+    let current = table
+        .get(&key)
+        .ok_or_else(|| AdminError::new(sqlstate::UNDEFINED_OBJECT, format!("unknown config parameter: {key}")))?;
+    let fixed =
+        |why: &str| AdminError::new(sqlstate::CANT_CHANGE_RUNTIME_PARAM, format!("{key} cannot be changed {why}"));
+    if General::START_UP_ONLY.contains(&key.as_str()) {
+        return Err(fixed("at run time (it needs a restart)"));
     }
-    let v = typed(&key, current, value)?;
+    if RELOAD_ONLY.contains(&key.as_str()) {
+        return Err(fixed("by SET (edit the config file and reload)"));
+    }
+    let invalid = |e: String| AdminError::new(sqlstate::INVALID_PARAMETER_VALUE, e);
+    let v = typed(&key, current, value).map_err(invalid)?;
     table.insert(key.clone(), v);
-    let general: General = toml::Value::Table(table).try_into().map_err(|e| format!("invalid value for {key}: {e}"))?;
-    cfg.with_general(general)
+    let general: General =
+        toml::Value::Table(table).try_into().map_err(|e| invalid(format!("invalid value for {key}: {e}")))?;
+    cfg.with_general(general).map_err(invalid)
 }
 
 #[cfg(test)]
@@ -100,15 +105,21 @@ mod tests {
         assert_eq!(set(&c, "query_wait_timeout", "2.5").unwrap().general.query_wait_timeout, 2.5);
         assert!(!set(&c, "log_connections", "off").unwrap().general.log_connections);
         assert_eq!(set(&c, "stats_users", "a").unwrap().general.stats_users, vec!["a".to_string()]);
-        assert!(set(&c, "stats_users", "nobody").unwrap_err().contains("not in [users]"));
-        assert!(set(&c, "default_pool_size", "0").unwrap_err().contains("at least 1"));
-        assert!(set(&c, "default_pool_size", "x").unwrap_err().contains("invalid value"));
-        assert!(set(&c, "listen_port", "1").unwrap_err().contains("restart"));
-        assert!(set(&c, "nope", "1").unwrap_err().contains("unknown"));
+        assert!(set(&c, "stats_users", "nobody").unwrap_err().message.contains("not in [users]"));
+        assert!(set(&c, "default_pool_size", "0").unwrap_err().message.contains("at least 1"));
+        let refused = |key, value| set(&c, key, value).unwrap_err();
+        let e = refused("default_pool_size", "x");
+        assert_eq!((e.code, e.message.contains("invalid value")), ("22023", true), "{e:?}");
+        let e = refused("listen_port", "1");
+        assert_eq!((e.code, e.message.contains("restart")), ("55P02", true), "{e:?}");
+        let e = refused("auth_type", "md5");
+        assert_eq!((e.code, e.message.contains("reload")), ("55P02", true), "{e:?}");
+        let e = refused("nope", "1");
+        assert_eq!((e.code, e.message.contains("unknown")), ("42704", true), "{e:?}");
         // A value a database's own setting does not fit names that database.
         let text = "[general]\nauth_type = \"trust\"\n[databases.app]\nmin_pool_size = 3\n";
         let c = Config::parse(text, std::path::Path::new("x.toml")).unwrap();
-        let e = set(&c, "default_pool_size", "2").unwrap_err();
+        let e = set(&c, "default_pool_size", "2").unwrap_err().message;
         assert!(e.starts_with("databases.app.min_pool_size: is larger than the pool size (2)"), "{e}");
     }
 

@@ -235,7 +235,7 @@ const CONNECTIONS: [&str; 21] = [
     "prepared_statements",
     "id",
 ];
-const CONNECTION_KINDS: &str = "ssssssisissiiissisiii";
+const CONNECTION_KINDS: &str = "ssssssisissiiississii";
 
 /// The `ptr`/`link` text of a client or server connection.
 fn ptr(server: bool, id: u64) -> String {
@@ -366,7 +366,7 @@ fn databases(app: &App, cfg: &Config) -> Table {
         int(0),
         int(0),
         int(0),
-        int(clients.iter().filter(|c| super::is_admin_database(cfg, &c.database)).count()),
+        int(clients.iter().filter(|c| c.console).count()),
         int(0),
         int(0),
     ];
@@ -390,7 +390,7 @@ fn databases(app: &App, cfg: &Config) -> Table {
             int(db.max_db_connections.unwrap_or(g.max_db_connections)),
             int(app.pools.db_connections(name)),
             int(0),
-            int(clients.iter().filter(|c| c.database == *name).count()),
+            int(clients.iter().filter(|c| !c.console && c.database == *name).count()),
             int(app.pools.is_paused(name) as u64),
             int(app.pools.is_disabled(name) as u64),
         ];

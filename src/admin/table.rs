@@ -69,6 +69,14 @@ impl Table {
 
     pub fn push(&mut self, row: Vec<Value>) {
         debug_assert_eq!(row.len(), self.columns.len());
+        // Each value of the type its column announces (a driver decodes it by that type).
+        debug_assert!(
+            row.iter()
+                .zip(&self.columns)
+                .all(|(v, (_, k))| matches!((v, k), (Value::Text(_), Kind::Text) | (Value::Int(_), Kind::Int8))),
+            "{row:?} does not fit {:?}",
+            self.columns
+        );
         self.rows.push(row);
     }
 

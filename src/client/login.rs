@@ -112,7 +112,8 @@ async fn listed_and_proven<'a>(
     database: &str,
     application_name: &str,
 ) -> Result<(Arc<ClientInfo>, Listed<'a>, BytesMut), Exit> {
-    let info = Arc::new(ClientInfo::new(app.client_id(), user, database, &conn.peer, conn.stream.is_tls()));
+    let info = ClientInfo::new(app.client_id(), user, database, &conn.peer, conn.stream.is_tls());
+    let info = Arc::new(info.on_console(admin::is_admin_database(cfg, database)));
     *info.application_name.lock() = application_name.to_string();
     let listed = Listed::new(app, &info);
     let proving = prove(app, conn, cfg, user, database);
@@ -147,11 +148,22 @@ impl Drop for Listed<'_> {
 }
 
 /// A server for a login's round trips (session mode's own server, or learning how the
-/// server spells settings). The client waits as `waiting` (SHOW POOLS `cl_waiting`); a
-/// KILL or the pooler shutting down ends the wait.
+/// server spells settings), checked as for any loan. The client waits as `waiting`
+/// (SHOW POOLS `cl_waiting`); a KILL or the pooler shutting down ends the wait.
 async fn login_checkout<'p>(app: &App, pool: &'p Arc<Pool>, info: &ClientInfo) -> Result<Borrowed<'p>, Exit> {
     info.set_state(ClientState::Waiting);
-    let checkout = async { pool.checkout().await.map_err(pool_failure) };
+    // Checked before the loan as a transaction's server is (`server_check_delay`).
+    let checkout = async {
+        loop {
+            let server = pool.checkout().await.map_err(pool_failure)?;
+            if !pool.needs_check(&server) {
+                return Ok(server);
+            }
+            if let Some(server) = Box::pin(pool.checked(server)).await {
+                return Ok(server);
+            }
+        }
+    };
     tokio::pin!(checkout);
     let got = interruptible(app, info, checkout).await;
     info.set_state(ClientState::Login);
@@ -341,8 +353,9 @@ async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessa
             }
             StartupPacket::Cancel { pid, secret } => {
                 // Accepted in plaintext whatever the TLS mode: libpq before 17 never
-                // encrypts cancel requests. Forwarded in any phase (not under
-                // `until_shutdown`): a client may cancel its query while Sluice drains.
+                // encrypts cancel requests. Forwarded in any phase once read (not under
+                // `until_shutdown`). (While Sluice drains its listeners are closed, as
+                // PgBouncer's are: a cancel request on a new connection cannot come.)
                 // The server stays with its client until the request is processed: the
                 // forwarding is a task of its own holding that guard, so a
                 // `client_login_timeout` shorter than the forwarding's own bound

@@ -1,6 +1,7 @@
 //! Configuration: the TOML file, its validation (every error names file, line and key),
 //! and the derived settings the rest of Sluice reads.
 
+mod keep;
 mod locate;
 pub mod reference;
 
@@ -198,30 +199,6 @@ pub struct General {
     pub metrics_listen: String,
 }
 
-impl General {
-    /// Takes `running`'s client TLS keys (a reload whose client TLS files cannot be
-    /// used), and its `auth_type` instead of a new `cert`, which checks certificates
-    /// through the new client setup.
-    pub fn keep_client_tls(&mut self, running: &General) {
-        self.client_tls_sslmode = running.client_tls_sslmode;
-        self.client_tls_cert_file.clone_from(&running.client_tls_cert_file);
-        self.client_tls_key_file.clone_from(&running.client_tls_key_file);
-        self.client_tls_ca_file.clone_from(&running.client_tls_ca_file);
-        self.client_tls_protocols.clone_from(&running.client_tls_protocols);
-        if self.auth_type == AuthType::Cert {
-            self.auth_type = running.auth_type;
-        }
-    }
-
-    /// Takes `running`'s server TLS keys (a reload whose server TLS files cannot be used).
-    pub fn keep_server_tls(&mut self, running: &General) {
-        self.server_tls_sslmode = running.server_tls_sslmode;
-        self.server_tls_ca_file.clone_from(&running.server_tls_ca_file);
-        self.server_tls_cert_file.clone_from(&running.server_tls_cert_file);
-        self.server_tls_key_file.clone_from(&running.server_tls_key_file);
-    }
-}
-
 impl Default for General {
     fn default() -> Self {
         Self {
@@ -380,20 +357,20 @@ impl Config {
             let key = e.span().map_or_else(|| "-".to_string(), |s| locate::key_at(text, s.start));
             ConfigError::Invalid { file: file.clone(), line, key, message: e.message().to_string() }
         })?;
-        let invalid = |section: &str, key: &str, message: String| ConfigError::Invalid {
+        let invalid = |section: &[&str], key: &str, message: String| ConfigError::Invalid {
             file: file.clone(),
-            line: locate_key(text, section, key),
-            key: if section.is_empty() { key.to_string() } else { format!("{section}.{key}") },
+            line: locate_key(text, &[section, &[key]].concat()),
+            key: [section, &[key]].concat().join("."),
             message,
         };
-        let listen = validate_general(&raw.general, &|k, m| invalid("general", k, m))?;
+        let listen = validate_general(&raw.general, &|k, m| invalid(&["general"], k, m))?;
         for (name, db) in &raw.databases {
-            validate_database(name, db, &raw.general, &|k, m| invalid(&format!("databases.{name}"), k, m))?;
+            validate_database(name, db, &raw.general, &|k, m| invalid(&["databases", name], k, m))?;
         }
         for (name, user) in &raw.users {
-            validate_user(user, &raw.general, &|k, m| invalid(&format!("users.{name}"), k, m))?;
+            validate_user(user, &raw.general, &|k, m| invalid(&["users", name], k, m))?;
         }
-        validate_admin(&raw.general, &raw.databases, &raw.users, &|k, m| invalid("general", k, m))?;
+        validate_admin(&raw.general, &raw.databases, &raw.users, &|k, m| invalid(&["general"], k, m))?;
         Ok(Config {
             path: path.to_path_buf(),
             general: raw.general,
@@ -447,7 +424,7 @@ impl Config {
         let text = std::fs::read_to_string(&self.path).unwrap_or_default();
         ConfigError::Invalid {
             file: self.path.display().to_string(),
-            line: locate_key(&text, "general", key),
+            line: locate_key(&text, &["general", key]),
             key: format!("general.{key}"),
             message,
         }

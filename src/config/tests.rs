@@ -55,6 +55,17 @@ fn semantic_errors_name_file_line_and_key() {
 }
 
 #[test]
+fn inline_tables_and_dotted_keys_name_their_line() {
+    let e =
+        err("[general]\nauth_type = \"trust\"\n[databases]\nok = { host = \"h\" }\napp = { host = \"h\", port = 0 }\n");
+    assert_eq!(e, "sluice.toml:5: databases.app.port: must be between 1 and 65535");
+    let e = err("[general]\nauth_type = \"trust\"\n[databases]\napp.host = \"h\"\napp.port = 0\n");
+    assert_eq!(e, "sluice.toml:5: databases.app.port: must be between 1 and 65535");
+    let e = err("general = { auth_type = \"trust\", listen_port = \"x\" }\n");
+    assert!(e.starts_with("sluice.toml:1: general.listen_port:"), "{e}");
+}
+
+#[test]
 fn scram_is_a_short_spelling_of_scram_sha_256() {
     let c = parse("[general]\nauth_type = \"scram\"\n").unwrap();
     assert_eq!(c.general.auth_type, AuthType::ScramSha256);

@@ -20,9 +20,18 @@ use crate::app::{App, Phase};
 /// The live view: HTML, CSS and JS in one file, no external assets.
 const LIVE_PAGE: &str = include_str!("live.html");
 
+/// Connections served at once; one more is closed at once (its file descriptor is
+/// taken from the pooler's clients' limit).
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// How long one connection may last, requests and the reading of the replies together
+/// (a client that stops reading does not keep its task and reply for ever).
+const CONNECTION_LIFETIME: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Serves HTTP on `listener` until Sluice stops.
 pub async fn serve(app: Arc<App>, listener: TcpListener) {
     let mut phase = app.phase();
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
@@ -36,8 +45,13 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
                 continue;
             }
         };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            debug!(%peer, "metrics endpoint: {MAX_CONNECTIONS} connections open already; closed");
+            continue;
+        };
         let app = app.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let service = service_fn(move |req| {
                 let app = app.clone();
                 async move { Ok::<_, Infallible>(respond(&app, &req)) }
@@ -46,8 +60,10 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(std::time::Duration::from_secs(10))
                 .serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                debug!(%peer, "metrics endpoint connection: {e}");
+            match tokio::time::timeout(CONNECTION_LIFETIME, conn).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => debug!(%peer, "metrics endpoint connection: {e}"),
+                Err(_) => debug!(%peer, "metrics endpoint connection closed after {CONNECTION_LIFETIME:?}"),
             }
         });
     }

@@ -73,7 +73,7 @@ pub fn pool_views(app: &App) -> Vec<PoolView> {
         };
         views.insert(pool.key.clone(), view);
     }
-    for c in app.client_infos.list() {
+    for c in app.client_infos.list().into_iter().filter(|c| !c.console) {
         let Some(v) = views.get_mut(&pool_key_of(&cfg, &c)) else { continue };
         v.client_statements += c.prepared_statements.load(Relaxed);
         match c.state() {
@@ -204,12 +204,15 @@ pub struct PoolSample {
 #[derive(Debug, Clone)]
 pub struct Sample {
     pub time_us: u64,
+    /// Sorted by key (as `pool_views` gives them).
     pub pools: Vec<PoolSample>,
 }
 
 impl Sample {
+    /// A pool's sample: a binary search, as `/api/stats` looks up every pool in each of
+    /// up to 600 samples (a linear one made that quadratic in the number of pools).
     pub fn pool(&self, key: &PoolKey) -> Option<&PoolSample> {
-        self.pools.iter().find(|p| p.key == *key)
+        self.pools.binary_search_by(|p| p.key.cmp(key)).ok().map(|i| &self.pools[i])
     }
 }
 
@@ -364,6 +367,30 @@ mod tests {
         s.sum(&a);
         s.sum(&b);
         assert_eq!(s.xact_count, 40);
+    }
+
+    #[test]
+    fn a_sample_finds_each_of_its_pools() {
+        let key = |d: &str, u: &str| PoolKey { database: d.into(), user: u.into() };
+        let keys = [key("a", "x"), key("a", "y"), key("b", "x"), key("c", "a")];
+        let pool = |k: &PoolKey, n: u64| PoolSample {
+            key: k.clone(),
+            cl_active: n,
+            cl_waiting: 0,
+            sv_active: 0,
+            sv_idle: 0,
+            maxwait_us: 0,
+            xact_count: 0,
+            query_count: 0,
+            xact: Default::default(),
+            query: Default::default(),
+            wait: Default::default(),
+        };
+        let s = Sample { time_us: 0, pools: keys.iter().zip(0..).map(|(k, n)| pool(k, n)).collect() };
+        for (k, n) in keys.iter().zip(0..) {
+            assert_eq!(s.pool(k).map(|p| p.cl_active), Some(n), "{k:?}");
+        }
+        assert!(s.pool(&key("b", "y")).is_none());
     }
 
     #[test]
