@@ -59,8 +59,9 @@ pub fn parse_view(frame: &[u8]) -> Result<ParseView<'_>, ProtocolError> {
     // The parameter types must be all there is: PostgreSQL would fail the message while
     // reading it, before it drops the previous unnamed statement, which could be
     // another client's.
-    let count = types.get(..2).map(|c| i16::from_be_bytes([c[0], c[1]])).ok_or(bad.clone())?;
-    if types.len() != 2 + 4 * count.max(0) as usize {
+    // Unsigned, as PostgreSQL reads it (up to 65535 parameter types).
+    let count = types.get(..2).map(|c| u16::from_be_bytes([c[0], c[1]])).ok_or(bad.clone())?;
+    if types.len() != 2 + 4 * count as usize {
         return Err(bad);
     }
     Ok(ParseView { name, query, types })
@@ -460,6 +461,17 @@ mod tests {
         let mut b = BytesMut::new();
         build::parse(&mut b, name.as_bytes(), query.as_bytes(), &[23]);
         b
+    }
+
+    #[test]
+    fn a_parse_reads_up_to_65535_parameter_types() {
+        let types = vec![23u32; 40_000];
+        let mut b = BytesMut::new();
+        build::parse(&mut b, b"s", b"select 1", &types);
+        assert_eq!(parse_view(&b).unwrap().types.len(), 2 + 4 * 40_000);
+        // A count that does not match the types sent is refused.
+        let frame = &b[..b.len() - 4];
+        assert!(parse_view(frame).is_err());
     }
 
     #[test]

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::raw::{Raw, first_value, query};
+use common::raw::{Raw, bind, execute, first_value, flush, parse, query, sync, tags};
 use common::{PgCluster, Role, Sluice, code, connect, eventually, try_connect, value, wait_until};
 
 /// Polls the admin console (as `u_scram`, an admin user) until the pool of `db` and
@@ -243,6 +243,37 @@ async fn idle_transaction_and_query_timeouts() {
         wait_until(Duration::from_secs(10), || pg.backends("query like '%pg_sleep(20)%' and state = 'active'") == 0),
         "timed-out query still running"
     );
+}
+
+/// The timeouts follow what runs: an Execute sent with a Flush (no Sync yet) inside a
+/// transaction is running, not idle (`idle_transaction_timeout` leaves it be), and a
+/// pipeline of quick queries is not one long query (`query_timeout` counts from the
+/// last answer).
+#[test]
+fn timeouts_follow_pipelined_and_unsynced_requests() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .general("idle_transaction_timeout", "1")
+        .general("query_timeout", "2")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let mut c = Raw::login(s.port, "u_trust", "app");
+    c.send(&query("begin"));
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    let mut b = parse("", "select pg_sleep(1.5)");
+    b.extend(bind("", "", &[]));
+    b.extend(execute("", 0));
+    b.extend(flush());
+    c.send(&b);
+    let m = c.take(4);
+    assert_eq!(tags(&m), "12DC", "the running Execute was ended: {m:?}");
+    c.send(&[sync(), query("commit")].concat());
+    assert_eq!(tags(&[c.until_ready(), c.until_ready()].concat()), "ZCZ");
+    // Six queries of 0.5 s in one write: 3 s in all, each well within query_timeout.
+    c.send(&(0..6).flat_map(|_| query("select pg_sleep(0.5)")).collect::<Vec<_>>());
+    let m: Vec<_> = (0..6).flat_map(|_| c.until_ready()).collect();
+    assert_eq!(tags(&m), "TDCZ".repeat(6), "{m:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -494,17 +525,36 @@ impl Drop for Stopped {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_server_fails_its_check_within_internal_query_timeout() {
     let pg = PgCluster::start();
-    let extra = [("server_check_delay", "0.05"), ("internal_query_timeout", "1")];
+    // server_check_delay 0: every loan checks the server first.
+    let extra = [("server_check_delay", "0"), ("internal_query_timeout", "1")];
     let s = sluice(&pg, &extra, 1);
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let first = value(&a, "select pg_backend_pid()").await;
     let _frozen = Stopped::new(&first);
-    // Ages the idle server past server_check_delay, so the next loan checks it.
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let next = tokio::time::timeout(Duration::from_secs(15), value(&a, "select pg_backend_pid()"))
         .await
         .expect("the client hung on a frozen server");
     assert_ne!(next, first);
+}
+
+/// The same in session mode, where the check runs when a login takes its server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_fails_its_check_at_a_session_mode_login() {
+    let pg = PgCluster::start();
+    let extra = [("server_check_delay", "0"), ("internal_query_timeout", "1"), ("pool_mode", "\"session\"")];
+    let s = sluice(&pg, &extra, 1);
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let first = value(&a, "select pg_backend_pid()").await;
+    drop(a);
+    // Reset (DISCARD ALL) and back in the pool before it is frozen.
+    let reset = format!("pid = {first} and state = 'idle' and query = 'DISCARD ALL'");
+    assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(&reset) == 1)));
+    let _frozen = Stopped::new(&first);
+    let b = tokio::time::timeout(Duration::from_secs(15), async {
+        let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+        value(&b, "select pg_backend_pid()").await
+    });
+    assert_ne!(b.await.expect("the login hung on a frozen server"), first);
 }
 
 /// A reload that raises `max_db_connections` lets a client queued behind the old limit
@@ -553,6 +603,41 @@ async fn pause_returns_when_a_pending_connect_fails() {
     let paused = tokio::time::timeout(Duration::from_secs(10), pausing).await;
     assert!(paused.expect("PAUSE still waits after the connect failed").unwrap().is_ok());
     drop(frozen);
+}
+
+/// A connect under way when RECONNECT comes is not lent: it is closed and opened again,
+/// so its client gets a connection of the new generation (WAIT_CLOSE, which counts the
+/// marked connections it can see, never saw that one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_under_way_at_reconnect_is_opened_again() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[("admin_users", r#"["u_scram"]"#)], 2);
+    let holder = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    holder.simple_query("begin").await.unwrap();
+    let pid = std::fs::read_to_string(pg.data_dir.join("postmaster.pid")).expect("postmaster.pid");
+    let frozen = Stopped::new(pid.lines().next().expect("the postmaster's pid"));
+    let second = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let begun = tokio::spawn(async move { second.simple_query("begin").await.map(|_| second) });
+    assert!(queued(s.port, "app", Role::SCRAM.name), "the second client's connect never started");
+    let admin = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "pgbouncer").await;
+    admin.simple_query("RECONNECT app").await.unwrap();
+    drop(frozen);
+    let second = tokio::time::timeout(Duration::from_secs(10), begun).await.expect("the second client hangs");
+    let _second = second.unwrap().expect("the second client's transaction began");
+    let servers: Vec<_> = admin
+        .simple_query("SHOW SERVERS")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => {
+                Some((r.get("state").map(String::from), r.get("close_needed").map(String::from)))
+            }
+            _ => None,
+        })
+        .collect();
+    let marked = |n: &str| servers.iter().filter(|(_, c)| c.as_deref() == Some(n)).count();
+    assert_eq!((marked("1"), marked("0")), (1, 1), "the holder's server marked, the second's new: {servers:?}");
 }
 
 /// A client that keeps sending while it waits for a server (here a pipeline of

@@ -241,6 +241,83 @@ fn deallocate_reports_the_transaction_as_postgresql_does() {
     assert_eq!(first_value(&run(&mut c, "d2", &[])), "2", "the refused DEALLOCATE kept d2");
 }
 
+/// A DEALLOCATE of the client's statements pipelined behind requests still at the
+/// server waits for their answers, then runs as PostgreSQL runs it in turn: in the
+/// transaction they leave, refused (25P02) if it failed, skipped if the server skips
+/// after an extended-protocol error.
+#[test]
+fn a_pipelined_deallocate_runs_in_turn() {
+    let (_pg, s) = setup(1, &[]);
+    let mut c = login(&s);
+    for (name, sql) in [("d1", "select 1"), ("d2", "select 2"), ("d3", "select 3")] {
+        assert_eq!(prepare(&mut c, name, sql), "1Z");
+    }
+    let rollback = |c: &mut Raw| {
+        c.send(&query("rollback"));
+        assert_eq!(tags(&c.until_ready()), "CZ");
+    };
+    let refused = |m: &[(u8, Vec<u8>)], at: usize| {
+        assert_eq!((sqlstate(&m[at].1), m[at + 1].1.as_slice()), ("25P02".to_string(), &b"E"[..]), "{m:?}");
+    };
+    // Behind a BEGIN: it runs, inside the transaction.
+    c.send(&[query("begin"), query("deallocate d1")].concat());
+    let m = [c.until_ready(), c.until_ready()].concat();
+    assert_eq!(tags(&m), "CZCZ");
+    assert_eq!((m[1].1.as_slice(), m[3].1.as_slice()), (&b"T"[..], &b"T"[..]), "{m:?}");
+    let m = run(&mut c, "d1", &[]);
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "26000".to_string()), "d1 is gone: {m:?}");
+    rollback(&mut c);
+    // Behind a request that fails the transaction: refused, as are a DEALLOCATE ALL and
+    // a Parse of the name behind it; the statements stay.
+    let failing = [query("begin"), query("select 1/0")].concat();
+    let tail = [query("deallocate d2"), query("deallocate all"), parse("d2", "select 22"), sync()].concat();
+    c.send(&[failing.clone(), tail].concat());
+    let m: Vec<_> = (0..5).flat_map(|_| c.until_ready()).collect();
+    assert_eq!(tags(&m), "CZEZEZEZEZ", "{m:?}");
+    for at in [4, 6, 8] {
+        refused(&m, at);
+    }
+    rollback(&mut c);
+    for (name, v) in [("d2", "2"), ("d3", "3")] {
+        assert_eq!(first_value(&run(&mut c, name, &[])), v, "the refused DEALLOCATEs kept {name}");
+    }
+    // In a failed transaction, behind a Close the server answers with no Sync: refused.
+    c.send(&failing);
+    assert_eq!(tags(&[c.until_ready(), c.until_ready()].concat()), "CZEZ");
+    c.send(&[msg(b'C', b"P\0"), query("deallocate d2")].concat());
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "3EZ", "{m:?}");
+    refused(&m, 1);
+    rollback(&mut c);
+    assert_eq!(first_value(&run(&mut c, "d2", &[])), "2");
+    // Skipped with the rest of an extended request that failed before its Sync, as
+    // PostgreSQL skips it: no answer, the statement kept.
+    let mut b = parse("", "select 1/0");
+    b.extend(bind("", "", &[]));
+    b.extend(execute("", 0));
+    b.extend(query("deallocate d3"));
+    b.extend(sync());
+    c.send(&b);
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "1EZ", "{m:?}");
+    assert_eq!(first_value(&run(&mut c, "d3", &[])), "3", "the skipped DEALLOCATE kept d3");
+    // Behind a Close of the name that the server skips after an error: the name is
+    // still the client's when the DEALLOCATE runs, which succeeds.
+    c.send(&[parse("", "select nosuchcol"), close_stmt("d3"), sync(), query("deallocate d3")].concat());
+    let m = [c.until_ready(), c.until_ready()].concat();
+    assert_eq!(tags(&m), "EZCZ", "{m:?}");
+    assert_eq!(m[2].1, b"DEALLOCATE\0", "{m:?}");
+    let m = run(&mut c, "d3", &[]);
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "26000".to_string()), "d3 is gone: {m:?}");
+    // A Close (answered by Sluice) of a name whose Parse failed, skipped with it: the
+    // name was never defined.
+    c.send(&[parse("d5", "select nosuchcol"), close_stmt("d5"), sync()].concat());
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "42703".to_string()), "{m:?}");
+    let m = run(&mut c, "d5", &[]);
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "26000".to_string()), "{m:?}");
+}
+
 #[test]
 fn eviction_and_server_loss_reprepare_transparently() {
     let (pg, s) = setup(1, &[("max_prepared_statements", "2")]);

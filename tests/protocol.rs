@@ -836,3 +836,25 @@ fn notices_pass_through_and_login_timeout_applies() {
     idle.expect_error("08P01", "client_login_timeout");
     assert!(idle.closed());
 }
+
+/// A client whose input turns out malformed after Sluice has relayed the start of a
+/// message (a CopyData streamed in pieces) is disconnected, and its server, which holds
+/// half a message, is closed: the next client is not read out of step.
+#[test]
+fn a_protocol_error_after_half_a_message_closes_the_server() {
+    let (_pg, s) = setup(1, "transaction");
+    let mut c = trust(&s);
+    // A CopyData declaring 1000 bytes, 500 of them sent behind a query.
+    let mut first = query("select 1");
+    first.extend([b'd', 0, 0, 0x03, 0xe8]);
+    first.extend([b'x'; 500]);
+    c.send(&first);
+    assert_eq!(tags(&c.until_ready()), "TDCZ", "the query before it ran");
+    // The rest of it, then a message with an impossible length.
+    let mut rest = vec![b'x'; 496];
+    rest.extend([0, 0, 0, 0, 0]);
+    c.send(&rest);
+    let m = c.recv().expect("an error before the connection closes");
+    assert_eq!((m.0, sqlstate(&m.1)), (b'E', "08P01".to_string()), "{m:?}");
+    assert_eq!(from_another_client(&s, "select 42"), "42");
+}

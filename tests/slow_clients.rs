@@ -1,14 +1,14 @@
-//! Clients that stop reading a large result: an admin KILL_CLIENT or `query_timeout`
-//! still ends them and frees their server connection for the next client, and the
-//! connection ends without an ErrorResponse written into the middle of a row (also
-//! when the server dies in the middle of one).
+//! Clients that stop reading a large result, or the replies Sluice writes itself: an
+//! admin KILL_CLIENT or `query_timeout` still ends them and frees their server
+//! connection for the next client, and the connection ends without an ErrorResponse
+//! written into the middle of a row (also when the server dies in the middle of one).
 
 mod common;
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::time::Duration;
 
-use common::raw::{Raw, first_value, query, tags};
+use common::raw::{Raw, first_value, msg, query, tags};
 use common::{PgCluster, Sluice, psql_cmd, wait_until};
 
 /// One server connection, trust logins, `u_trust` an admin, `query_wait_timeout` 20 s
@@ -68,11 +68,8 @@ fn reads_to_a_clean_end(mut c: Raw) {
     );
 }
 
-#[test]
-fn a_client_that_stops_reading_is_killed_and_its_server_freed() {
-    let pg = PgCluster::start();
-    let s = sluice(&pg, &[]);
-    let c = stalled(&pg, &s);
+/// KILL_CLIENT, from the console, of the one client of database `app`.
+fn kill_the_app_client(s: &Sluice) {
     let console = |sql: &str| {
         let out = psql_cmd(s.port, "127.0.0.1", "u_trust", "", "pgbouncer")
             .args(["-P", "tuples_only=off", "-P", "footer=off", "-F", "|", "-c", sql])
@@ -87,6 +84,14 @@ fn a_client_that_stops_reading_is_killed_and_its_server_freed() {
     let (id, database) = (column("id"), column("database"));
     let row = lines.find(|r| r.get(database) == Some(&"app")).expect("the stalled client is listed");
     console(&format!("KILL_CLIENT {}", row[id]));
+}
+
+#[test]
+fn a_client_that_stops_reading_is_killed_and_its_server_freed() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[]);
+    let c = stalled(&pg, &s);
+    kill_the_app_client(&s);
     next_client_is_served(&s);
     reads_to_a_clean_end(c);
 }
@@ -111,4 +116,26 @@ fn a_server_dying_mid_row_closes_the_client_without_a_torn_message() {
     pg.psql("select pg_terminate_backend(pid) from pg_stat_activity where wait_event = 'ClientWrite'");
     reads_to_a_clean_end(c);
     next_client_is_served(&s);
+}
+
+/// Inside a transaction (its server held), a client sends named Closes, which Sluice
+/// answers itself, and reads none of the answers: once both directions are full,
+/// Sluice is stuck writing its own replies. A KILL_CLIENT still ends the session and
+/// frees the server.
+#[test]
+fn a_client_that_stops_reading_sluices_own_replies_is_killed_and_its_server_freed() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[]);
+    let mut c = Raw::login(s.port, "u_trust", "app");
+    c.send(&query("begin"));
+    c.until_ready();
+    let mut writer = c.stream().try_clone().expect("a second handle");
+    writer.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    let batch: Vec<u8> = (0..8192).flat_map(|_| msg(b'C', b"Sx\0")).collect();
+    // Bounded: 400 MB of Closes would be 250 MB of answers, far more than the sockets hold.
+    let blocked = (0..(400 << 20) / batch.len()).any(|_| writer.write_all(&batch).is_err());
+    assert!(blocked, "the client's writes never blocked: Sluice kept reading");
+    kill_the_app_client(&s);
+    next_client_is_served(&s);
+    assert!(c.closed(), "the stalled client's connection stays open");
 }

@@ -71,6 +71,7 @@ impl Link {
             cap: 100,
             client_limit: 1000,
             tx: self.tx,
+            in_copy: false,
         });
         let n = self.track.scan_client(buf, &mut self.splice, ctx)?;
         let mut local = BytesMut::new();

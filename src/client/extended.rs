@@ -38,6 +38,8 @@ pub struct ClientCtx<'a> {
     pub gens: &'a Generations,
     /// The pool's schema epoch: bumped by each DDL seen through Sluice.
     pub epoch: u64,
+    /// The message being read is inside a COPY FROM STDIN the server has begun.
+    pub in_copy: bool,
 }
 
 impl ClientCtx<'_> {
@@ -103,11 +105,13 @@ impl Extended {
     }
 
     /// Whether a client message is held back, unscanned, until a shape check's answer
-    /// (a run the check refuses must not run; the relay scans the client's input again
-    /// once it is not). The check (`Effect::Verify`) is then the last message queued:
-    /// nothing is scanned after it until it leaves the queue, answered or skipped.
+    /// (a run the check refuses must not run), or until everything before it is
+    /// answered (`hold_for_answers`); the relay scans the client's input again once it
+    /// is not. The check (`Effect::Verify`) or the mark (`Effect::Hold`) is then the
+    /// last item queued: nothing is scanned after it until it leaves the queue,
+    /// answered or skipped.
     pub fn holding(&self) -> bool {
-        self.queue.back().is_some_and(|e| matches!(e.effect, Effect::Verify(..)))
+        self.queue.back().is_some_and(|e| matches!(e.effect, Effect::Verify(..) | Effect::Hold))
     }
 
     /// Whether the oldest unanswered message is an Execute (a COPY it starts is an
@@ -561,36 +565,55 @@ impl Extended {
     #[cold]
     #[inline(never)]
     fn on_deallocate(&mut self, command: SqlCommand, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> bool {
-        let mut b = BytesMut::new();
-        let answer = match command {
-            // As PostgreSQL: refused in a failed transaction, the statements kept. (The
-            // status is known when nothing ahead of it goes to the server.)
-            _ if cx.tx == TxStatus::Failed && self.queue.iter().all(|e| matches!(e.reply, Reply::Synthetic(_))) => {
-                let text = "current transaction is aborted, commands ignored until end of transaction block";
-                build::error_response(&mut b, build::Severity::Error, sqlstate::IN_FAILED_SQL_TRANSACTION, text);
-                Some(TxStatus::Failed)
-            }
-            SqlCommand::Deallocate(name) if cx.stmts.remove(name.as_bytes()).is_some() => {
-                build::command_complete(&mut b, "DEALLOCATE");
-                Some(cx.tx)
-            }
-            SqlCommand::DeallocateAll => {
-                cx.stmts.clear();
-                build::command_complete(&mut b, "DEALLOCATE ALL");
-                Some(cx.tx)
-            }
-            _ => None,
-        };
-        let Some(status) = answer else {
+        if cx.in_copy {
+            // Inside a COPY FROM STDIN (the client's mistake): to the server, as any query.
             self.push(Kind::Query, Reply::Forward, None);
             return false;
+        }
+        if self.queue.iter().any(|e| !matches!(e.reply, Reply::Synthetic(_))) {
+            // The server's answers still due decide, even whether the name is the
+            // client's (a Close ahead may yet be skipped): read again once they are in.
+            self.hold_for_answers(m, sp);
+            return false;
+        }
+        let ours = match &command {
+            SqlCommand::Deallocate(name) => cx.stmts.get(name.as_bytes()).is_some(),
+            SqlCommand::DeallocateAll => true,
+            SqlCommand::DiscardAll => false,
         };
+        // Nothing due from the server: the transaction status is known (that of its
+        // last ReadyForQuery: extended messages since, with no Sync, may have changed it).
+        let mut b = BytesMut::new();
+        if cx.tx == TxStatus::Failed {
+            // As PostgreSQL: refused in a failed transaction, the statements kept.
+            let text = "current transaction is aborted, commands ignored until end of transaction block";
+            build::error_response(&mut b, build::Severity::Error, sqlstate::IN_FAILED_SQL_TRANSACTION, text);
+        } else if !ours {
+            // Not one of the client's names: the server answers.
+            self.push(Kind::Query, Reply::Forward, None);
+            return false;
+        } else if let SqlCommand::Deallocate(name) = command {
+            cx.stmts.remove(name.as_bytes());
+            build::command_complete(&mut b, "DEALLOCATE");
+        } else {
+            cx.stmts.clear();
+            build::command_complete(&mut b, "DEALLOCATE ALL");
+        }
         sp.drop_range(m.start, m.start + m.frame_len);
-        // The status now; behind requests still unanswered, the one the last of them
-        // leaves (`emit_synthetic`).
-        build::ready_for_query(&mut b, status);
+        build::ready_for_query(&mut b, cx.tx);
         self.push(Kind::Local, Reply::Synthetic(b.freeze()), None);
         true
+    }
+
+    /// Holds the client message `m` (and what follows it) back, unscanned, until the
+    /// server has answered everything queued before it (`holding`): a DEALLOCATE that
+    /// Sluice answers must see the transaction status they leave (a failed transaction
+    /// refuses it) and whether the server skips it after an error, as PostgreSQL runs
+    /// it in turn. A Flush makes the server send those answers without more input.
+    fn hold_for_answers(&mut self, m: &Msg, sp: &mut Splice) {
+        flush_injected(m.start, sp);
+        sp.stop_before(m.start);
+        self.queue.push_back(Expect::new(Kind::Local, Reply::Synthetic(Bytes::new()), None).with(Effect::Hold));
     }
 
     /// The message held for a failed shape check: the server gets, instead of it, a

@@ -42,6 +42,21 @@ enum Woke {
     Other,
 }
 
+/// The client's input cannot be relayed: the session ends, and nothing of this read
+/// reaches the server. If the start of a message was relayed before (`partial`: a
+/// CopyData streamed in pieces), the server waits for a rest that will never come, so it
+/// is closed, never lent to another client; otherwise it goes back to the pool.
+/// (Out of line: rare.)
+#[cold]
+#[inline(never)]
+fn client_input_refused(server: &mut crate::server::ServerConn, e: ProtocolError, partial: bool) -> Exit {
+    server.broken |= partial;
+    match e {
+        ProtocolError::Limit(what) => Exit::fatal(sqlstate::CONFIGURATION_LIMIT_EXCEEDED, what),
+        e => Exit::protocol(e),
+    }
+}
+
 fn query_timed_out(server: &mut crate::server::ServerConn) -> Exit {
     server.broken = true;
     query_timeout()
@@ -173,8 +188,9 @@ impl Session {
             let client_room = conn.buf.capacity() - conn.buf.len();
             let t = &self.track;
             let query_deadline =
-                self.timeouts.query.zip(t.busy_since).map(|(d, s)| s + d).filter(|_| t.awaiting_server());
-            let idle_in_tx = t.pending == 0 && t.tx.is_some_and(|s| s != TxStatus::Idle);
+                self.timeouts.query.zip(t.timed_from).map(|(d, s)| s + d).filter(|_| t.awaiting_server());
+            // Nothing due from the server (no Execute answered only at a later Sync).
+            let idle_in_tx = !t.awaiting_server() && t.tx.is_some_and(|s| s != TxStatus::Idle);
             let idle_deadline =
                 self.timeouts.idle_transaction.zip(t.last_client_activity).map(|(d, s)| s + d).filter(|_| idle_in_tx);
             let woke = if !self.to_server.is_empty() || self.track.ext.holding() {
@@ -308,11 +324,14 @@ impl Session {
             cap: self.limits.server_statements,
             client_limit: self.limits.client_statements,
             tx: server.tx,
+            in_copy: false,
         });
-        let n = self.track.scan_client(&conn.buf, splice, ctx).map_err(|e| match e {
-            ProtocolError::Limit(what) => Exit::fatal(sqlstate::CONFIGURATION_LIMIT_EXCEEDED, what),
-            e => Exit::protocol(e),
-        })?;
+        // Part of a message is at the server already (relayed in pieces), its rest to come.
+        let partial = self.track.client_scan.mid_message();
+        let n = match self.track.scan_client(&conn.buf, splice, ctx) {
+            Ok(n) => n,
+            Err(e) => return Err(client_input_refused(server, e, partial)),
+        };
         let out = splice.finish(&conn.buf, n);
         // What the socket does not take now waits in the backlog (see `relay_loop`).
         let written = if out.is_empty() { Ok(()) } else { self.to_server.write(&mut server.stream, out).await };

@@ -250,18 +250,16 @@ impl Session {
             }
             if self.pool.needs_check(&server) {
                 round_trips = true;
-                // Borrowed across the round trips (here and for the settings below): a
-                // session ending during them closes the server and frees its slot.
-                let mut held = Borrowed::new(&self.pool, server);
-                if Box::pin(held.exec("", self.pool.internal_timeout())).await.is_err() {
-                    continue; // `held` closes it
+                match Box::pin(self.pool.checked(server)).await {
+                    Some(server) => break server,
+                    None => continue, // closed
                 }
-                break held.take();
             }
             break server;
         };
         // Boxed: rarely needed (settings differ), and large enough to double the
-        // size of every client task if kept inline.
+        // size of every client task if kept inline. Borrowed across the round trips: a
+        // session ending during them closes the server and frees its slot.
         if !server.carries(&self.params) {
             round_trips = true;
             let mut held = Borrowed::new(&self.pool, server);
@@ -361,9 +359,12 @@ impl Session {
         self.info.set_state(ClientState::Idle);
         if let Some(settings) = self.pool.reset_always().filter(|_| !self.linked().broken) {
             let server = self.linked();
-            if Box::pin(server.exec(&settings.reset_query, settings.internal_timeout)).await.is_ok() {
-                server.was_reset();
+            if Box::pin(server.exec(&settings.reset_query, settings.internal_timeout)).await.is_err() {
+                // Perhaps half done (an ERROR part way through): its state is unknown,
+                // so it is closed, as in `cleanup`.
+                return self.give_back(false);
             }
+            server.was_reset();
         }
         self.give_back(true);
     }

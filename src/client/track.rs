@@ -44,6 +44,10 @@ pub struct Track {
     pub(super) server_fatal: Option<String>,
     pub(super) tx: Option<TxStatus>,
     pub(super) busy_since: Option<Instant>,
+    /// Where `query_timeout` counts from: the start of the busy period, then each
+    /// ReadyForQuery that leaves more requests due (a pipeline of quick statements is
+    /// not one long query).
+    pub(super) timed_from: Option<Instant>,
     pub(super) last_client_activity: Option<Instant>,
     pub(super) param_updates: Vec<(String, String)>,
     /// The replies the server has yet to send, one per request; in the pooled modes
@@ -157,6 +161,7 @@ impl Track {
             server_fatal,
             tx,
             busy_since,
+            timed_from,
             last_client_activity,
             param_updates,
             ext,
@@ -184,6 +189,7 @@ impl Track {
         *server_fatal = None;
         *tx = None;
         *busy_since = None;
+        *timed_from = None;
         *last_client_activity = None;
         param_updates.clear();
         ext.clear();
@@ -197,10 +203,11 @@ impl Track {
         *early_syncs = EarlySyncs::None;
     }
 
-    /// A request is under way (`query_timeout` runs): one the server has not answered,
-    /// or a client message held for a shape check.
+    /// A request is under way (`query_timeout` runs): one the server has not answered
+    /// (a Query or Sync, or an extended message with no Sync yet, such as an Execute
+    /// followed by a Flush), or a client message held for a shape check.
     pub fn awaiting_server(&self) -> bool {
-        self.pending > 0 || self.ext.holding()
+        self.pending > 0 || !self.ext.is_idle()
     }
 
     /// The server may still answer Syncs sent inside a COPY that failed, and no probe
@@ -267,6 +274,7 @@ impl Track {
                 let mut no_reply = false;
                 if !ignored {
                     if let Some(cx) = ctx.as_mut() {
+                        cx.in_copy = *copy_in != CopyIn::Off;
                         no_reply = ext.on_client(&m, sp, cx)?;
                         if ext.holding() {
                             // Held back (`stop_before`): counted when scanned again.
@@ -349,6 +357,7 @@ impl Track {
         let now = Instant::now();
         if !was_busy && self.awaiting_server() {
             self.busy_since = Some(now);
+            self.timed_from = Some(now);
             if self.tx.is_none_or(|t| t == TxStatus::Idle) && self.xact_start.is_none() {
                 self.xact_start = Some(now);
             }
@@ -384,6 +393,7 @@ impl Track {
             early_syncs,
             stats,
             busy_since,
+            timed_from,
             xact_start,
             xact_done,
             errors,
@@ -428,7 +438,7 @@ impl Track {
                             // be answered.
                             None if ext.holding() => {
                                 return Err(ProtocolError::Limit(
-                                    "a request sent inside a COPY, before its data (Sluice had to check the statement first)",
+                                    "a request sent inside a COPY, before its data (Sluice had to wait for an answer first)",
                                 ));
                             }
                             None => {
@@ -460,7 +470,9 @@ impl Track {
                         *pending = pending.saturating_sub(1);
                         *tx = Some(status);
                         stats.queries += 1;
-                        if *pending == 0 {
+                        if *pending > 0 {
+                            *timed_from = Some(Instant::now());
+                        } else {
                             let now = Instant::now();
                             let busy = busy_since.map_or(Duration::ZERO, |b| now - b);
                             stats.query_time_us += busy.as_micros() as u64;
@@ -633,6 +645,7 @@ mod tests {
         t.server_fatal = Some("57P01".into());
         t.tx = Some(TxStatus::InTransaction);
         t.busy_since = Some(Instant::now());
+        t.timed_from = Some(Instant::now());
         t.last_client_activity = Some(Instant::now());
         t.param_updates.push(("TimeZone".into(), "UTC".into()));
         t.ext.parsing_set = true;

@@ -4,7 +4,7 @@
 //! (`prefer`, `require`: encryption without authentication, as libpq does it), a chain
 //! to a trusted root (`verify-ca`), or the chain and the host name (`verify-full`, a DNS
 //! name or IP address). verify-full follows libpq where webpki is stricter: a
-//! certificate without DNS or IP subject alternative names is matched on its common
+//! certificate without subject alternative names is matched on its common
 //! name (a leading `*.` matching one label), as certificates made per PostgreSQL's
 //! documentation often are.
 
@@ -61,7 +61,9 @@ impl ServerCertVerifier for ServerVerifier {
         }
         match verify_server_name(&cert, server_name) {
             Ok(()) => Ok(ServerCertVerified::assertion()),
-            // No DNS or IP subject alternative names at all: libpq looks at the common name.
+            // No subject alternative names at all (webpki lists every kind it saw):
+            // libpq looks at the common name. (libpq also does when the names are all of
+            // other kinds than the host's; Sluice refuses those, tls.md.)
             Err(Error::InvalidCertificate(CertificateError::NotValidForNameContext { presented, .. }))
                 if presented.is_empty() =>
             {

@@ -160,28 +160,18 @@ impl Extended {
             _ => {}
         }
         if matches!(self.queue.front(), Some(Expect { reply: Reply::Synthetic(_), .. })) {
-            self.emit_synthetic(m, sp, end);
+            self.emit_synthetic(sp, end);
         }
         Ok(refused)
     }
 
     /// Sluice's own replies now at the head of the queue, behind the server's message
-    /// `m` (ending at `end`): into the client's output. A ReadyForQuery of Sluice's
-    /// (a DEALLOCATE answered here) carries the transaction status of the server's
-    /// ReadyForQuery just before it, not the one when it was queued. (Out of line: rare.)
+    /// ending at `end`: into the client's output. (Out of line: rare.)
     #[cold]
     #[inline(never)]
-    fn emit_synthetic(&mut self, m: &Msg, sp: &mut Splice, end: usize) {
-        let status = m.frame.filter(|_| m.tag == be::READY_FOR_QUERY).and_then(|f| f.get(5).copied());
+    fn emit_synthetic(&mut self, sp: &mut Splice, end: usize) {
         while let Some(Expect { reply: Reply::Synthetic(b), .. }) = self.queue.front() {
-            match (status, b.len().checked_sub(6).map(|i| &b[i..])) {
-                (Some(s), Some([b'Z', 0, 0, 0, 5, _])) => {
-                    let mut patched = b.to_vec();
-                    *patched.last_mut().expect("a ReadyForQuery") = s;
-                    sp.insert(end, &patched);
-                }
-                _ => sp.insert(end, b),
-            }
+            sp.insert(end, b);
             self.queue.pop_front();
         }
     }
@@ -207,10 +197,14 @@ impl Extended {
     fn undo(&mut self, effect: Effect, server: &mut ServerStatements) {
         match effect {
             // A Parse of the name again, still queued, decides whether it stands.
-            Effect::Define(name, st) => match self.queue.redefinition_mut(&name, st.id) {
-                Some(r) => r.defines = true,
-                None => self.undefined.push((name, st)),
-            },
+            Effect::Define(name, st) => {
+                // A Close behind it took a name PostgreSQL never defined: nothing to give back.
+                self.queue.forget_closes_of(&name, &st);
+                match self.queue.redefinition_mut(&name, st.id) {
+                    Some(r) => r.defines = true,
+                    None => self.undefined.push((name, st)),
+                }
+            }
             Effect::Close(name, st) => self.reopened.push((name, st)),
             // The statement is still on the server: close it before the next request.
             Effect::Closes(id) if !self.settled_later(id) => server.to_close.push(id),

@@ -120,6 +120,9 @@ pub(super) enum Effect {
     /// A Close of this client name, answered by Sluice: undone if the server skips
     /// that point of the pipeline after an error (PostgreSQL would not have closed it).
     Close(Bytes, Arc<Statement>),
+    /// The mark of a client message held until everything queued before it is answered
+    /// (`Extended::hold_for_answers`); its reply is empty.
+    Hold,
     /// Sluice's Close of this server-side statement (evicted or stale): if the server
     /// skips it after an error, the statement is still there, and is closed again
     /// before the next request (`ServerStatements::to_close`).
@@ -192,6 +195,16 @@ impl Queue {
             Effect::Redefine(r) if r.name.as_ref() == name && r.st.id == id => Some(&mut **r),
             _ => None,
         })
+    }
+
+    /// Forgets what queued Closes answered by Sluice took of `name` as `st` (a Parse
+    /// that defined it failed or was skipped: there is nothing to give back).
+    pub fn forget_closes_of(&mut self, name: &[u8], st: &Arc<Statement>) {
+        for e in &mut self.items {
+            if matches!(&e.effect, Effect::Close(n, s) if n.as_ref() == name && Arc::ptr_eq(s, st)) {
+                e.effect = Effect::None;
+            }
+        }
     }
 
     #[inline]
