@@ -246,32 +246,42 @@ async fn idle_transaction_and_query_timeouts() {
 }
 
 /// The timeouts follow what runs: an Execute sent with a Flush (no Sync yet) inside a
-/// transaction is running, not idle (`idle_transaction_timeout` leaves it be), and a
-/// pipeline of quick queries is not one long query (`query_timeout` counts from the
-/// last answer).
+/// transaction is running, not idle (`idle_transaction_timeout` leaves it be); idle
+/// time counts from the last answer, not from the long query's start; and a pipeline
+/// of quick queries is not one long query (`query_timeout` counts from the last
+/// answer).
 #[test]
 fn timeouts_follow_pipelined_and_unsynced_requests() {
     let pg = PgCluster::start();
     let s = Sluice::builder(&pg)
         .general("auth_type", "\"trust\"")
-        .general("idle_transaction_timeout", "1")
-        .general("query_timeout", "2")
+        .general("idle_transaction_timeout", "2")
+        .general("query_timeout", "5")
         .database("app", &[("pool_size", "1")])
         .start();
     let mut c = Raw::login(s.port, "u_trust", "app");
+    // A pause well within idle_transaction_timeout, after a query that ran longer.
+    let pause = || std::thread::sleep(Duration::from_millis(300));
     c.send(&query("begin"));
     assert_eq!(tags(&c.until_ready()), "CZ");
-    let mut b = parse("", "select pg_sleep(1.5)");
+    let mut b = parse("", "select pg_sleep(2.5)");
     b.extend(bind("", "", &[]));
     b.extend(execute("", 0));
     b.extend(flush());
     c.send(&b);
     let m = c.take(4);
     assert_eq!(tags(&m), "12DC", "the running Execute was ended: {m:?}");
-    c.send(&[sync(), query("commit")].concat());
-    assert_eq!(tags(&[c.until_ready(), c.until_ready()].concat()), "ZCZ");
-    // Six queries of 0.5 s in one write: 3 s in all, each well within query_timeout.
-    c.send(&(0..6).flat_map(|_| query("select pg_sleep(0.5)")).collect::<Vec<_>>());
+    pause();
+    c.send(&sync());
+    assert_eq!(tags(&c.until_ready()), "Z", "ended while idle for less than the timeout");
+    c.send(&query("select pg_sleep(2.5)"));
+    assert_eq!(tags(&c.until_ready()), "TDCZ");
+    pause();
+    c.send(&query("commit"));
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "CZ", "ended while idle for less than the timeout: {m:?}");
+    // Six queries of 1 s in one write: 6 s in all, each well within query_timeout.
+    c.send(&(0..6).flat_map(|_| query("select pg_sleep(1)")).collect::<Vec<_>>());
     let m: Vec<_> = (0..6).flat_map(|_| c.until_ready()).collect();
     assert_eq!(tags(&m), "TDCZ".repeat(6), "{m:?}");
 }
@@ -526,7 +536,7 @@ impl Drop for Stopped {
 async fn a_frozen_server_fails_its_check_within_internal_query_timeout() {
     let pg = PgCluster::start();
     // server_check_delay 0: every loan checks the server first.
-    let extra = [("server_check_delay", "0"), ("internal_query_timeout", "1")];
+    let extra = [("server_check_delay", "0"), ("internal_query_timeout", "3")];
     let s = sluice(&pg, &extra, 1);
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let first = value(&a, "select pg_backend_pid()").await;
@@ -541,7 +551,7 @@ async fn a_frozen_server_fails_its_check_within_internal_query_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_server_fails_its_check_at_a_session_mode_login() {
     let pg = PgCluster::start();
-    let extra = [("server_check_delay", "0"), ("internal_query_timeout", "1"), ("pool_mode", "\"session\"")];
+    let extra = [("server_check_delay", "0"), ("internal_query_timeout", "3"), ("pool_mode", "\"session\"")];
     let s = sluice(&pg, &extra, 1);
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let first = value(&a, "select pg_backend_pid()").await;

@@ -192,7 +192,7 @@ impl Session {
             // Nothing due from the server (no Execute answered only at a later Sync).
             let idle_in_tx = !t.awaiting_server() && t.tx.is_some_and(|s| s != TxStatus::Idle);
             let idle_deadline =
-                self.timeouts.idle_transaction.zip(t.last_client_activity).map(|(d, s)| s + d).filter(|_| idle_in_tx);
+                self.timeouts.idle_transaction.zip(t.idle_since).map(|(d, s)| s + d).filter(|_| idle_in_tx);
             let woke = if !self.to_server.is_empty() || self.track.ext.holding() {
                 self.wait_on_server(interrupt, query_deadline).await?
             } else {

@@ -48,7 +48,10 @@ pub struct Track {
     /// ReadyForQuery that leaves more requests due (a pipeline of quick statements is
     /// not one long query).
     pub(super) timed_from: Option<Instant>,
-    pub(super) last_client_activity: Option<Instant>,
+    /// When the connection last went quiet: the client's last message, or the server's
+    /// answer to the last request due (`idle_transaction_timeout` counts from it, as
+    /// PostgreSQL's idle timeout counts from the backend going idle).
+    pub(super) idle_since: Option<Instant>,
     pub(super) param_updates: Vec<(String, String)>,
     /// The replies the server has yet to send, one per request; in the pooled modes
     /// also the prepared-statement rewriting (session mode forwards as sent).
@@ -162,7 +165,7 @@ impl Track {
             tx,
             busy_since,
             timed_from,
-            last_client_activity,
+            idle_since,
             param_updates,
             ext,
             copy_in,
@@ -190,7 +193,7 @@ impl Track {
         *tx = None;
         *busy_since = None;
         *timed_from = None;
-        *last_client_activity = None;
+        *idle_since = None;
         param_updates.clear();
         ext.clear();
         *copy_in = CopyIn::Off;
@@ -362,7 +365,7 @@ impl Track {
                 self.xact_start = Some(now);
             }
         }
-        self.last_client_activity = Some(now);
+        self.idle_since = Some(now);
         self.stats.received += n as u64;
         Ok(n)
     }
@@ -375,6 +378,7 @@ impl Track {
         mode: PoolMode,
         prepared: &mut crate::prepared::ServerStatements,
     ) -> Result<usize, ProtocolError> {
+        let was_awaiting = self.awaiting_server();
         let Track {
             server_scan,
             pending,
@@ -541,6 +545,10 @@ impl Track {
             splice,
         )?;
         stats.sent += n as u64;
+        if was_awaiting && !self.awaiting_server() {
+            // Everything due is answered: idle from now, however long it ran.
+            self.idle_since = Some(Instant::now());
+        }
         Ok(n)
     }
 }
@@ -646,7 +654,7 @@ mod tests {
         t.tx = Some(TxStatus::InTransaction);
         t.busy_since = Some(Instant::now());
         t.timed_from = Some(Instant::now());
-        t.last_client_activity = Some(Instant::now());
+        t.idle_since = Some(Instant::now());
         t.param_updates.push(("TimeZone".into(), "UTC".into()));
         t.ext.parsing_set = true;
         t.copy_in = CopyIn::Simple;
