@@ -43,6 +43,9 @@ fn start(pg: &PgCluster) -> (Sluice, u16) {
         .general("metrics_listen", &format!("\"127.0.0.1:{http}\""))
         .general("admin_legacy_columns", "true")
         .start();
+    // The endpoint is bound after the pooler's own listeners, which `start` waits for.
+    let up = wait_until(Duration::from_secs(10), || TcpStream::connect(("127.0.0.1", http)).is_ok());
+    assert!(up, "the metrics endpoint never listened on {http}");
     (s, http)
 }
 
