@@ -154,6 +154,16 @@ fn large_messages_stream_both_ways() {
     let m = c.until_ready();
     assert_eq!(tags(&m), "TDCZ");
     assert_eq!(m[1].1.len(), 2 + 4 + 30_000_000);
+    // A Parse the relay reads whole, from a client with no server yet: its room grows
+    // as it arrives, and it runs as sent.
+    let mut b = parse("", &format!("select length('{big}')"));
+    b.extend(bind("", "", &[]));
+    b.extend(execute("", 0));
+    b.extend(sync());
+    c.send(&b);
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "12DCZ");
+    assert_eq!(first_value(&m), (8 << 20).to_string());
 }
 
 #[test]

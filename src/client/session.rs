@@ -187,7 +187,7 @@ impl Session {
                     if conn.buf.len() >= needed {
                         return Wanted::Server;
                     }
-                    conn.buf.reserve(needed - conn.buf.len());
+                    reserve_toward(&mut conn.buf, needed);
                 }
                 Ok(None) => {}
             }
@@ -464,9 +464,43 @@ pub(super) fn pool_failure(e: PoolError) -> Exit {
 }
 
 /// Sleeps for `d`, or forever when None.
+/// Room for the rest of a message the relay must see whole (up to `needed` bytes in
+/// `buf`), grown as its bytes arrive: by at most what has arrived (8 KiB at first), so
+/// a header declaring a 64 MiB Parse reserves nothing its sender has not begun to send.
+fn reserve_toward(buf: &mut BytesMut, needed: usize) {
+    let missing = needed.saturating_sub(buf.len());
+    if buf.capacity() - buf.len() < missing {
+        buf.reserve(missing.min(buf.len().max(8 * 1024)));
+    }
+}
+
 pub(super) async fn sleep_opt(d: Option<Duration>) {
     match d {
         Some(d) => tokio::time::sleep(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_message_gets_room_as_it_arrives() {
+        let needed = crate::prepared::MAX_PARSE_LEN;
+        let mut buf = BytesMut::from(&b"P\x04\x00\x00\x00"[..]);
+        reserve_toward(&mut buf, needed);
+        assert!(buf.capacity() < 64 * 1024, "reserved {} for a 5-byte header", buf.capacity());
+        // Filled as the client sends it: the room doubles at most each step, and the
+        // whole message fits in the end.
+        let mut steps = 0;
+        while buf.len() < needed {
+            reserve_toward(&mut buf, needed);
+            let room = buf.capacity() - buf.len();
+            assert!(room > 0 && buf.capacity() <= 4 * buf.len().max(8 * 1024), "{} for {}", buf.capacity(), buf.len());
+            buf.resize((buf.len() + room).min(needed), 0);
+            steps += 1;
+        }
+        assert!(steps < 20, "{steps} steps");
     }
 }
