@@ -408,6 +408,7 @@ async fn signals(app: Arc<App>) {
 
 async fn accept_loop(app: Arc<App>, listener: Listener) {
     let mut phase = app.phase();
+    let mut failures = crate::net::listener::AcceptFailures::default();
     loop {
         let accepted = tokio::select! {
             r = listener.accept(|| app.config.load().general.tcp_keepalive) => r,
@@ -418,11 +419,7 @@ async fn accept_loop(app: Arc<App>, listener: Listener) {
                 let guard = app.track_client();
                 tokio::spawn(crate::client::serve(app.clone(), stream, peer, guard));
             }
-            Err(e) => {
-                // EMFILE and friends: back off briefly instead of spinning.
-                warn!("accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            Err(e) => failures.failed("client listener", &e).await,
         }
     }
 }

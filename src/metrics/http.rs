@@ -13,7 +13,7 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::app::{App, Phase};
 
@@ -32,6 +32,7 @@ const CONNECTION_LIFETIME: std::time::Duration = std::time::Duration::from_secs(
 pub async fn serve(app: Arc<App>, listener: TcpListener) {
     let mut phase = app.phase();
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut failures = crate::net::listener::AcceptFailures::default();
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
@@ -40,8 +41,7 @@ pub async fn serve(app: Arc<App>, listener: TcpListener) {
         let (stream, peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
-                warn!("metrics endpoint: accept failed: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                failures.failed("metrics endpoint", &e).await;
                 continue;
             }
         };

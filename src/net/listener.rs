@@ -156,9 +156,64 @@ pub fn set_keepalive(sock: socket2::SockRef<'_>, on: bool) {
     };
 }
 
+/// Failed accepts (EMFILE and the like come many times a second while they last): one
+/// warning per `LOG_EVERY` saying how many failed since the last, and a pause before
+/// the next try instead of a spin.
+#[derive(Debug, Default)]
+pub struct AcceptFailures {
+    logged_at: Option<std::time::Instant>,
+    unlogged: u64,
+}
+
+impl AcceptFailures {
+    const LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+    const BACKOFF: std::time::Duration = std::time::Duration::from_millis(50);
+
+    /// Logs `e` (for `what`, a listener) if it is time to, then waits `BACKOFF`.
+    pub async fn failed(&mut self, what: &str, e: &std::io::Error) {
+        if let Some(line) = self.note(e, std::time::Instant::now()) {
+            tracing::warn!("{what}: {line}");
+        }
+        tokio::time::sleep(Self::BACKOFF).await;
+    }
+
+    /// Counts a failure at `now`; the line to log, when the last was `LOG_EVERY` ago.
+    fn note(&mut self, e: &std::io::Error, now: std::time::Instant) -> Option<String> {
+        self.unlogged += 1;
+        if self.logged_at.is_some_and(|t| now.duration_since(t) < Self::LOG_EVERY) {
+            return None;
+        }
+        self.logged_at = Some(now);
+        Some(match std::mem::take(&mut self.unlogged) {
+            1 => format!("accept failed: {e}"),
+            n => format!("accept failed: {e} ({n} failures since the last warning)"),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failed_accepts_are_logged_once_per_interval_with_a_count() {
+        let e = std::io::Error::from_raw_os_error(libc::EMFILE);
+        let mut f = AcceptFailures::default();
+        let t0 = std::time::Instant::now();
+        let first = f.note(&e, t0).expect("the first failure is logged");
+        assert!(first.starts_with("accept failed: ") && !first.contains("since"), "{first}");
+        // ~20 a second (the back-off): none logged until the interval has passed.
+        let step = AcceptFailures::BACKOFF;
+        let mut at = t0;
+        for _ in 0..(AcceptFailures::LOG_EVERY.as_millis() / step.as_millis() - 1) {
+            at += step;
+            assert_eq!(f.note(&e, at), None);
+        }
+        at += step;
+        let next = f.note(&e, at).expect("logged again after LOG_EVERY");
+        assert!(next.ends_with("(200 failures since the last warning)"), "{next}");
+        assert_eq!(f.note(&e, at + step), None);
+    }
 
     /// Accepts one connection made after `accept` starts; gives its socket options
     /// (nodelay, keepalive, idle time before the first probe when on).
