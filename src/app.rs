@@ -200,6 +200,7 @@ impl App {
         self.users.store(users.clone());
         self.set_config(cfg.clone());
         self.pools.reload(&cfg, &users);
+        self.wake_for_timeouts(&old.general, &cfg.general);
         info!("configuration reloaded");
         Ok(())
     }
@@ -231,7 +232,21 @@ impl App {
         let cfg = Arc::new(cfg);
         self.set_config(cfg.clone());
         self.pools.reload(&cfg, &self.users.load());
+        self.wake_for_timeouts(&old.general, &cfg.general);
         Ok(())
+    }
+
+    /// Wakes every session when a reload or SET changed a client timeout: it reads them
+    /// again (its reload count moved), so waits under way (an idle client, a
+    /// transaction left idle) count with the new values, as PgBouncer applies them to
+    /// clients already connected.
+    fn wake_for_timeouts(&self, old: &General, new: &General) {
+        let timeouts = |g: &General| (g.query_timeout, g.idle_transaction_timeout, g.client_idle_timeout);
+        if timeouts(old) != timeouts(new) {
+            for c in self.client_infos.list() {
+                c.wake();
+            }
+        }
     }
 
     /// Puts `cfg` in place (the caller holds `config_writes`) and applies its
@@ -321,7 +336,7 @@ pub async fn run(app: Arc<App>, listeners: Vec<Listener>) {
         tokio::select! {
             _ = wait_for_no_clients(&app) => break,
             _ = phase.changed() => {}
-            _ = sleep_opt(limit) => {
+            _ = crate::clock::sleep_opt(limit) => {
                 warn!("shutdown_timeout reached with {} clients left", app.client_count());
                 break;
             }
@@ -341,13 +356,6 @@ async fn wait_for_no_clients(app: &App) {
             return;
         }
         notified.await;
-    }
-}
-
-async fn sleep_opt(d: Option<Duration>) {
-    match d {
-        Some(d) => tokio::time::sleep(d).await,
-        None => std::future::pending().await,
     }
 }
 
@@ -438,6 +446,7 @@ async fn janitor(app: Arc<App>) {
             let counts = pool.counts();
             if counts.waiting > 0 {
                 tracing::debug!(db = %pool.key.database, user = %pool.key.user, ?counts, "clients waiting");
+                pool.retry_for_waiters();
             }
             let missing = pool.maintain();
             if missing > 0 {

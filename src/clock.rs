@@ -43,6 +43,15 @@ pub fn coarse_wall_us() -> u64 {
     }
 }
 
+/// Sleeps for `d`, or for ever when None (a timeout that is off): a `select!` branch
+/// for an optional deadline.
+pub async fn sleep_opt(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -344,13 +344,21 @@ pub struct Unnamed {
 pub struct TextEffects {
     /// DEALLOCATE ALL / DISCARD ALL: empties the server's (and the client's) statements.
     pub command: Option<SqlCommand>,
-    /// May change what later statements parse to (`may_change_parsing`).
+    /// May change what later statements parse to (`SetTarget::changes_parsing`).
     pub sets_parsing: bool,
+    /// May change a session setting PostgreSQL does not report
+    /// (`SetTarget::sets_session`).
+    pub sets_session: bool,
 }
 
 impl TextEffects {
     pub fn of(sql: &[u8]) -> TextEffects {
-        TextEffects { command: sql_command(sql).filter(SqlCommand::empties), sets_parsing: may_change_parsing(sql) }
+        let set = SetTarget::of(sql);
+        TextEffects {
+            command: sql_command(sql).filter(SqlCommand::empties),
+            sets_parsing: set.changes_parsing(),
+            sets_session: set.sets_session(),
+        }
     }
 }
 
@@ -373,30 +381,73 @@ const PARSE_NEUTRAL: [&[u8]; 8] = [
     b"transaction",
 ];
 
-/// Whether a statement text may run a SET or RESET that changes what later statements
-/// parse to or return (`search_path`, the role, `DateStyle`, `standard_conforming_strings`,
-/// `RESET ALL`...): every SET and RESET counts except those of the few settings in
-/// `PARSE_NEUTRAL` (`SET LOCAL statement_timeout`, `SET TRANSACTION ...`). A text
-/// holding more than one statement counts; callers count a text they could not read
-/// whole. Cheap for the usual text: one word compared and one byte searched.
-pub fn may_change_parsing(sql: &[u8]) -> bool {
-    let word = first_word(sql);
-    let set = word.eq_ignore_ascii_case(b"set");
-    if !set && !word.eq_ignore_ascii_case(b"reset") {
-        return more_than_one_statement(sql);
+/// What a statement text SETs or RESETs, as far as its first words tell. Cheap for the
+/// usual text: one word compared and one byte searched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetTarget<'a> {
+    /// One statement, not a SET or RESET.
+    Nothing,
+    /// More than one statement (or a text not read whole): any may SET anything.
+    Unknown,
+    /// `SET [SESSION | LOCAL] name ...` or `RESET name` (`name` empty when it is not a
+    /// plain identifier).
+    Setting { reset: bool, local: bool, name: &'a [u8] },
+}
+
+impl SetTarget<'_> {
+    pub fn of(sql: &[u8]) -> SetTarget<'_> {
+        let word = first_word(sql);
+        let set = word.eq_ignore_ascii_case(b"set");
+        if !set && !word.eq_ignore_ascii_case(b"reset") {
+            return if more_than_one_statement(sql) { SetTarget::Unknown } else { SetTarget::Nothing };
+        }
+        if more_than_one_statement(sql) {
+            return SetTarget::Unknown;
+        }
+        let mut rest = after_word(sql);
+        let mut local = false;
+        if set {
+            let scope = first_word(rest);
+            local = scope.eq_ignore_ascii_case(b"local");
+            if local || scope.eq_ignore_ascii_case(b"session") {
+                rest = after_word(rest);
+            }
+        }
+        SetTarget::Setting { reset: !set, local, name: setting_name(rest) }
     }
-    if more_than_one_statement(sql) {
-        return true;
-    }
-    let mut rest = after_word(sql);
-    if set {
-        let scope = first_word(rest);
-        if scope.eq_ignore_ascii_case(b"session") || scope.eq_ignore_ascii_case(b"local") {
-            rest = after_word(rest);
+
+    /// Whether it may change what later statements parse to or return (`search_path`,
+    /// the role, `DateStyle`, `standard_conforming_strings`, `RESET ALL`...): every SET
+    /// and RESET counts except those of the few settings in `PARSE_NEUTRAL` (`SET LOCAL
+    /// statement_timeout`, `SET TRANSACTION ...`).
+    pub fn changes_parsing(self) -> bool {
+        match self {
+            SetTarget::Nothing => false,
+            SetTarget::Unknown => true,
+            SetTarget::Setting { name, .. } => !PARSE_NEUTRAL.iter().any(|n| n.eq_ignore_ascii_case(name)),
         }
     }
-    let name = setting_name(rest);
-    !PARSE_NEUTRAL.iter().any(|n| n.eq_ignore_ascii_case(name))
+
+    /// Whether it may change a session setting PostgreSQL does not report, so that
+    /// what a server is recorded as carrying for clients may no longer hold
+    /// (`ServerConn::settings_changed`). `SET LOCAL`, `SET TRANSACTION` and `SET
+    /// CONSTRAINTS` last only to the transaction's end, and a reported setting is
+    /// followed through ParameterStatus: those do not count.
+    pub fn sets_session(self) -> bool {
+        match self {
+            SetTarget::Nothing | SetTarget::Setting { local: true, .. } => false,
+            SetTarget::Unknown => true,
+            SetTarget::Setting { reset, name, .. } => {
+                let scoped =
+                    !reset && (name.eq_ignore_ascii_case(b"transaction") || name.eq_ignore_ascii_case(b"constraints"));
+                // A setting reported whatever the server's version (`params::REPORTED`
+                // but `search_path`, reported only from PostgreSQL 18 on).
+                let reported = std::str::from_utf8(name)
+                    .is_ok_and(|n| crate::params::is_reported(n) && !n.eq_ignore_ascii_case("search_path"));
+                !scoped && !reported
+            }
+        }
+    }
 }
 
 /// What follows the first word.
@@ -536,6 +587,38 @@ mod tests {
     }
 
     #[test]
+    fn session_sets_of_settings_not_reported_are_seen() {
+        for sql in [
+            "SET statement_timeout = 0",
+            "set session statement_timeout to 5",
+            "RESET ALL",
+            "reset extra_float_digits",
+            "SET search_path = app",
+            "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "SET \"statement_timeout\" = 5",
+            "set time zone 'UTC'",
+            "set local statement_timeout = 5; set work_mem = '1MB'",
+            "select 1; select 2",
+        ] {
+            assert!(SetTarget::of(sql.as_bytes()).sets_session(), "{sql}");
+        }
+        for sql in [
+            "SET LOCAL statement_timeout = 5000",
+            "set local app.tenant = '42'",
+            "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+            "SET CONSTRAINTS ALL DEFERRED",
+            "SET application_name = 'installer'",
+            "reset TimeZone",
+            "SET SESSION DateStyle = ISO",
+            "select set_config('a.b', 'c', false)",
+            "select 1",
+            "",
+        ] {
+            assert!(!SetTarget::of(sql.as_bytes()).sets_session(), "{sql}");
+        }
+    }
+
+    #[test]
     fn every_set_but_a_few_neutral_ones_changes_parsing() {
         for sql in [
             "SET search_path = app, public",
@@ -551,7 +634,7 @@ mod tests {
             "set statement_timeout = 5; set search_path = x",
             "select 1; set statement_timeout = 5",
         ] {
-            assert!(may_change_parsing(sql.as_bytes()), "{sql}");
+            assert!(SetTarget::of(sql.as_bytes()).changes_parsing(), "{sql}");
         }
         for sql in [
             "SET statement_timeout = 5000",
@@ -566,7 +649,7 @@ mod tests {
             "",
             "   ",
         ] {
-            assert!(!may_change_parsing(sql.as_bytes()), "{sql}");
+            assert!(!SetTarget::of(sql.as_bytes()).changes_parsing(), "{sql}");
         }
     }
 }

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::raw::{Raw, bind, execute, first_value, flush, parse, query, sync, tags};
-use common::{PgCluster, Role, Sluice, code, connect, eventually, try_connect, value, wait_until};
+use common::{PgCluster, Role, Sluice, Stopped, code, connect, eventually, try_connect, value, wait_until};
 
 /// Polls the admin console (as `u_scram`, an admin user) until the pool of `db` and
 /// `user` has a client waiting; false after 10 s.
@@ -39,7 +39,7 @@ async fn server_terminated_mid_transaction_gives_08006_and_frees_the_slot() {
     a.simple_query("begin").await.unwrap();
     let pid = value(&a, "select pg_backend_pid()").await;
     let running = tokio::spawn(async move { a.simple_query("select pg_sleep(30)").await.map(|_| ()) });
-    assert!(wait_until(Duration::from_secs(5), || pg.backends("query like '%pg_sleep(30)%'") == 1));
+    assert!(wait_until(Duration::from_secs(20), || pg.backends("query like '%pg_sleep(30)%'") == 1));
     pg.psql(&format!("select pg_terminate_backend({pid})"));
     let Err(e) = running.await.unwrap() else { panic!("the server is gone") };
     assert_eq!(code(&e), "08006", "{e}");
@@ -71,16 +71,16 @@ fn client_idle_timeout_closes_an_idle_client() {
     let pg = PgCluster::start();
     let s = Sluice::builder(&pg)
         .general("auth_type", "\"trust\"")
-        .general("client_idle_timeout", "0.5")
+        .general("client_idle_timeout", "1.5")
         .database("app", &[("pool_size", "1")])
         .start();
     let mut a = Raw::login(s.port, "u_trust", "app");
     let sent = std::time::Instant::now();
-    a.send(&query("select pg_backend_pid() from pg_sleep(1)"));
+    a.send(&query("select pg_backend_pid() from pg_sleep(2)"));
     let pid = first_value(&a.until_ready());
     a.expect_error("08P01", "client_idle_timeout");
-    // One second running, then half a second idle.
-    assert!(sent.elapsed() >= Duration::from_millis(1400), "closed after {:?}", sent.elapsed());
+    // Two seconds running, then one and a half idle.
+    assert!(sent.elapsed() >= Duration::from_millis(3400), "closed after {:?}", sent.elapsed());
     assert!(a.closed());
     // The server was not closed with the client: the next client gets the same one.
     let mut b = Raw::login(s.port, "u_trust", "app");
@@ -91,7 +91,9 @@ fn client_idle_timeout_closes_an_idle_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restart_under_load_is_survived() {
     let mut pg = PgCluster::start();
-    let s = sluice(&pg, &[], 4);
+    // The connects that fail while PostgreSQL is down hold new ones back for 1 s (15 s
+    // by default): service is back within that of PostgreSQL.
+    let s = sluice(&pg, &[("server_login_retry", "1")], 4);
     let port = s.port;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let served = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
@@ -224,10 +226,46 @@ async fn query_wait_timeout_then_recovery() {
     assert_eq!(value(&c, "select 1").await, "1");
 }
 
+/// A change of the client timeouts (admin SET, as a reload) reaches clients already
+/// connected, as in PgBouncer, waits under way included: a statement begun after it is
+/// cut at the new `query_timeout`; a client idle since before it is closed at the new
+/// `client_idle_timeout`, one idle in a transaction at the new
+/// `idle_transaction_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_changed_from_the_console_reach_connected_clients() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[("admin_users", r#"["u_scram"]"#)], 3);
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&a, "select 1").await, "1");
+    assert_eq!(value(&b, "select 1").await, "1");
+    let idle_from = std::time::Instant::now();
+    c.simple_query("begin").await.unwrap();
+    let console = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "pgbouncer").await;
+    for set in ["SET query_timeout = 2", "SET idle_transaction_timeout = 3"] {
+        console.simple_query(set).await.unwrap();
+    }
+    let started = std::time::Instant::now();
+    let e = a.simple_query("select pg_sleep(15)").await.expect_err("the statement ran past query_timeout");
+    assert_eq!(code(&e), "57014", "{e}");
+    assert!(started.elapsed() < Duration::from_secs(12), "cut after {:?}", started.elapsed());
+    let closed = eventually(Duration::from_secs(20), || async { c.is_closed() }).await;
+    assert!(closed, "the client idle in a transaction since before the change was not closed");
+    // b has been idle 7 s when a 5 s client_idle_timeout is set: it is closed at once,
+    // its idle time counted from its last query, not from the change.
+    tokio::time::sleep_until((idle_from + Duration::from_secs(7)).into()).await;
+    console.simple_query("SET client_idle_timeout = 5").await.unwrap();
+    let set_at = std::time::Instant::now();
+    let closed = eventually(Duration::from_secs(20), || async { b.is_closed() }).await;
+    assert!(closed, "the client idle since before the change was not closed");
+    assert!(set_at.elapsed() < Duration::from_millis(3500), "closed {:?} after the change", set_at.elapsed());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_transaction_and_query_timeouts() {
     let pg = PgCluster::start();
-    let s = sluice(&pg, &[("idle_transaction_timeout", "0.5"), ("query_timeout", "1")], 1);
+    let s = sluice(&pg, &[("idle_transaction_timeout", "0.5"), ("query_timeout", "3")], 1);
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     a.simple_query("create table idle_t (a int)").await.unwrap();
     a.simple_query("begin; insert into idle_t values (1)").await.unwrap();
@@ -310,13 +348,20 @@ async fn idle_servers_are_retired_and_min_pool_size_kept() {
     let clients: Vec<_> =
         futures_util::future::join_all((0..4).map(|_| connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app")))
             .await;
-    futures_util::future::join_all(clients.iter().map(|c| c.simple_query("select pg_sleep(0.3)"))).await;
+    // Four transactions open at once hold four servers while they are counted.
+    futures_util::future::join_all(clients.iter().map(|c| c.simple_query("begin"))).await;
     let n = |pg: &PgCluster| pg.backends(&format!("usename = '{}'", Role::SCRAM.name));
-    assert!(wait_until(Duration::from_secs(5), || n(&pg) == 4), "expected 4 servers, saw {}", n(&pg));
-    assert!(wait_until(Duration::from_secs(10), || n(&pg) == 2), "idle servers not retired down to min_pool_size");
-    // and min_pool_size is restored after servers die
-    pg.psql(&format!("select pg_terminate_backend(pid) from pg_stat_activity where usename = '{}'", Role::SCRAM.name));
-    assert!(wait_until(Duration::from_secs(10), || n(&pg) == 2), "min_pool_size not restored");
+    assert!(wait_until(Duration::from_secs(20), || n(&pg) == 4), "expected 4 servers, saw {}", n(&pg));
+    futures_util::future::join_all(clients.iter().map(|c| c.simple_query("commit"))).await;
+    assert!(wait_until(Duration::from_secs(20), || n(&pg) == 2), "idle servers not retired down to min_pool_size");
+    // and min_pool_size is restored after servers die: two others, the killed ones gone
+    let killed = pg.psql(&format!(
+        "select string_agg(pid::text, ',') from pg_stat_activity where usename = '{}'",
+        Role::SCRAM.name
+    ));
+    pg.psql(&format!("select pg_terminate_backend(pid) from pg_stat_activity where pid in ({killed})"));
+    let restored = || n(&pg) == 2 && pg.backends(&format!("pid in ({killed})")) == 0;
+    assert!(wait_until(Duration::from_secs(20), restored), "min_pool_size not restored");
 }
 
 /// `query_wait_timeout` is the one in force, counted from when each wait began (as in
@@ -384,11 +429,11 @@ async fn min_pool_size_beyond_the_pool_fills_it_and_stops() {
     // Clients keep being served over the next janitor rounds (one a second).
     let until = std::time::Instant::now() + Duration::from_millis(2500);
     while std::time::Instant::now() < until {
-        let other = tokio::time::timeout(Duration::from_secs(5), async {
+        let other = tokio::time::timeout(Duration::from_secs(20), async {
             let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
             c.simple_query("select 1").await.map(|_| ())
         });
-        other.await.expect("a client was not served within 5 s").unwrap();
+        other.await.expect("a client was not served within 20 s").unwrap();
     }
     assert_eq!(n(&pg), 2);
 }
@@ -415,7 +460,9 @@ async fn shared_connection_limits_queue_then_rebalance() {
     // a's server is idle in its own pool: b's pool gets room by closing it.
     let b = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
     assert_eq!(value(&b, "select current_user").await, Role::MD5.name);
-    assert_eq!(servers(&pg), 1);
+    // (The closed server's backend may take a moment to leave pg_stat_activity.)
+    let one = tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || servers(&pg) == 1));
+    assert!(one, "{} server connections under max_db_connections = 1", servers(&pg));
     // max_user_connections = 1 across databases for u_scram
     let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app2").await;
     c.simple_query("begin").await.unwrap();
@@ -510,25 +557,6 @@ async fn a_reset_query_past_internal_query_timeout_closes_the_server() {
     assert!(wait_until(Duration::from_secs(10), || sleeping() == 0), "the timed-out reset query still runs");
 }
 
-/// Resumes a stopped backend however the test ends, so the cluster can shut down.
-struct Stopped(i32);
-
-impl Stopped {
-    fn new(pid: &str) -> Self {
-        let pid: i32 = pid.parse().expect("a backend pid");
-        // SAFETY: kill(2) on a PostgreSQL backend of this test's own cluster.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "cannot stop backend {pid}");
-        Stopped(pid)
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        // SAFETY: as above.
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
-    }
-}
-
 /// A server that stops answering (its backend frozen with SIGSTOP) fails its check
 /// query within `internal_query_timeout`: it is closed, and the client is served by a
 /// new server instead of hanging.
@@ -536,12 +564,12 @@ impl Drop for Stopped {
 async fn a_frozen_server_fails_its_check_within_internal_query_timeout() {
     let pg = PgCluster::start();
     // server_check_delay 0: every loan checks the server first.
-    let extra = [("server_check_delay", "0"), ("internal_query_timeout", "3")];
+    let extra = [("server_check_delay", "0"), ("internal_query_timeout", "8")];
     let s = sluice(&pg, &extra, 1);
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let first = value(&a, "select pg_backend_pid()").await;
     let _frozen = Stopped::new(&first);
-    let next = tokio::time::timeout(Duration::from_secs(15), value(&a, "select pg_backend_pid()"))
+    let next = tokio::time::timeout(Duration::from_secs(40), value(&a, "select pg_backend_pid()"))
         .await
         .expect("the client hung on a frozen server");
     assert_ne!(next, first);
@@ -551,16 +579,16 @@ async fn a_frozen_server_fails_its_check_within_internal_query_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_server_fails_its_check_at_a_session_mode_login() {
     let pg = PgCluster::start();
-    let extra = [("server_check_delay", "0"), ("internal_query_timeout", "3"), ("pool_mode", "\"session\"")];
+    let extra = [("server_check_delay", "0"), ("internal_query_timeout", "8"), ("pool_mode", "\"session\"")];
     let s = sluice(&pg, &extra, 1);
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let first = value(&a, "select pg_backend_pid()").await;
     drop(a);
     // Reset (DISCARD ALL) and back in the pool before it is frozen.
     let reset = format!("pid = {first} and state = 'idle' and query = 'DISCARD ALL'");
-    assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(&reset) == 1)));
+    assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(30), || pg.backends(&reset) == 1)));
     let _frozen = Stopped::new(&first);
-    let b = tokio::time::timeout(Duration::from_secs(15), async {
+    let b = tokio::time::timeout(Duration::from_secs(40), async {
         let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
         value(&b, "select pg_backend_pid()").await
     });

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use common::raw::{Raw, first_value, query, startup};
 use common::{
-    PgCluster, Role, Sluice, clients_waiting, code, connect, one_client_queued, try_connect, value, wait_until,
+    PgCluster, Role, Sluice, cancel_processed, clients_waiting, code, connect, one_client_queued, try_connect, value,
+    wait_until,
 };
 use futures_util::StreamExt;
 use tokio_postgres::{AsyncMessage, NoTls};
@@ -131,6 +132,68 @@ async fn parameters_are_isolated_between_clients() {
     let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     assert_eq!(value(&c, "select current_setting('application_name')").await, "");
     assert_ne!(value(&c, "show TimeZone").await, "Asia/Tokyo");
+}
+
+/// A client of database `app` with `option` (`name=value`) set at connect time.
+async fn with_option(s: &Sluice, option: &str) -> tokio_postgres::Client {
+    let url = format!(
+        "host=127.0.0.1 port={} user={} password={} dbname=app options='-c {option}'",
+        s.port,
+        Role::SCRAM.name,
+        Role::SCRAM.password
+    );
+    let (c, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+    tokio::spawn(conn);
+    c
+}
+
+/// A client's SET or RESET of a setting PostgreSQL does not report (ParameterStatus)
+/// can undo, on the server it shares, a setting another client asked for at connect
+/// time (`options`): that client is given its setting again on its next transaction
+/// there. (Both clients ask for the same settings, so the server was taken to carry
+/// them.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_time_settings_hold_after_another_clients_set_or_reset() {
+    let pg = PgCluster::start();
+    let s = pooled(&pg, "transaction", 1);
+    let rounds = [
+        ("statement_timeout=4321", "statement_timeout", "4321ms", "set statement_timeout = 0"),
+        ("statement_timeout=4321", "statement_timeout", "4321ms", "reset all"),
+        ("search_path=s_x,public", "search_path", "s_x,public", "reset all"),
+        ("search_path=s_x,public", "search_path", "s_x,public", "set search_path = public"),
+    ];
+    for (option, name, want, change) in rounds {
+        let (a, b) = (with_option(&s, option).await, with_option(&s, option).await);
+        assert_eq!(value(&b, &format!("show {name}")).await, want);
+        a.simple_query(change).await.unwrap();
+        assert_eq!(value(&b, &format!("show {name}")).await, want, "after the other client's {change}");
+    }
+}
+
+/// A client's `SET LOCAL`, `SET TRANSACTION` or SET of a reported setting leaves the
+/// record of what a server carries for clients standing: the next client with the
+/// same connect-time settings is served without them being set again (no `RESET ALL`
+/// per transaction), and still has them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_scoped_sets_leave_the_record_of_a_servers_settings_standing() {
+    let pg = PgCluster::start();
+    pg.psql("alter role u_scram set log_statement = 'all'");
+    let s = pooled(&pg, "transaction", 1);
+    let option = "statement_timeout=4321";
+    let (a, b) = (with_option(&s, option).await, with_option(&s, option).await);
+    assert_eq!(value(&b, "show statement_timeout").await, "4321ms");
+    let resets = || pg.log().matches("RESET ALL").count();
+    let before = resets();
+    for _ in 0..3 {
+        for sql in
+            ["begin", "set transaction isolation level repeatable read", "set local statement_timeout = 5", "commit"]
+        {
+            a.simple_query(sql).await.unwrap();
+        }
+        a.simple_query("set application_name = 'a'").await.unwrap();
+        assert_eq!(value(&b, "show statement_timeout").await, "4321ms");
+    }
+    assert_eq!(resets(), before, "RESET ALL sent after transaction-scoped SETs:\n{}", pg.log());
 }
 
 /// A client that leaves in the middle of a transaction after a SET: Sluice's ROLLBACK
@@ -324,7 +387,7 @@ async fn session_mode_is_transparent() {
     let token = a.cancel_token();
     let sleeper = tokio::spawn(async move { a.simple_query("select pg_sleep(30)").await });
     assert!(active(&pg, "pg_sleep(30)"), "the query to cancel never started");
-    token.cancel_query(NoTls).await.unwrap();
+    cancel_processed(s.port, &token).await;
     let r = tokio::time::timeout(Duration::from_secs(10), sleeper).await.unwrap().unwrap();
     assert_eq!(r.err().map(|e| code(&e)).as_deref(), Some("57014"));
     // pg_terminate_backend on the pid the client sees ends that client.
@@ -384,7 +447,7 @@ async fn cancel_reaches_a_client_waiting_for_a_server() {
         let queued =
             tokio::task::spawn_blocking(move || one_client_queued(port, Role::SCRAM.name, Role::SCRAM.password, "app"));
         assert!(queued.await.unwrap(), "b never queued for the only server");
-        b.cancel_token().cancel_query(NoTls).await.unwrap();
+        cancel_processed(s.port, &b.cancel_token()).await;
         let r = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("the cancel ends the wait");
         let e = r.unwrap().expect_err("the waiting statement was cancelled");
         assert_eq!(code(&e), "57014", "extended: {extended}: {e}");
@@ -481,11 +544,11 @@ async fn cancel_after_release_does_not_reach_the_next_client() {
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let pid = value(&a, "select pg_backend_pid()").await;
-    let slow_b = tokio::spawn(async move { b.simple_query("select pg_sleep(3)").await.map(|_| ()) });
-    assert!(active(&pg, "pg_sleep(3)"), "the query never started");
-    assert_eq!(pg.backends(&format!("pid = {pid} and query like '%pg_sleep(3)%'")), 1, "not on A's former server");
-    a.cancel_token().cancel_query(NoTls).await.unwrap();
-    let rb = tokio::time::timeout(Duration::from_secs(10), slow_b).await.unwrap().unwrap();
+    let slow_b = tokio::spawn(async move { b.simple_query("select pg_sleep(6)").await.map(|_| ()) });
+    assert!(active(&pg, "pg_sleep(6)"), "the query never started");
+    assert_eq!(pg.backends(&format!("pid = {pid} and query like '%pg_sleep(6)%'")), 1, "not on A's former server");
+    cancel_processed(s.port, &a.cancel_token()).await;
+    let rb = tokio::time::timeout(Duration::from_secs(20), slow_b).await.unwrap().unwrap();
     assert!(rb.is_ok(), "A's cancel reached B's query: {rb:?}");
 }
 
@@ -501,10 +564,10 @@ async fn session_mode_cancel_key_dies_with_its_client() {
     drop(a);
     let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     assert_eq!(value(&b, "select pg_backend_pid()").await, pid, "not the same server");
-    let slow_b = tokio::spawn(async move { b.simple_query("select pg_sleep(3)").await.map(|_| ()) });
-    assert!(active(&pg, "pg_sleep(3)"), "the query never started");
-    token.cancel_query(NoTls).await.unwrap();
-    let rb = tokio::time::timeout(Duration::from_secs(10), slow_b).await.unwrap().unwrap();
+    let slow_b = tokio::spawn(async move { b.simple_query("select pg_sleep(6)").await.map(|_| ()) });
+    assert!(active(&pg, "pg_sleep(6)"), "the query never started");
+    cancel_processed(s.port, &token).await;
+    let rb = tokio::time::timeout(Duration::from_secs(20), slow_b).await.unwrap().unwrap();
     assert!(rb.is_ok(), "the departed client's cancel reached the next client's query: {rb:?}");
 }
 
@@ -516,17 +579,20 @@ async fn cancel_hits_only_that_client(mode: &str) {
     if mode != "session" {
         // Cancelling a client between transactions sends nothing (in session mode the
         // client's own server would get it, and the signal could land on the next query).
-        a.cancel_token().cancel_query(NoTls).await.unwrap();
+        cancel_processed(s.port, &a.cancel_token()).await;
         assert_eq!(value(&a, "select 1").await, "1");
     }
     let token = a.cancel_token();
     let slow_a = tokio::spawn(async move { a.simple_query("select pg_sleep(30)").await.map(|_| ()) });
-    let slow_b = tokio::spawn(async move { b.simple_query("select pg_sleep(1)").await.map(|_| ()) });
-    assert!(active(&pg, "pg_sleep(30)") && active(&pg, "pg_sleep(1)"), "the queries never started");
-    token.cancel_query(NoTls).await.unwrap();
-    let ra = tokio::time::timeout(Duration::from_secs(10), slow_a).await.unwrap().unwrap();
+    let slow_b = tokio::spawn(async move { b.simple_query("select pg_sleep(5)").await.map(|_| ()) });
+    // Both seen running in one look (b's query must still run when the cancel comes).
+    let both = "state = 'active' and (query like '%pg_sleep(30)%' or query like '%pg_sleep(5)%')";
+    let started = tokio::task::block_in_place(|| wait_until(Duration::from_secs(20), || pg.backends(both) == 2));
+    assert!(started, "the queries never started");
+    cancel_processed(s.port, &token).await;
+    let ra = tokio::time::timeout(Duration::from_secs(20), slow_a).await.unwrap().unwrap();
     assert_eq!(ra.err().map(|e| code(&e)).as_deref(), Some("57014"));
-    let rb = tokio::time::timeout(Duration::from_secs(10), slow_b).await.unwrap().unwrap();
+    let rb = tokio::time::timeout(Duration::from_secs(20), slow_b).await.unwrap().unwrap();
     assert!(rb.is_ok(), "the other client's query must not be cancelled: {rb:?}");
 }
 

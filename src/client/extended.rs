@@ -94,9 +94,12 @@ pub struct Extended {
     /// the pool's generation so other servers re-prepare them.
     pub stale: Vec<(u64, u64)>,
     /// This exchange ran, or bound for running, a statement that may SET what later
-    /// statements parse to (`prepared::may_change_parsing`, worked out once per text):
+    /// statements parse to (`prepared::SetTarget::changes_parsing`, worked out once per text):
     /// a SET or RESET completing counts as DDL.
     pub parsing_set: bool,
+    /// Likewise, a statement that may SET a session setting PostgreSQL does not report
+    /// (`prepared::SetTarget::sets_session`): a SET or RESET completing counts as such.
+    pub session_set: bool,
 }
 
 impl Extended {
@@ -141,6 +144,7 @@ impl Extended {
         }
         self.stale.clear();
         self.parsing_set = false;
+        self.session_set = false;
     }
 
     fn push(&mut self, kind: Kind, reply: Reply, stmt: Option<u64>) {
@@ -442,6 +446,7 @@ impl Extended {
             self.last_bind_command = effects.command;
             // Its execution in this exchange may SET what later statements parse to.
             self.parsing_set |= effects.sets_parsing;
+            self.session_set |= effects.sets_session;
         }
         self.queue.push_back(Expect::new(kind, Reply::Forward, stmt).with(effect));
         Ok(())
@@ -545,9 +550,11 @@ impl Extended {
         cx.server.unnamed = 0;
         let sql = m.frame.filter(|f| f.len() == m.frame_len).and_then(|f| crate::protocol::read_cstr(body(f)));
         let sql = sql.map(|(sql, _)| sql);
-        if !self.parsing_set {
+        if !self.parsing_set || !self.session_set {
             // A text not read whole (long) may hold any statement.
-            self.parsing_set = sql.is_none_or(prepared::may_change_parsing);
+            let set = sql.map_or(prepared::SetTarget::Unknown, prepared::SetTarget::of);
+            self.parsing_set |= set.changes_parsing();
+            self.session_set |= set.sets_session();
         }
         match sql.and_then(prepared::sql_command) {
             Some(c @ (SqlCommand::Deallocate(_) | SqlCommand::DeallocateAll)) => Ok(self.on_deallocate(c, m, sp, cx)),

@@ -6,6 +6,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use rustls::ServerConfig;
@@ -14,7 +15,7 @@ use tracing::{info, warn};
 
 use super::interrupt::{Interrupt, interruption};
 use super::session::{Session, pool_failure};
-use super::{ClientConn, Exit};
+use super::{ClientConn, Exit, WAITING_INPUT_LIMIT};
 use crate::admin::{self, AdminSession};
 use crate::app::{App, Phase};
 use crate::auth::client::{AuthFailure, authenticate};
@@ -48,9 +49,47 @@ fn current_pool(app: &App, database: &str, user: &str) -> Option<Arc<crate::pool
     }
 }
 
-/// Runs the login; Ok gives a session ready to serve queries.
-pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Exit> {
-    let msg = handshake(app, conn).await?;
+/// When a login must be through the steps `client_login_timeout` bounds (counted from
+/// the accept): the handshake, TLS and authentication, and a wait for a pool's first
+/// server. None: no limit.
+#[derive(Clone, Copy, Debug)]
+pub struct LoginDeadline(Option<tokio::time::Instant>);
+
+impl LoginDeadline {
+    /// For a step the deadline does not bound.
+    const NONE: LoginDeadline = LoginDeadline(None);
+
+    /// The deadline `limit` from now (None: no limit).
+    pub fn after(limit: Option<Duration>) -> Self {
+        LoginDeadline(limit.and_then(|t| tokio::time::Instant::now().checked_add(t)))
+    }
+
+    /// Runs a step of the login until it ends or the deadline passes. The step comes
+    /// pinned by the caller (see `until_shutdown`).
+    async fn bound<T, F>(self, step: Pin<&mut F>) -> Result<T, Exit>
+    where
+        F: Future<Output = Result<T, Exit>> + ?Sized,
+    {
+        match self.0 {
+            Some(at) => tokio::time::timeout_at(at, step)
+                .await
+                .unwrap_or_else(|_| Err(Exit::protocol("client_login_timeout: login took too long"))),
+            None => step.await,
+        }
+    }
+}
+
+/// Runs the login; Ok gives a session ready to serve queries. `deadline` bounds the
+/// handshake and authentication, and the wait for a server only in a pool that has
+/// not had one yet (PgBouncer's "client_login_timeout (server down)"): once a pool
+/// knows its server's defaults, a login waiting for a server (session mode, or
+/// settings to check) waits as any request does, under `query_wait_timeout`.
+pub async fn login(app: &Arc<App>, conn: &mut ClientConn, deadline: LoginDeadline) -> Result<LoggedIn, Exit> {
+    let msg = {
+        let shaking = handshake(app, conn);
+        tokio::pin!(shaking);
+        deadline.bound(shaking).await?
+    };
     if app.current_phase() != Phase::Running {
         return refused_shutting_down();
     }
@@ -66,7 +105,8 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
         return Err(Exit::fatal(sqlstate::FEATURE_NOT_SUPPORTED, "replication connections are not supported"));
     }
     if admin::is_admin_database(&cfg, database) {
-        return admin_login(app, conn, &cfg, user, database, &msg).await.map(|a| LoggedIn::Admin(Box::new(a)));
+        let admin = admin_login(app, conn, &cfg, user, database, &msg, deadline).await;
+        return admin.map(|a| LoggedIn::Admin(Box::new(a)));
     }
     if !cfg.databases.contains_key(database) {
         return Err(Exit::fatal(sqlstate::INVALID_CATALOG_NAME, format!("database \"{database}\" does not exist")));
@@ -81,7 +121,7 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
     // CLIENTS has the application_name while the client authenticates.
     let params = client_params(&msg)?;
     let app_name = params.get("application_name").unwrap_or_default();
-    let (info, listed, greeting) = listed_and_proven(app, conn, &cfg, user, database, app_name).await?;
+    let (info, listed, greeting) = listed_and_proven(app, conn, &cfg, user, database, app_name, deadline).await?;
     let pool = current_pool(app, database, user).ok_or_else(|| {
         if !app.config.load().databases.contains_key(database) {
             // Removed by a reload while the client authenticated.
@@ -89,9 +129,19 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
         }
         Exit::fatal(sqlstate::INVALID_AUTHORIZATION, format!("no server login configured for user \"{user}\""))
     })?;
-    let session = match pool.settings().mode {
-        PoolMode::Session => start_session_mode(app, conn, greeting, pool, params, info.clone()).await?,
-        mode => start_pooled(app, conn, greeting, pool, params, mode, info.clone()).await?,
+    // A pool that knows its server's defaults has had a server: waiting for one now is
+    // `query_wait_timeout`'s business, with the rest of the login (the SETs are bounded
+    // by `internal_query_timeout`).
+    let deadline = if pool.learned.defaults().is_some() { LoginDeadline::NONE } else { deadline };
+    let session = {
+        let starting = async {
+            match pool.settings().mode {
+                PoolMode::Session => start_session_mode(app, conn, greeting, pool, params, info.clone()).await,
+                mode => start_pooled(app, conn, greeting, pool, params, mode, info.clone()).await,
+            }
+        };
+        tokio::pin!(starting);
+        deadline.bound(starting).await?
     };
     listed.keep();
     if cfg.general.log_connections {
@@ -102,8 +152,10 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn) -> Result<LoggedIn, Ex
 
 /// Lists the client in `App::client_infos` (SHOW CLIENTS shows it logging in; KILL and
 /// the pooler's shutdown reach it from here on) and authenticates it under its
-/// interrupt. Gives its info, the listing (which the caller keeps once the login
-/// succeeds) and what the login reply starts with (`prove`).
+/// interrupt, within `deadline`. A refused client gets its error after
+/// `auth_failure_delay`, which the deadline does not cut short. Gives its info, the
+/// listing (which the caller keeps once the login succeeds) and what the login reply
+/// starts with (`prove`).
 async fn listed_and_proven<'a>(
     app: &'a Arc<App>,
     conn: &mut ClientConn,
@@ -111,15 +163,40 @@ async fn listed_and_proven<'a>(
     user: &str,
     database: &str,
     application_name: &str,
+    deadline: LoginDeadline,
 ) -> Result<(Arc<ClientInfo>, Listed<'a>, BytesMut), Exit> {
     let info = ClientInfo::new(app.client_id(), user, database, &conn.peer, conn.stream.is_tls());
     let info = Arc::new(info.on_console(admin::is_admin_database(cfg, database)));
     *info.application_name.lock() = application_name.to_string();
     let listed = Listed::new(app, &info);
-    let proving = prove(app, conn, cfg, user, database);
+    let proving = async {
+        let proof = {
+            let proving = prove(app, conn, cfg, user, database);
+            tokio::pin!(proving);
+            deadline.bound(proving).await?
+        };
+        match proof {
+            Proof::Proven(greeting) => Ok(greeting),
+            Proof::Refused(exit) => {
+                // Under the interrupt: a KILL or the shutdown ends it early.
+                if let Some(d) = secs(cfg.general.auth_failure_delay) {
+                    tokio::time::sleep(d).await;
+                }
+                Err(exit)
+            }
+        }
+    };
     tokio::pin!(proving);
     let greeting = interruptible(app, &info, proving).await?;
     Ok((info, listed, greeting))
+}
+
+/// How an authentication exchange ended, the client still there.
+enum Proof {
+    /// What the login reply starts with (see `Proven::greeting`).
+    Proven(BytesMut),
+    /// Refused (logged already): the client gets this after `auth_failure_delay`.
+    Refused(Exit),
 }
 
 /// A client listed in `App::client_infos` while it logs in: unlisted again when the
@@ -149,18 +226,42 @@ impl Drop for Listed<'_> {
 
 /// A server for a login's round trips (session mode's own server, or learning how the
 /// server spells settings), checked as for any loan. The client waits as `waiting`
-/// (SHOW POOLS `cl_waiting`); a KILL or the pooler shutting down ends the wait.
-async fn login_checkout<'p>(app: &App, pool: &'p Arc<Pool>, info: &ClientInfo) -> Result<Borrowed<'p>, Exit> {
+/// (SHOW POOLS `cl_waiting`); a KILL or the pooler shutting down ends the wait, and so
+/// does the client leaving (it does not keep its place in the queue). What it sends
+/// meanwhile is kept for its session, up to `WAITING_INPUT_LIMIT` bytes.
+async fn login_checkout<'p>(
+    app: &App,
+    pool: &'p Arc<Pool>,
+    info: &ClientInfo,
+    conn: &mut ClientConn,
+) -> Result<Borrowed<'p>, Exit> {
     info.set_state(ClientState::Waiting);
     // Checked before the loan as a transaction's server is (`server_check_delay`).
-    let checkout = async {
+    let waiting = async {
+        // One clock for the whole wait (`query_wait_timeout`): a server that fails its
+        // check does not start it again.
+        let mut since = None;
         loop {
-            let server = pool.checkout().await.map_err(pool_failure)?;
+            let server = pool.checkout_since(&mut since).await.map_err(pool_failure)?;
             if !pool.needs_check(&server) {
                 return Ok(server);
             }
             if let Some(server) = Box::pin(pool.checked(server)).await {
                 return Ok(server);
+            }
+        }
+    };
+    let checkout = async {
+        tokio::pin!(waiting);
+        loop {
+            tokio::select! {
+                biased;
+                r = &mut waiting => return r,
+                r = conn.stream.read_buf(&mut conn.buf), if conn.buf.len() < WAITING_INPUT_LIMIT => {
+                    if matches!(r, Ok(0) | Err(_)) {
+                        return Err(Exit::Closed);
+                    }
+                }
             }
         }
     };
@@ -225,15 +326,8 @@ where
     }
 }
 
-/// Authenticates the client as `user` per `auth_type`; gives what the login reply
-/// starts with (see `Proven::greeting`).
-async fn prove(
-    app: &Arc<App>,
-    conn: &mut ClientConn,
-    cfg: &Config,
-    user: &str,
-    database: &str,
-) -> Result<BytesMut, Exit> {
+/// Authenticates the client as `user` per `auth_type`.
+async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, database: &str) -> Result<Proof, Exit> {
     let users = app.users.load_full();
     let auth_user = users.get(user).cloned();
     let cert_name = tls::peer_common_name(&conn.stream);
@@ -252,18 +346,15 @@ async fn prove(
         Ok(p) => p,
         Err(AuthFailure::Closed) => return Err(Exit::Closed),
         Err(e) => {
-            // Logged before the delay, which a KILL or the shutdown may cut short.
+            // Logged before the delay (`listed_and_proven`).
             warn!(peer = %conn.peer, user, database, client_cn = cert_name.as_deref(), "login failed: {e}");
-            if let Some(d) = secs(cfg.general.auth_failure_delay) {
-                tokio::time::sleep(d).await;
-            }
-            return Err(Exit::fatal(e.sqlstate(), e.to_string()));
+            return Ok(Proof::Refused(Exit::fatal(e.sqlstate(), e.to_string())));
         }
     };
     if let (Some(key), Some(u)) = (proven.client_key, &auth_user) {
         u.server.learn_client_key(key);
     }
-    Ok(proven.greeting)
+    Ok(Proof::Proven(proven.greeting))
 }
 
 /// Login to the admin console: the usual authentication, then `admin_users` or
@@ -275,11 +366,12 @@ async fn admin_login(
     user: &str,
     database: &str,
     msg: &StartupMessage,
+    deadline: LoginDeadline,
 ) -> Result<AdminSession, Exit> {
     let app_name = msg.get("application_name").unwrap_or_default();
     // As pooled clients are (KILL never reaches the console's clients; KILL_CLIENT and
     // the shutdown do).
-    let (info, listed, mut out) = listed_and_proven(app, conn, cfg, user, database, app_name).await?;
+    let (info, listed, mut out) = listed_and_proven(app, conn, cfg, user, database, app_name, deadline).await?;
     let Some(role) = admin::role_of(cfg, user) else {
         warn!(peer = %conn.peer, user, "admin console login refused: not in admin_users or stats_users");
         return Err(Exit::fatal(
@@ -447,7 +539,7 @@ async fn start_session_mode(
     params: ClientParams,
     info: Arc<ClientInfo>,
 ) -> Result<Session, Exit> {
-    let server = login_checkout(app, &pool, &info).await?;
+    let server = login_checkout(app, &pool, &info, conn).await?;
     let server = apply_or_fail(server, &params).await?;
     // The server's process id (notifications carry it), a secret of Sluice's.
     let key = app.cancel.register_with_pid(Some(server.cancel_key().0), &info, &pool);
@@ -478,7 +570,7 @@ async fn start_pooled(
 ) -> Result<Session, Exit> {
     let reply = match pool.learned.reply(&params) {
         Some(r) => r,
-        None => work_out_reply(app, &pool, &info, params).await?,
+        None => work_out_reply(app, conn, &pool, &info, params).await?,
     };
     out.reserve(reply.status.len() + 64);
     build::auth_ok(&mut out);
@@ -495,6 +587,7 @@ async fn start_pooled(
 /// settings equal to a server default are dropped (no SET on each checkout).
 async fn work_out_reply(
     app: &App,
+    conn: &mut ClientConn,
     pool: &Arc<Pool>,
     info: &ClientInfo,
     asked: ClientParams,
@@ -503,7 +596,7 @@ async fn work_out_reply(
     let mut defaults = learned.defaults();
     let unknown = asked.iter().any(|(k, v)| learned.canonical(k, v).is_none());
     if defaults.is_none() || unknown {
-        let server = login_checkout(app, pool, info).await?;
+        let server = login_checkout(app, pool, info, conn).await?;
         let server = apply_or_fail(server, &asked).await?;
         for (k, v) in asked.iter() {
             let canon = if is_reported(k) { server.reported(k).unwrap_or(v) } else { v };
@@ -569,7 +662,8 @@ mod tests {
     /// The login's future is moved whole into its box once per connection (`serve`), so
     /// its size is paid by every login: callgrind counted ~9,500 instructions more per
     /// connection when two wrappers each stored their step twice (9,024 bytes, against
-    /// 4,800 since). The bound catches such a growth.
+    /// 4,800 since; 4,944 once it held the `client_login_timeout` deadline). The bound
+    /// catches such a growth.
     #[tokio::test]
     async fn the_login_future_stays_small() {
         let text = "[databases.app]\n[users.u]\npassword = \"p\"\n";
@@ -579,7 +673,7 @@ mod tests {
         let (socket, addr) = listener.accept().await.unwrap();
         let (buf, peer) = (BytesMut::new(), Peer::Tcp(addr));
         let mut conn = ClientConn { stream: Stream::Tcp(socket), buf, peer, splice: Default::default() };
-        let size = std::mem::size_of_val(&login(&app, &mut conn));
+        let size = std::mem::size_of_val(&login(&app, &mut conn, LoginDeadline::after(Some(Duration::from_secs(60)))));
         assert!(size <= LOGIN_FUTURE_LIMIT, "the login future grew to {size} bytes");
     }
 

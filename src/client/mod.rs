@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tracing::{debug, info};
 
 use crate::app::{App, ClientGuard};
@@ -58,6 +58,9 @@ pub enum Exit {
     Cancel,
     /// The TLS handshake failed (nothing more can be sent to the client).
     Tls(String),
+    /// A FATAL already written (`Exit::told_at_once`), with its tail the socket did
+    /// not take then (sent with the last words).
+    Told { reason: String, rest: bytes::Bytes },
 }
 
 impl Exit {
@@ -88,6 +91,27 @@ impl Exit {
         Exit::fatal(sqlstate::ADMIN_SHUTDOWN, "terminating connection: the pooler is shutting down")
     }
 
+    /// Writes this FATAL to the client at once, before the session's server is
+    /// cleaned up (a ROLLBACK, the reset query: with a frozen server, up to
+    /// `internal_query_timeout` each), as PgBouncer sends the error first. The write is
+    /// tried without waiting; when the socket takes none of it, the FATAL stays for the
+    /// last words (`finish`), and so does a tail it did not take.
+    pub fn told_at_once(self, stream: &mut Stream) -> Exit {
+        let Exit::Fatal { code, message } = &self else { return self };
+        let mut out = BytesMut::new();
+        build::error_response(&mut out, Severity::Fatal, code, message);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut stream = std::pin::Pin::new(stream);
+        match stream.as_mut().poll_write(&mut cx, &out) {
+            std::task::Poll::Ready(Ok(n)) if n > 0 => {
+                // (TLS: records rustls holds go out with the last words' flush.)
+                let _ = stream.poll_flush(&mut cx);
+                Exit::Told { reason: self.reason(), rest: out.split_off(n).freeze() }
+            }
+            _ => self,
+        }
+    }
+
     fn reason(&self) -> String {
         match self {
             Exit::Terminated => "client terminated".into(),
@@ -95,7 +119,7 @@ impl Exit {
             Exit::Fatal { code, message } => format!("{message} ({code})"),
             Exit::Cut(reason) => format!("{reason}; closed in the middle of a message to the client"),
             Exit::Cancel => "cancel request".into(),
-            Exit::Tls(reason) => reason.clone(),
+            Exit::Tls(reason) | Exit::Told { reason, .. } => reason.clone(),
         }
     }
 }
@@ -103,16 +127,10 @@ impl Exit {
 /// Serves one client connection from accept to close.
 pub async fn serve(app: Arc<App>, stream: Stream, peer: Peer, _guard: ClientGuard) {
     let mut conn = ClientConn { stream, buf: BytesMut::with_capacity(1024), peer, splice: Default::default() };
-    let login_timeout = secs(app.config.load().general.client_login_timeout);
+    let deadline = login::LoginDeadline::after(secs(app.config.load().general.client_login_timeout));
     // Boxed: the login (TLS handshake, SCRAM) is the largest state of a client task and
     // is over after the first round trips; the task then keeps only the session's.
-    let login = Box::pin(login::login(&app, &mut conn));
-    let result = match login_timeout {
-        Some(t) => tokio::time::timeout(t, login)
-            .await
-            .unwrap_or_else(|_| Err(Exit::protocol("client_login_timeout: login took too long"))),
-        None => login.await,
-    };
+    let result = Box::pin(login::login(&app, &mut conn, deadline)).await;
     let exit = match result {
         // Boxed once per client: keeps the task's own state small (one copy of the
         // session, on the heap) while it sits idle.
@@ -128,13 +146,17 @@ pub async fn serve(app: Arc<App>, stream: Stream, peer: Peer, _guard: ClientGuar
 const LAST_WORDS_TIMEOUT: Duration = Duration::from_secs(5);
 
 async fn finish(app: &App, conn: &mut ClientConn, exit: Exit) {
-    let fatal = matches!(exit, Exit::Fatal { .. });
+    let fatal = matches!(exit, Exit::Fatal { .. } | Exit::Told { .. });
     // TLS: send close_notify. Plain sockets are simply closed when dropped (a shutdown
     // first would add a system call per connection and change nothing on the wire).
     if fatal || conn.stream.is_tls() {
         let last_words = async {
-            if let Exit::Fatal { code, message } = &exit {
-                send_error(&mut conn.stream, Severity::Fatal, code, message).await;
+            match &exit {
+                Exit::Fatal { code, message } => send_error(&mut conn.stream, Severity::Fatal, code, message).await,
+                Exit::Told { rest, .. } if !rest.is_empty() => {
+                    let _ = conn.stream.send(rest).await;
+                }
+                _ => {}
             }
             if conn.stream.is_tls() {
                 let _ = conn.stream.shutdown().await;

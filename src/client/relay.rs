@@ -12,10 +12,11 @@ use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::extended::ClientCtx;
 use super::interrupt::Interrupt;
-use super::session::{Session, sleep_opt};
-use super::track::{CopyIn, EarlySyncs};
+use super::session::Session;
+use super::track::{CopyIn, EarlySyncs, Seen};
 use super::{ClientConn, Exit};
 use crate::app::{App, Phase};
+use crate::clock::sleep_opt;
 use crate::config::PoolMode;
 use crate::net::Stream;
 use crate::net::backlog::Event;
@@ -71,7 +72,7 @@ fn query_timeout() -> Exit {
 /// server, for ever: a KILL, the shutdown's last phase (`Interrupt::ends_now`) or the
 /// query's deadline ends the wait.
 #[inline]
-async fn send_to_client(
+pub(super) async fn send_to_client(
     stream: &mut Stream,
     out: &[u8],
     interrupt: &mut Interrupt<'_, '_>,
@@ -131,6 +132,10 @@ async fn send_to_client_slowly(
     }
 }
 
+/// How much of the answers to requests sent before a client's Terminate Sluice reads
+/// and drops (`drains_after_terminate`) before it cancels the rest and closes the server.
+const DRAIN_LIMIT: usize = 1 << 20;
+
 fn reserve(buf: &mut BytesMut, chunk: usize) {
     if buf.capacity() - buf.len() < chunk / 4 {
         buf.reserve(chunk);
@@ -166,6 +171,9 @@ impl Session {
         // short exchange, few reads for a long stream.
         let mut client_chunk = 1024;
         loop {
+            if self.track.terminated && !self.drains_after_terminate() {
+                return Err(Exit::Terminated);
+            }
             if self.mode != PoolMode::Session && self.releasable() {
                 match self.track.early_syncs {
                     // Not yet: a ReadyForQuery may still come (`EarlySyncs`). (Not into a
@@ -182,6 +190,7 @@ impl Session {
                 return Err(Exit::killed());
             }
             self.check_phase()?;
+            self.follow_reloads();
             let server = self.server.as_mut().expect("relay without a server");
             reserve(&mut conn.buf, client_chunk);
             reserve(&mut server.buf, 16 * 1024);
@@ -193,7 +202,7 @@ impl Session {
             let idle_in_tx = !t.awaiting_server() && t.tx.is_some_and(|s| s != TxStatus::Idle);
             let idle_deadline =
                 self.timeouts.idle_transaction.zip(t.idle_since).map(|(d, s)| s + d).filter(|_| idle_in_tx);
-            let woke = if !self.to_server.is_empty() || self.track.ext.holding() {
+            let woke = if !self.to_server.is_empty() || self.track.ext.holding() || self.track.terminated {
                 self.wait_on_server(interrupt, query_deadline).await?
             } else {
                 tokio::select! {
@@ -291,6 +300,21 @@ impl Session {
         server_lost(self.track.server_fatal.take())
     }
 
+    /// After the client's Terminate, whether the requests it sent before are still
+    /// being answered: they run to their end, as on PostgreSQL, which reads the
+    /// Terminate only after them (their answers are read and dropped, under
+    /// `query_timeout`), and the server is then given back. Only while a
+    /// ReadyForQuery is due (extended messages with no Sync would wait for ever: such a
+    /// server is closed, its implicit transaction rolled back as PostgreSQL would), not
+    /// inside a COPY FROM STDIN (its data will not come), and only while the answers fit
+    /// in what a socket holds (`DRAIN_LIMIT`): PostgreSQL writing more to a client gone
+    /// would fail, and stop.
+    fn drains_after_terminate(&self) -> bool {
+        (self.track.pending > 0 || !self.to_server.is_empty())
+            && self.track.copy_in == CopyIn::Off
+            && self.track.dropped_after_terminate < DRAIN_LIMIT
+    }
+
     fn releasable(&self) -> bool {
         self.track.protocol_idle()
             && self.to_server.is_empty()
@@ -341,11 +365,14 @@ impl Session {
             server.broken = true;
             return Err(server_lost(None));
         }
-        if self.track.terminated {
-            return Err(Exit::Terminated);
-        }
         let mut local = BytesMut::new();
         self.track.ext.take_leading_synthetic(&mut local);
+        if self.track.terminated {
+            // Sluice's own replies are not sent after the client's Terminate; the relay
+            // loop ends the session, once what is due is answered
+            // (`drains_after_terminate`).
+            return Ok(());
+        }
         if !local.is_empty() {
             if let Err(exit) = send_to_client(&mut conn.stream, &local, interrupt, &self.app, query_deadline).await {
                 // The server holds the client's requests sent with these replies.
@@ -375,7 +402,9 @@ impl Session {
             }
         })?;
         let out = splice.finish(&server.buf, n);
-        let written = if out.is_empty() {
+        // (After the client's Terminate its answers are read, not sent.)
+        let written = if out.is_empty() || self.track.terminated {
+            self.track.dropped_after_terminate += out.len();
             Ok(())
         } else {
             send_to_client(&mut conn.stream, out, interrupt, &self.app, query_deadline).await
@@ -399,8 +428,14 @@ impl Session {
         for (id, seen) in self.track.ext.stale.drain(..) {
             self.pool.mark_stale(id, seen);
         }
-        if std::mem::take(&mut self.track.ddl_seen) {
-            self.pool.schema_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        if self.track.seen != Seen::default() {
+            let seen = std::mem::take(&mut self.track.seen);
+            if seen.schema {
+                self.pool.schema_epoch.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            }
+            if seen.settings {
+                server.settings_changed();
+            }
         }
         if self.track.xact_done.is_some() || self.track.query_times.len() >= 1024 {
             self.flush_stats();
@@ -442,12 +477,22 @@ impl Session {
             server.broken = true;
             return Err(Exit::fatal(sqlstate::ACTIVE_SQL_TRANSACTION, STATEMENT_MODE_REFUSAL));
         }
+        // The ROLLBACK undoes a SET inside the block: the client is told, and keeps the
+        // setting it had before (as it would have been given back on PostgreSQL).
+        let before = server.reported.clone();
         if let Err(e) = Box::pin(server.exec("ROLLBACK", self.pool.internal_timeout())).await {
             server.broken = true;
             return Err(server_lost(Some(e.to_string())));
         }
         self.track.tx = Some(TxStatus::Idle);
         let mut out = BytesMut::new();
+        for (k, v) in &server.reported {
+            let changed = !before.iter().any(|(bk, bv)| bk == k && bv == v);
+            if changed && crate::params::is_reported(k) {
+                self.params.set(k, v);
+                build::parameter_status(&mut out, k.as_bytes(), v.as_bytes());
+            }
+        }
         build::error_response(&mut out, Severity::Error, sqlstate::ACTIVE_SQL_TRANSACTION, STATEMENT_MODE_REFUSAL);
         build::ready_for_query(&mut out, TxStatus::Idle);
         send_to_client(&mut conn.stream, &out, interrupt, &self.app, query_deadline).await

@@ -11,6 +11,7 @@ use tokio::io::AsyncReadExt;
 
 use super::cancelled::{self, Skipping, cancellable};
 use super::interrupt::Interrupt;
+use super::relay::send_to_client;
 use super::track::{Track, client_need};
 use super::{ClientConn, Exit, WAITING_INPUT_LIMIT};
 use crate::app::App;
@@ -24,12 +25,31 @@ use crate::server::ServerConn;
 use crate::server::connect::CANCEL_TIMEOUT;
 use crate::stats::{ClientInfo, ClientState, ServerState};
 
-/// Timeouts copied from the config at login.
+/// The client timeouts in force: read at login, and again whenever a reload or an
+/// admin SET has been applied since (`Session::follow_reloads`), as PgBouncer applies
+/// the values in force to clients already connected.
 #[derive(Debug, Clone, Copy)]
 pub struct Timeouts {
     pub query: Option<Duration>,
     pub idle_transaction: Option<Duration>,
     pub client_idle: Option<Duration>,
+    /// The pools' reload count when they were read (`Pools::reloads`).
+    seen: u64,
+}
+
+impl Timeouts {
+    fn read(app: &App) -> Timeouts {
+        // The count first: the config is put in place before the count goes up, so
+        // this config is at least as new as the count says.
+        let seen = app.pools.reloads();
+        let g = &app.config.load().general;
+        Timeouts {
+            query: secs(g.query_timeout),
+            idle_transaction: secs(g.idle_transaction_timeout),
+            client_idle: secs(g.client_idle_timeout),
+            seen,
+        }
+    }
 }
 
 pub struct Session {
@@ -99,12 +119,8 @@ impl Session {
         key: CancelKey,
         server: Option<Box<ServerConn>>,
     ) -> Session {
+        let timeouts = Timeouts::read(app);
         let g = &app.config.load().general;
-        let timeouts = Timeouts {
-            query: secs(g.query_timeout),
-            idle_transaction: secs(g.idle_transaction_timeout),
-            client_idle: secs(g.client_idle_timeout),
-        };
         let limits = Limits {
             server_statements: g.max_prepared_statements,
             client_statements: g.max_client_prepared_statements,
@@ -154,6 +170,8 @@ impl Session {
                 break exit;
             }
         };
+        // The client is told first: the cleanup may wait on a server that does not answer.
+        let exit = exit.told_at_once(&mut conn.stream);
         self.cleanup().await;
         exit
     }
@@ -162,6 +180,11 @@ impl Session {
     /// relay must see before passing it on (a Bind's statement name, a whole Parse), so
     /// that the server it gets can be given the message at once.
     async fn wait_for_work(&mut self, conn: &mut ClientConn, interrupt: &mut Interrupt<'_, '_>) -> Wanted {
+        // Since when the client sent nothing, in µs since the epoch (`client_idle_timeout`,
+        // read only when one is set): from when it went idle (its state's time), then
+        // from its last bytes. A wake-up (a reload setting the timeout) does not start
+        // it again.
+        let mut idle_from_us: Option<u64> = None;
         loop {
             if self.skipping.is_active() {
                 match self.skipping.advance(&mut conn.buf) {
@@ -169,8 +192,11 @@ impl Session {
                     Ok(true) => {
                         let mut out = BytesMut::new();
                         build::ready_for_query(&mut out, TxStatus::Idle);
-                        if conn.stream.send(&out).await.is_err() {
-                            return Wanted::Leave(Exit::Closed);
+                        // (Under the interrupt: a client that does not read is still ended
+                        // by a KILL or the shutdown.)
+                        let sent = send_to_client(&mut conn.stream, &out, interrupt, &self.app, None).await;
+                        if let Err(exit) = sent {
+                            return Wanted::Leave(exit);
                         }
                     }
                     Ok(false) => {}
@@ -199,16 +225,22 @@ impl Session {
             if conn.buf.capacity() - conn.buf.len() < 128 {
                 conn.buf.reserve(1024);
             }
-            let idle = self.timeouts.client_idle;
+            self.follow_reloads();
+            let idle = self.timeouts.client_idle.map(|d| {
+                let from = *idle_from_us.get_or_insert_with(|| self.info.request_time_us.load(Relaxed));
+                d.saturating_sub(Duration::from_micros(crate::clock::coarse_wall_us().saturating_sub(from)))
+            });
             tokio::select! {
                 biased;
                 r = conn.stream.read_buf(&mut conn.buf) => match r {
                     Ok(0) | Err(_) => return Wanted::Leave(Exit::Closed),
+                    Ok(_) if idle.is_some() => idle_from_us = Some(crate::clock::coarse_wall_us()),
                     Ok(_) => {}
                 },
-                // Killed or shutting down: the checks above say which.
+                // Killed or shutting down (the checks above say which), or the timeouts
+                // changed (read again above).
                 _ = interrupt.fired() => {}
-                _ = sleep_opt(idle), if idle.is_some() => {
+                _ = crate::clock::sleep_opt(idle), if idle.is_some() => {
                     return Wanted::Leave(Exit::fatal(sqlstate::PROTOCOL_VIOLATION, "client_idle_timeout: closing idle connection"));
                 }
             }
@@ -239,7 +271,7 @@ impl Session {
         let mut round_trips = false;
         let mut server = loop {
             let Some(server) = self.checkout(conn, interrupt, &mut since).await? else {
-                return self.cancelled(conn).await;
+                return self.cancelled(conn, interrupt).await;
             };
             // Killed or shut down while it waited: the request is not sent.
             if since.is_some()
@@ -288,7 +320,7 @@ impl Session {
             // Unused: back to the pool once any other cancel on its way has reached it.
             self.unlink_for_cancels().await;
             self.give_back(true);
-            return self.cancelled(conn).await;
+            return self.cancelled(conn, interrupt).await;
         }
         Ok(Linked::Server)
     }
@@ -335,14 +367,14 @@ impl Session {
     /// Answers the request a CancelRequest reached while it waited for a server, as
     /// PostgreSQL answers a cancelled statement (`cancelled::answer`); the rest of the
     /// request is skipped as it arrives (`wait_for_work`).
-    async fn cancelled(&mut self, conn: &mut ClientConn) -> Result<Linked, Exit> {
+    async fn cancelled(&mut self, conn: &mut ClientConn, interrupt: &mut Interrupt<'_, '_>) -> Result<Linked, Exit> {
         tracing::debug!(client = self.info.id, "request cancelled while waiting for a server");
         let mut out = BytesMut::new();
         self.skipping = cancelled::answer(&conn.buf, &mut out);
         self.info.set_state(ClientState::Idle);
         self.track.errors.push(sqlstate::QUERY_CANCELED.into());
         self.flush_stats();
-        conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;
+        send_to_client(&mut conn.stream, &out, interrupt, &self.app, None).await?;
         Ok(Linked::Cancelled)
     }
 
@@ -413,6 +445,16 @@ impl Session {
         }
     }
 
+    /// Reads the client timeouts again if a reload or admin SET was applied since they
+    /// were read: a wait begun from here on (the relay's, or the idle client's) counts
+    /// with the values in force.
+    #[inline]
+    pub(super) fn follow_reloads(&mut self) {
+        if self.app.pools.reloads() != self.timeouts.seen {
+            self.timeouts = Timeouts::read(&self.app);
+        }
+    }
+
     /// The linked server (while `release` or `cleanup` works on it).
     fn linked(&mut self) -> &mut ServerConn {
         self.server.as_deref_mut().expect("a linked server")
@@ -460,10 +502,10 @@ pub(super) fn pool_failure(e: PoolError) -> Exit {
         PoolError::Connect(e) => Exit::fatal(e.sqlstate(), format!("server connection failed: {e}")),
         PoolError::WaitTimeout => Exit::fatal(sqlstate::QUERY_CANCELED, e.to_string()),
         PoolError::Closed => Exit::fatal(sqlstate::CANNOT_CONNECT_NOW, e.to_string()),
+        PoolError::LoginRetry(ref f) => Exit::fatal(&f.code, e.to_string()),
     }
 }
 
-/// Sleeps for `d`, or forever when None.
 /// Room for the rest of a message the relay must see whole (up to `needed` bytes in
 /// `buf`), grown as its bytes arrive: by at most what has arrived (8 KiB at first), so
 /// a header declaring a 64 MiB Parse reserves nothing its sender has not begun to send.
@@ -471,13 +513,6 @@ fn reserve_toward(buf: &mut BytesMut, needed: usize) {
     let missing = needed.saturating_sub(buf.len());
     if buf.capacity() - buf.len() < missing {
         buf.reserve(missing.min(buf.len().max(8 * 1024)));
-    }
-}
-
-pub(super) async fn sleep_opt(d: Option<Duration>) {
-    match d {
-        Some(d) => tokio::time::sleep(d).await,
-        None => std::future::pending().await,
     }
 }
 

@@ -26,9 +26,9 @@ pub struct Track {
     pub xact_done: Option<Duration>,
     /// SQLSTATEs of errors the server sent, flushed with the stats.
     pub errors: Vec<String>,
-    /// A command that can change what statements parse to (DDL, SET search_path...)
-    /// completed.
-    pub ddl_seen: bool,
+    /// Commands completed that change what statements parse to, or the settings the
+    /// server carries.
+    pub seen: Seen,
     /// Durations of the round trips (request to the last ReadyForQuery) since the
     /// last flush, for the query-time histogram.
     pub query_times: Vec<Duration>,
@@ -39,6 +39,8 @@ pub struct Track {
     pub(super) client_scan: Scanner,
     pub(super) server_scan: Scanner,
     pub(super) terminated: bool,
+    /// Bytes of answers read and dropped since the client's Terminate.
+    pub(super) dropped_after_terminate: usize,
     /// Statement mode saw a transaction block open.
     pub(super) violation: bool,
     pub(super) server_fatal: Option<String>,
@@ -153,13 +155,14 @@ impl Track {
             xact_start,
             xact_done,
             errors,
-            ddl_seen,
+            seen,
             query_times,
             pending,
             unsynced,
             client_scan,
             server_scan,
             terminated,
+            dropped_after_terminate,
             violation,
             server_fatal,
             tx,
@@ -181,13 +184,14 @@ impl Track {
         *xact_start = None;
         *xact_done = None;
         errors.clear();
-        *ddl_seen = false;
+        *seen = Seen::default();
         query_times.clear();
         *pending = 0;
         *unsynced = false;
         *client_scan = Scanner::default();
         *server_scan = Scanner::default();
         *terminated = false;
+        *dropped_after_terminate = 0;
         *violation = false;
         *server_fatal = None;
         *tx = None;
@@ -401,7 +405,7 @@ impl Track {
             xact_start,
             xact_done,
             errors,
-            ddl_seen,
+            seen,
             query_times,
             ..
         } = self;
@@ -410,7 +414,7 @@ impl Track {
             server_need,
             |m, sp| {
                 if early_syncs.probing() {
-                    let books = ProbeBooks { tx, param_updates, ddl_seen, ext, prepared };
+                    let books = ProbeBooks { tx, param_updates, seen, ext, prepared };
                     return while_probing(early_syncs, &m, sp, books);
                 }
                 let refused = ext.on_server(&m, sp, prepared)?;
@@ -509,8 +513,8 @@ impl Track {
                     be::COMMAND_COMPLETE => {
                         early_syncs.copy_ended(false);
                         // Session mode does not read statement texts: any SET counts.
-                        let parsing_set = mode == PoolMode::Session || ext.parsing_set;
-                        *ddl_seen |= changes_schema(body(frame), parsing_set);
+                        let session = mode == PoolMode::Session;
+                        seen.note(body(frame), session || ext.parsing_set, session || ext.session_set);
                     }
                     be::PARAMETER_STATUS => reported(frame, param_updates)?,
                     be::ERROR_RESPONSE => {
@@ -557,7 +561,7 @@ impl Track {
 struct ProbeBooks<'a> {
     tx: &'a mut Option<TxStatus>,
     param_updates: &'a mut Vec<(String, String)>,
-    ddl_seen: &'a mut bool,
+    seen: &'a mut Seen,
     ext: &'a mut Extended,
     prepared: &'a mut crate::prepared::ServerStatements,
 }
@@ -585,7 +589,7 @@ fn while_probing(
     match m.tag {
         be::PARAMETER_STATUS => reported(frame, b.param_updates)?,
         be::COMMAND_COMPLETE => {
-            *b.ddl_seen |= changes_schema(body(frame), true);
+            b.seen.note(body(frame), true, true);
             b.ext.note_emptying(m, b.prepared);
         }
         // A COPY FROM STDIN one of those requests began, whose end the client had not
@@ -623,19 +627,64 @@ fn reported(frame: &[u8], param_updates: &mut Vec<(String, String)>) -> Result<(
     Ok(())
 }
 
-/// Whether a CommandComplete tag is of a command that can change what a statement
-/// parses to (result types, name resolution). SET and RESET count only when the
-/// exchange ran a statement that may set something other than the few settings
-/// `prepared::may_change_parsing` knows to be neutral (`parsing_set`).
-fn changes_schema(tag: &[u8], parsing_set: bool) -> bool {
-    const PREFIXES: [&[u8]; 5] = [b"ALTER ", b"CREATE ", b"DROP ", b"DISCARD", b"IMPORT "];
-    PREFIXES.iter().any(|p| tag.starts_with(p))
-        || (parsing_set && (tag.starts_with(b"SET") || tag.starts_with(b"RESET")))
+/// What the commands completed since the last look may have changed on the server.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    /// What statements parse to (DDL, SET search_path...): prepared statements'
+    /// shapes are checked again (`Pool::schema_epoch`).
+    pub schema: bool,
+    /// Settings, with SET or RESET: the settings the server is recorded as carrying
+    /// for clients may no longer hold (`ServerConn::settings_changed`).
+    pub settings: bool,
+}
+
+impl Seen {
+    /// Notes a CommandComplete tag. DDL (`ALTER`, `CREATE`, `DROP`, `DISCARD`,
+    /// `IMPORT`) changes what statements parse to; so do SET and RESET when the exchange
+    /// ran a statement that may set something other than the few settings
+    /// `prepared::SetTarget::changes_parsing` knows to be neutral (`parsing_set`); they change
+    /// the settings a server carries for clients when it ran one that may set a session
+    /// setting PostgreSQL does not report (`session_set`: not `SET LOCAL`, say). The
+    /// first byte picks the comparisons (most tags are SELECT, INSERT, UPDATE...).
+    #[inline]
+    fn note(&mut self, tag: &[u8], parsing_set: bool, session_set: bool) {
+        const DDL: [&[u8]; 5] = [b"ALTER ", b"CREATE ", b"DROP ", b"DISCARD", b"IMPORT "];
+        match tag.first() {
+            Some(b'S' | b'R') if tag.starts_with(b"SET") || tag.starts_with(b"RESET") => {
+                self.settings |= session_set;
+                self.schema |= parsing_set;
+            }
+            Some(b'A' | b'C' | b'D' | b'I') => self.schema |= DDL.iter().any(|p| tag.starts_with(p)),
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn command_tags_are_seen_for_what_they_change() {
+        let seen = |tag: &[u8], set: bool| {
+            let mut s = Seen::default();
+            s.note(tag, set, set);
+            (s.schema, s.settings)
+        };
+        assert_eq!(seen(b"SELECT 1\0", true), (false, false));
+        assert_eq!(seen(b"INSERT 0 1\0", true), (false, false));
+        assert_eq!(seen(b"COMMIT\0", true), (false, false));
+        assert_eq!(seen(b"DELETE 3\0", true), (false, false));
+        assert_eq!(seen(b"CREATE TABLE\0", false), (true, false));
+        assert_eq!(seen(b"DROP INDEX\0", false), (true, false));
+        assert_eq!(seen(b"DISCARD ALL\0", false), (true, false));
+        assert_eq!(seen(b"ALTER TABLE\0", false), (true, false));
+        assert_eq!(seen(b"IMPORT FOREIGN SCHEMA\0", false), (true, false));
+        assert_eq!(seen(b"SET\0", false), (false, false));
+        assert_eq!(seen(b"SET\0", true), (true, true));
+        assert_eq!(seen(b"RESET\0", false), (false, false));
+        assert_eq!(seen(b"RESET\0", true), (true, true));
+    }
 
     #[test]
     fn reset_leaves_nothing_of_the_previous_link() {
@@ -644,7 +693,7 @@ mod tests {
         t.xact_start = Some(Instant::now());
         t.xact_done = Some(Duration::from_millis(1));
         t.errors.push("40001".into());
-        t.ddl_seen = true;
+        t.seen = Seen { schema: true, settings: true };
         t.query_times.push(Duration::from_micros(5));
         t.pending = 2;
         t.unsynced = true;

@@ -157,6 +157,7 @@ pub struct General {
     pub server_lifetime: f64,
     pub server_idle_timeout: f64,
     pub server_connect_timeout: f64,
+    pub server_login_retry: f64,
     /// Limit for each query Sluice itself runs on a server (check, SET, reset, ROLLBACK).
     pub internal_query_timeout: f64,
     pub client_login_timeout: f64,
@@ -220,6 +221,7 @@ impl Default for General {
             server_lifetime: 3600.0,
             server_idle_timeout: 600.0,
             server_connect_timeout: 15.0,
+            server_login_retry: 15.0,
             internal_query_timeout: 5.0,
             client_login_timeout: 60.0,
             query_wait_timeout: 120.0,
@@ -487,6 +489,7 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
         ("server_lifetime", g.server_lifetime),
         ("server_idle_timeout", g.server_idle_timeout),
         ("server_connect_timeout", g.server_connect_timeout),
+        ("server_login_retry", g.server_login_retry),
         ("internal_query_timeout", g.internal_query_timeout),
         ("client_login_timeout", g.client_login_timeout),
         ("query_wait_timeout", g.query_wait_timeout),

@@ -50,7 +50,8 @@ impl Pool {
             let settings = self.settings.load();
             let mut inner = self.inner.lock();
             let enough = inner.total >= settings.kept_open;
-            if inner.closed || self.is_paused() || enough || !self.acquire_limits() {
+            let held_back = inner.held_back(settings.login_retry).is_some();
+            if inner.closed || self.is_paused() || enough || held_back || !self.acquire_limits() {
                 return Ok(false);
             }
             inner.total += 1;
@@ -87,9 +88,14 @@ impl Pool {
     /// Clients wait although the pool has room: a shared limit (max_db_connections,
     /// max_user_connections) stops it from opening a connection.
     pub fn is_starved(&self) -> bool {
-        let size = self.settings.load().size;
+        let settings = self.settings.load();
         let i = self.inner.lock();
-        !i.waiters.is_empty() && i.total < size && i.connecting == 0
+        // (Not while `server_login_retry` holds its connects back: room made for it
+        // would not be used.)
+        !i.waiters.is_empty()
+            && i.total < settings.size
+            && i.connecting == 0
+            && i.held_back(settings.login_retry).is_none()
     }
 
     /// Whether closing one of this pool's connections gives `starved` room: `starved`

@@ -8,6 +8,7 @@ mod learned;
 mod limit;
 mod maintain;
 mod registry;
+mod retry;
 mod waits;
 use waits::Expiry;
 
@@ -27,6 +28,7 @@ use crate::stats::{PoolStats, Registry, ServerInfo, ServerState};
 
 pub use learned::{Learned, LoginReply};
 pub use limit::ConnLimit;
+pub use retry::ConnectFailure;
 
 /// (name, value) pairs as a server reports them.
 pub type ParamList = Vec<(String, String)>;
@@ -51,6 +53,8 @@ pub struct PoolSettings {
     pub reset_query_always: bool,
     /// Limit for each of Sluice's own queries on a server (`internal_query_timeout`).
     pub internal_timeout: Option<Duration>,
+    /// How long a failed connect holds new ones back (`server_login_retry`).
+    pub login_retry: Option<Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +65,9 @@ pub enum PoolError {
     Connect(ServerError),
     #[error("database is shutting down or was removed")]
     Closed,
+    /// Held back by a recent failed connect (`server_login_retry`).
+    #[error("{0}")]
+    LoginRetry(Arc<ConnectFailure>),
 }
 
 #[derive(Default, Debug)]
@@ -80,6 +87,20 @@ struct Inner {
     total: usize,
     connecting: usize,
     closed: bool,
+    /// The last failed connect, until one succeeds (`server_login_retry`).
+    failed: Option<Arc<ConnectFailure>>,
+}
+
+impl Inner {
+    /// The failed connect that holds new ones back now, if any.
+    fn held_back(&self, retry: Option<Duration>) -> Option<&Arc<ConnectFailure>> {
+        self.failed.as_ref().filter(|f| f.holds(retry))
+    }
+
+    /// Whether no connection is open (or lent): only connects under way, if any.
+    fn none_open(&self) -> bool {
+        self.total == self.connecting
+    }
 }
 
 /// A client in the queue, and when its wait times out.
@@ -100,6 +121,8 @@ enum Handoff {
     Connect,
     /// `query_wait_timeout` ran out.
     TimedOut,
+    /// A connect failed with no connection open (`server_login_retry`).
+    Failed(Arc<ConnectFailure>),
 }
 
 #[allow(clippy::large_enum_variant)] // built and matched at once, never stored
@@ -125,7 +148,15 @@ impl ConnectingSlot<'_> {
         let r = self.pool.connect_counted().await;
         if r.is_ok() {
             self.armed = false;
-            self.pool.inner.lock().connecting -= 1;
+            let mut inner = self.pool.inner.lock();
+            inner.connecting -= 1;
+            // The server is back: connects are no longer held back, and clients queued
+            // meanwhile may open them.
+            let held = inner.failed.take().is_some();
+            drop(inner);
+            if held {
+                self.pool.wake_waiters();
+            }
         }
         r
     }
@@ -207,7 +238,7 @@ impl Drop for Waiter<'_> {
         match self.rx.try_recv() {
             Ok(Handoff::Server(s)) => self.pool.checkin(s),
             Ok(Handoff::Connect) => self.pool.give_back_slot(),
-            Ok(Handoff::TimedOut) | Err(_) => {}
+            Ok(Handoff::TimedOut | Handoff::Failed(_)) | Err(_) => {}
         }
     }
 }
@@ -316,6 +347,9 @@ impl Pool {
             // they come back (as after RECONNECT).
             self.reconnect();
         }
+        // A reload ends a `server_login_retry` wait: the operator may have mended what
+        // failed (a password, the address).
+        self.inner.lock().failed = None;
         self.wake_waiters();
     }
 
@@ -339,16 +373,16 @@ impl Pool {
     ///
     /// The queue's timeout is enforced by one task per pool (`expire_waiters`) rather
     /// than a timer per wait: at hundreds of clients over a pool of tens, nearly every
-    /// transaction waits.
+    /// transaction waits. A client opening a connection is bounded by the same timeout
+    /// (`connect_within`, boxed: rare, and its timers would enlarge every client task).
     pub async fn checkout_since(self: &Arc<Self>, since: &mut Option<Instant>) -> Result<Box<ServerConn>, PoolError> {
         loop {
             match self.next(since)? {
                 Next::Take(s) => return Ok(s),
                 Next::Paused => self.wait_resumed(since).await?,
                 Next::Connect => {
-                    since.get_or_insert_with(Instant::now);
-                    let slot = ConnectingSlot { pool: self, armed: true };
-                    return slot.open().await.map_err(PoolError::Connect);
+                    let since = *since.get_or_insert_with(Instant::now);
+                    return Box::pin(self.connect_within(since)).await;
                 }
                 Next::Wait(rx, arm) => {
                     if arm {
@@ -360,9 +394,10 @@ impl Pool {
                     match got {
                         Ok(Handoff::Server(s)) => return Ok(s),
                         Ok(Handoff::TimedOut) => return Err(PoolError::WaitTimeout),
+                        Ok(Handoff::Failed(f)) => return Err(PoolError::LoginRetry(f)),
                         Ok(Handoff::Connect) => {
-                            let slot = ConnectingSlot { pool: self, armed: true };
-                            return slot.open().await.map_err(PoolError::Connect);
+                            let since = *since.get_or_insert_with(Instant::now);
+                            return Box::pin(self.connect_within(since)).await;
                         }
                         // The pool dropped the queue (closed, paused, reloaded): look again.
                         Err(_) => {}
@@ -397,10 +432,17 @@ impl Pool {
                 return Ok(Next::Paused);
             }
         }
-        if inner.waiters.is_empty() && inner.total < settings.size && self.acquire_limits() {
-            inner.total += 1;
-            inner.connecting += 1;
-            return Ok(Next::Connect);
+        match inner.held_back(settings.login_retry) {
+            // Nothing open to wait for: the failure, at once (PgBouncer's fast fail).
+            Some(f) if inner.none_open() => return Err(PoolError::LoginRetry(f.clone())),
+            // Queued for a connection coming back.
+            Some(_) => {}
+            None if inner.waiters.is_empty() && inner.total < settings.size && self.acquire_limits() => {
+                inner.total += 1;
+                inner.connecting += 1;
+                return Ok(Next::Connect);
+            }
+            None => {}
         }
         let (tx, rx) = oneshot::channel();
         let since = *since.get_or_insert_with(Instant::now);
@@ -425,6 +467,44 @@ impl Pool {
         slot.open().await
     }
 
+    /// `open`, holding its own handle on the pool: the connect can go on in a task.
+    async fn open_owned(self: Arc<Self>) -> Result<Box<ServerConn>, ServerError> {
+        self.open().await
+    }
+
+    /// Opens a connection for a slot already counted, for a client whose wait began at
+    /// `since`. The wait stays bounded by `query_wait_timeout` (the one in force, counted
+    /// from `since`), as in the queue: when it runs out first the client gets
+    /// `WaitTimeout`, and the connect goes on in a task of its own; the connection it
+    /// opens joins the pool (the oldest waiter, or the idle stack), and a failure gives
+    /// its slot back.
+    ///
+    /// Cancellation-safe: dropped while connecting (the client left), the connect is
+    /// abandoned and its slot given back (`ConnectingSlot`).
+    async fn connect_within(self: &Arc<Self>, since: Instant) -> Result<Box<ServerConn>, PoolError> {
+        // Boxed: a task takes it over as it is if the wait runs out.
+        let mut open = Box::pin(self.clone().open_owned());
+        loop {
+            let timeout = self.settings.load().wait_timeout;
+            // A reload (or SET) that changes the timeout applies to this wait too.
+            let retimed = self.wait_until(move |p| p.settings.load().wait_timeout != timeout);
+            tokio::select! {
+                biased;
+                r = &mut open => return r.map_err(PoolError::Connect),
+                () = retimed => {}
+                () = crate::clock::sleep_opt(timeout.map(|t| (since + t).saturating_duration_since(Instant::now()))) => {
+                    let pool = self.clone();
+                    tokio::spawn(async move {
+                        if let Ok(s) = open.await {
+                            pool.checkin(s);
+                        }
+                    });
+                    return Err(PoolError::WaitTimeout);
+                }
+            }
+        }
+    }
+
     async fn connect_counted(&self) -> Result<Box<ServerConn>, ServerError> {
         loop {
             // A connect begun before a RECONNECT belongs to the generation it replaces.
@@ -440,6 +520,7 @@ impl Pool {
                 Ok(s) => s,
                 Err(e) => {
                     self.stats.server_connect_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    self.connect_failed(&e, &settings);
                     return Err(e);
                 }
             };
@@ -525,9 +606,16 @@ impl Pool {
         if self.is_paused() {
             return;
         }
-        let size = self.settings.load().size;
+        let settings = self.settings.load();
         let mut gave_back = false;
         let mut inner = self.inner.lock();
+        // After a failed connect: no new one before `server_login_retry` is over (and
+        // if the last connection just closed, the queue has nothing to wait for).
+        if let Some(f) = inner.held_back(settings.login_retry).cloned() {
+            inner.fail_waiters_if_none_open(&f);
+            return;
+        }
+        let size = settings.size;
         while !inner.waiters.is_empty() && inner.total < size && self.acquire_limits() {
             let w = inner.waiters.pop_front().expect("not empty");
             if w.tx.send(Handoff::Connect).is_ok() {

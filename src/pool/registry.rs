@@ -326,6 +326,7 @@ pub fn settings_for(
         reset_query: g.server_reset_query.clone(),
         reset_query_always: g.server_reset_query_always,
         internal_timeout: secs(g.internal_query_timeout),
+        login_retry: secs(g.server_login_retry),
     };
     Some((key, settings))
 }

@@ -165,9 +165,9 @@ mod tests {
         while !matches!(pool.inner.lock().expiry, Expiry::Asleep(_)) {
             tokio::task::yield_now().await;
         }
-        let earlier = queue(&pool, now - Duration::from_secs(2));
+        let earlier = queue(&pool, now - Duration::from_secs(3));
         assert!(matches!(earlier.await, Ok(Handoff::TimedOut)));
-        // At now + 2 s: the later wait has two more seconds to go.
+        // At now + 1 s: the later wait has three more seconds to go.
         let pending = matches!(later.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty));
         assert!(pending, "the later wait timed out with the earlier one");
         assert!(matches!(later.await, Ok(Handoff::TimedOut)));

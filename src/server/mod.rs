@@ -217,6 +217,18 @@ impl ServerConn {
         tokio::spawn(async move { addr.cancel(pid, secret).await });
     }
 
+    /// A SET or RESET ran on this connection. Settings this server reports
+    /// (ParameterStatus; it sent each at login) follow on their own; any other setting
+    /// it is recorded as carrying for clients (`statement_timeout` from a client's
+    /// `options`, `search_path` before PostgreSQL 18) may have changed unseen, so the
+    /// record is dropped: the next loan starts with RESET ALL and sets the client's
+    /// settings again.
+    pub fn settings_changed(&mut self) {
+        if self.applied.as_ref().is_some_and(|a| a.iter().any(|(k, _)| self.reported(k).is_none())) {
+            self.applied = None;
+        }
+    }
+
     /// Whether this connection already carries `want`'s settings.
     pub fn carries(&self, want: &ClientParams) -> bool {
         self.applied.as_ref().is_some_and(|a| want.same(a))

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 #[allow(unused_imports)]
 pub use certs::{CertFiles, Leaf, TestCerts};
 #[allow(unused_imports)]
-pub use pg::{DB, PgCluster, PgOptions, PgSsl, Role, md5_secret, pg_bindir};
+pub use pg::{DB, PgCluster, PgOptions, PgSsl, Role, Stopped, md5_secret, pg_bindir};
 #[allow(unused_imports)]
 pub use sluice::{Sluice, SluiceBuilder, toml_str};
 
@@ -333,4 +333,61 @@ pub async fn huge_pipeline(port: u16) {
     assert_eq!(rows.len(), 200);
     assert!(rows.iter().all(|r| r.get::<_, &str>(0) == big), "an answer came back changed");
     assert_eq!(value(&c, "select 'after'").await, "after");
+}
+
+/// Sends `token`'s cancel request to Sluice on `port` and returns once Sluice has
+/// processed it: Sluice closes the connection after forwarding the request (or finding
+/// nothing to cancel), as libpq expects. (`CancelToken::cancel_query` returns once the
+/// request is written, so a statement sent right after could race the cancel.)
+pub async fn cancel_processed(port: u16, token: &tokio_postgres::CancelToken) {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect for cancel");
+    token.cancel_query_raw(UntilClosed(tcp), tokio_postgres::NoTls).await.expect("cancel request");
+}
+
+/// A stream whose shutdown, after shutting down its own writing, reads until the peer
+/// closes.
+struct UntilClosed(tokio::net::TcpStream);
+
+impl tokio::io::AsyncRead for UntilClosed {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for UntilClosed {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::Poll;
+        use tokio::io::AsyncRead;
+        std::task::ready!(std::pin::Pin::new(&mut self.0).poll_shutdown(cx))?;
+        let mut scratch = [0u8; 64];
+        loop {
+            let mut buf = tokio::io::ReadBuf::new(&mut scratch);
+            std::task::ready!(std::pin::Pin::new(&mut self.0).poll_read(cx, &mut buf))?;
+            if buf.filled().is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+        }
+    }
 }

@@ -498,3 +498,23 @@ fn build_template(dest: &Path) {
         assert!(dest.exists(), "could not publish PostgreSQL template at {}", dest.display());
     }
 }
+
+/// A backend of a test's cluster frozen with SIGSTOP (a server that stops answering),
+/// resumed however the test ends, so the cluster can shut down.
+pub struct Stopped(i32);
+
+impl Stopped {
+    pub fn new(pid: &str) -> Self {
+        let pid: i32 = pid.parse().expect("a backend pid");
+        // SAFETY: kill(2) on a PostgreSQL backend of this test's own cluster.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "cannot stop backend {pid}");
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}

@@ -250,3 +250,58 @@ fn large_admin_replies_arrive_whole_over_tls() {
     // The session goes on in step.
     assert_eq!(client::query_value(&mut sock, "SHOW VERSION"), format!("Sluice {}", env!("CARGO_PKG_VERSION")));
 }
+
+/// A TLS client killed while it reads nothing (Sluice's own replies to its Closes fill
+/// both directions): its close_notify cannot go into the full socket, so Sluice gives
+/// its last words up after 5 s and closes the connection, though the client never
+/// reads, instead of holding its task and its connection for ever.
+#[test]
+fn last_words_to_a_tls_client_that_does_not_read_are_given_up() {
+    let certs = TestCerts::generate();
+    let pg = PgCluster::start();
+    let b = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .general("admin_users", r#"["u_trust"]"#)
+        .database("app", &[("pool_size", "1")]);
+    let s = client_tls(b, "allow", &certs.server, &certs).start();
+    let mut sock = client::negotiated(s.port, &client::config(&certs.ca, &PG_ALPN)).unwrap();
+    client::login(&mut sock, "u_trust").unwrap();
+    assert_eq!(client::query_value(&mut sock, "begin; select 1"), "1");
+    // Closes (answered by Sluice itself) written through rustls, nothing read back.
+    let (mut conn, mut tcp) = (sock.conn, sock.sock);
+    tcp.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    let batch: Vec<u8> = (0..4096).flat_map(|_| raw::msg(b'C', b"Sx\0")).collect();
+    let blocked = (0..(400 << 20) / batch.len()).any(|_| {
+        conn.writer().write_all(&batch).unwrap();
+        while conn.wants_write() {
+            if conn.write_tls(&mut tcp).is_err() {
+                return true;
+            }
+        }
+        false
+    });
+    assert!(blocked, "the client's writes never blocked: Sluice kept reading");
+    let console = |sql: &str| {
+        let cmd = psql_cmd(s.port, "127.0.0.1", "u_trust", "", "pgbouncer");
+        run_sql(cmd, sql).stdout
+    };
+    let app_client = || {
+        let clients = console("SHOW CLIENTS");
+        clients
+            .lines()
+            .map(|l| l.split('|').map(String::from).collect::<Vec<_>>())
+            .find(|f| f.get(2).is_some_and(|d| d == "app"))
+    };
+    let id = app_client().expect("the stalled client is listed").last().cloned().unwrap();
+    console(&format!("KILL_CLIENT {id}"));
+    let killed = std::time::Instant::now();
+    // Logged once the last words are over (the session, and its server, ended at once).
+    let ended = s.wait_log("closed in the middle of a message to the client", Duration::from_secs(30));
+    assert!(ended, "the killed client's connection was never closed:\n{}", s.log());
+    assert!(
+        killed.elapsed() >= Duration::from_secs(4),
+        "closed after {:?}: its close_notify went out",
+        killed.elapsed()
+    );
+    drop(tcp);
+}
