@@ -324,8 +324,10 @@ pub async fn run(app: Arc<App>, listeners: Vec<Listener>) {
     tokio::spawn(crate::metrics::stats_task(app.clone()));
     start_metrics(&app).await;
     tokio::spawn(signals(app.clone()));
+    crate::net::notify::service_manager("READY=1");
     let mut phase = app.phase();
     let _ = phase.wait_for(|p| *p != Phase::Running).await;
+    crate::net::notify::service_manager("STOPPING=1");
     loop {
         let now = *phase.borrow_and_update();
         // SHUTDOWN WAIT_FOR_CLIENTS waits for ever; SIGTERM for shutdown_timeout.
@@ -375,14 +377,15 @@ async fn start_metrics(app: &Arc<App>) {
     }
 }
 
-/// SIGHUP reloads, SIGTERM drains, SIGINT stops, SIGUSR1/SIGUSR2 pause/resume every
-/// pool (admin PAUSE/RESUME).
+/// SIGHUP reloads, SIGTERM drains (a second one, while draining, stops), SIGINT and
+/// SIGQUIT stop, SIGUSR1/SIGUSR2 pause/resume every pool (admin PAUSE/RESUME).
 async fn signals(app: Arc<App>) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut hup), Ok(mut term), Ok(mut int), Ok(mut usr1), Ok(mut usr2)) = (
+    let (Ok(mut hup), Ok(mut term), Ok(mut int), Ok(mut quit), Ok(mut usr1), Ok(mut usr2)) = (
         signal(SignalKind::hangup()),
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::quit()),
         signal(SignalKind::user_defined1()),
         signal(SignalKind::user_defined2()),
     ) else {
@@ -395,11 +398,20 @@ async fn signals(app: Arc<App>) {
                 let _ = app.reload();
             }
             _ = term.recv() => {
-                info!("SIGTERM: no new connections; closing clients as their transactions end");
-                app.set_phase(Phase::Draining);
+                if app.current_phase() == Phase::Draining {
+                    info!("SIGTERM again: shutting down now");
+                    app.set_phase(Phase::Stopping);
+                } else {
+                    info!("SIGTERM: no new connections; closing clients as their transactions end");
+                    app.set_phase(Phase::Draining);
+                }
             }
             _ = int.recv() => {
                 info!("SIGINT: shutting down now");
+                app.set_phase(Phase::Stopping);
+            }
+            _ = quit.recv() => {
+                info!("SIGQUIT: shutting down now");
                 app.set_phase(Phase::Stopping);
             }
             _ = usr1.recv() => {

@@ -619,3 +619,30 @@ async fn show_config_after_a_reload_shows_the_start_up_keys_in_force() {
     let a = admin(s.port).await;
     assert_eq!(cell(&a, "SHOW CONFIG", "key", "log_level", "value").await.as_deref(), Some("info"));
 }
+
+/// A Query of thousands of SHOW statements from a client that does not read its
+/// answers: the console sends them as it goes, at the client's pace, instead of
+/// building all of them (here ~200 MB) in memory first.
+#[test]
+fn a_huge_console_query_is_answered_at_the_clients_pace() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("auth_type", "\"trust\"").general("stats_users", r#"["u_trust"]"#).start();
+    let rss_kb = || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS").to_string();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap()
+    };
+    let before = rss_kb();
+    let mut c = Raw::login(s.port, "u_trust", "pgbouncer");
+    c.send(&common::raw::query(&"show config;".repeat(80_000)));
+    // Watched for 10 s (what is checked is that something does not happen; all of
+    // it built in memory took ~200 MB within a few seconds).
+    let mut most = before;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline && most < before + 50_000 {
+        most = most.max(rss_kb());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(most < before + 50_000, "resident memory grew from {before} kB to {most} kB");
+    drop(c);
+}

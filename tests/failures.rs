@@ -444,7 +444,10 @@ async fn shared_connection_limits_queue_then_rebalance() {
     let s = Sluice::builder(&pg)
         .general("auth_type", "\"md5\"")
         .general("max_db_connections", "1")
-        .general("query_wait_timeout", "1")
+        // Room under the shared limit is made by the janitor's once-a-second pass (it
+        // closes another pool's idle connection): a wait must outlast one pass even on
+        // a loaded machine (at 1 s, a's `begin` itself could time out).
+        .general("query_wait_timeout", "3")
         .database("app", &[("pool_size", "5")])
         .database("app2", &[("dbname", "\"app\""), ("max_db_connections", "5")])
         .user(Role::SCRAM.name, &[("password", "\"pw_scram\""), ("max_user_connections", "1")])

@@ -274,6 +274,50 @@ async fn sigint_exits_promptly_and_logs_connections() {
     );
 }
 
+/// A second SIGTERM during the drain, or a SIGQUIT, exits at once, not after the open
+/// transaction or `shutdown_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_or_sigquit_exits_at_once() {
+    let pg = PgCluster::start();
+    for second_term in [true, false] {
+        let mut s = Sluice::builder(&pg).general("shutdown_timeout", "60").start();
+        let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+        a.simple_query("begin").await.unwrap();
+        if second_term {
+            s.terminate();
+            assert!(wait_until(Duration::from_secs(20), || try_connect_blocking(s.port)), "still accepting");
+            assert!(s.wait_exit(Duration::from_millis(300)).is_none(), "exited with a transaction open");
+            s.terminate();
+        } else {
+            s.signal(libc::SIGQUIT);
+        }
+        let how = if second_term { "a second SIGTERM" } else { "SIGQUIT" };
+        let status = s.wait_exit(Duration::from_secs(15));
+        // A clean exit, not the signal's default action.
+        assert!(status.is_some_and(|st| st.success()), "{how} did not stop sluice promptly and cleanly: {status:?}");
+    }
+}
+
+/// Started by systemd with `Type=notify` (`NOTIFY_SOCKET` set), Sluice says `READY=1`
+/// once it listens, and `STOPPING=1` when it begins to shut down.
+#[test]
+fn tells_the_service_manager_when_ready_and_stopping() {
+    let pg = PgCluster::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify");
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let s = Sluice::builder(&pg).env("NOTIFY_SOCKET", path.to_str().unwrap()).start();
+    let mut buf = [0u8; 64];
+    let mut next = || {
+        let n = socket.recv(&mut buf).expect("a message from sluice");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    assert_eq!(next(), "READY=1");
+    s.terminate();
+    assert_eq!(next(), "STOPPING=1");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listens_on_ipv6_loopback_too() {
     if !common::has_ipv6_loopback() {

@@ -65,9 +65,16 @@ async fn scram_secret_and_md5_hash_in_config() {
     let s = Sluice::builder(&pg)
         .general("auth_type", "\"md5\"")
         .user(Role::MD5.name, &[("password", &common::toml_str(&hash))])
+        .user(Role::SCRAM.name, &[("password", &common::toml_str(&secret))])
         .start();
     let c = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
     assert_eq!(value(&c, "select current_user").await, Role::MD5.name);
+    // Under md5, a user whose password is a SCRAM secret logs in with SCRAM (as in
+    // PgBouncer): an md5 response could not be checked against it.
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&c, "select current_user").await, Role::SCRAM.name);
+    let e = try_connect(s.port, Role::SCRAM.name, "wrong", "app").await.unwrap_err();
+    assert_eq!(code(&e), "28P01", "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -662,4 +669,49 @@ async fn forced_server_user_and_server_lifetime() {
     assert!(gone, "the retired server connection is still open");
     let log = pg.log();
     assert!(!log.contains("unexpected EOF on client connection"), "closed without Terminate:\n{log}");
+}
+
+/// `server_lifetime = 0` means what it means in PgBouncer: each server connection is
+/// used once, then closed (before, 0 meant "never retire").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_lifetime_zero_uses_each_connection_once() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("server_lifetime", "0").database("app", &[("pool_size", "1")]).start();
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let mut pids = Vec::new();
+    for _ in 0..3 {
+        pids.push(value(&c, "select pg_backend_pid()").await);
+    }
+    pids.dedup();
+    assert_eq!(pids.len(), 3, "a server connection was used twice: {pids:?}");
+    let closed =
+        tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends("usename = 'u_scram'") == 0));
+    assert!(closed, "a used connection stayed open");
+}
+
+/// `reserve_pool_size` as in PgBouncer: a client that has waited `reserve_pool_timeout`
+/// for a server gets one beyond the pool's size; the reserve connection is closed once
+/// nobody waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reserve_pool_serves_a_client_that_waited_reserve_pool_timeout() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("reserve_pool_size", "1")
+        .general("reserve_pool_timeout", "1")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    a.simple_query("begin").await.unwrap();
+    let pid_a = value(&a, "select pg_backend_pid()").await;
+    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let asked = std::time::Instant::now();
+    let served = tokio::time::timeout(Duration::from_secs(10), value(&b, "select pg_backend_pid()")).await;
+    let pid_b = served.expect("the reserve never served the waiting client");
+    assert!(asked.elapsed() >= Duration::from_secs(1), "served before reserve_pool_timeout");
+    assert_ne!(pid_b, pid_a, "a holds the pool's only connection in its transaction");
+    let closed = tokio::task::block_in_place(|| {
+        wait_until(Duration::from_secs(10), || pg.backends(&format!("usename = 'u_scram' and pid <> {pid_a}")) == 0)
+    });
+    assert!(closed, "the reserve connection stayed open with nobody waiting");
+    a.simple_query("commit").await.unwrap();
 }

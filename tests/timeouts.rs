@@ -210,6 +210,25 @@ async fn auth_failure_delay_is_not_cut_short_by_client_login_timeout() {
     assert_eq!(ended.unwrap().map(|_| ()), Err("57P01".to_string()));
 }
 
+/// A client that sends Terminate instead of its password (it had none to give) is not
+/// a failed login: closed at once, with no error, no `auth_failure_delay` and no
+/// "login failed" line.
+#[test]
+fn a_terminate_instead_of_a_password_is_no_failed_login() {
+    use common::raw::{Raw, startup};
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("auth_failure_delay", "10").start();
+    let mut c = Raw::open(s.port);
+    c.send(&startup(&[("user", Role::SCRAM.name), ("database", "app")], 3 << 16));
+    let asked = c.recv().expect("an authentication request");
+    assert_eq!(asked.0, b'R', "{asked:?}");
+    let started = Instant::now();
+    c.send(&[b'X', 0, 0, 0, 4]);
+    assert_eq!(c.recv(), None, "answered instead of closed");
+    assert!(started.elapsed() < Duration::from_secs(5), "closed after {:?}", started.elapsed());
+    assert!(!s.log().contains("login failed"), "{}", s.log());
+}
+
 /// A client waiting while a connection is opened for it (the server accepts, and does
 /// not answer) gets `query_wait_timeout`'s 57014 when that runs out (1 s), not the
 /// connect's own error at `server_connect_timeout` (10 s). The connect goes on: once the

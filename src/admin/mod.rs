@@ -149,6 +149,7 @@ impl AdminSession {
                     build::error_response(&mut self.out, Severity::Error, e.code, &e.message);
                     self.skipping = true;
                 }
+                self.flush_if_large(conn).await?;
             }
             fe::COPY_DATA | fe::COPY_DONE | fe::COPY_FAIL => {}
             _ => {
@@ -178,6 +179,19 @@ impl AdminSession {
                 build::error_response(&mut self.out, Severity::Error, e.code, &e.message);
                 return Ok(());
             }
+            self.flush_if_large(conn).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends what has piled up once it is large, and lets other tasks run: a Query of
+    /// many statements (or a pipeline of Executes) is answered as it goes, at the
+    /// pace the client reads, instead of whole in memory.
+    async fn flush_if_large(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
+        const FLUSH_AT: usize = 64 * 1024;
+        if self.out.len() >= FLUSH_AT {
+            self.flush(conn).await?;
+            tokio::task::yield_now().await;
         }
         Ok(())
     }

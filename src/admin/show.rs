@@ -297,7 +297,9 @@ fn servers(app: &App) -> Table {
                 text(match s.state() {
                     ServerState::Active => "active",
                     ServerState::Idle => "idle",
-                    ServerState::Login => "login",
+                    // Not listed while opened (inserted once logged in); PgBouncer's
+                    // name for that state.
+                    ServerState::Login => "new",
                 }),
                 text(&*s.addr.host),
                 int(s.addr.port),
@@ -383,7 +385,7 @@ fn databases(app: &App, cfg: &Config) -> Table {
             text(db.user.as_deref().unwrap_or("")),
             int(db.pool_size.unwrap_or(g.default_pool_size)),
             int(db.min_pool_size.unwrap_or(g.min_pool_size)),
-            int(0),
+            int(db.reserve_pool_size.unwrap_or(g.reserve_pool_size)),
             int(lifetime),
             text(db.pool_mode.unwrap_or(g.pool_mode).as_str()),
             text("disable"),
@@ -395,7 +397,7 @@ fn databases(app: &App, cfg: &Config) -> Table {
             int(app.pools.is_disabled(name) as u64),
         ];
         if g.admin_legacy_columns {
-            row.push(int(0));
+            row.push(int(db.reserve_pool_size.unwrap_or(g.reserve_pool_size)));
         }
         t.push(row);
     }

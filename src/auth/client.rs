@@ -6,7 +6,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::scram::{self, ScramError, ScramSecret, ScramServer};
-use super::{UserAuth, md5};
+use super::{Secret, UserAuth, md5};
 use crate::config::AuthType;
 use crate::net::{ReadError, read_message};
 use crate::protocol::{body, build, fe, read_cstr, read_i32, sqlstate};
@@ -86,18 +86,33 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
             Some(_) => Ok(Proven::default()),
             None => Err(AuthFailure::NoUser(name.to_string())),
         },
-        AuthType::Md5 => md5_exchange(stream, buf, name, user).await,
-        AuthType::ScramSha256 => {
-            let secret = user.and_then(|u| u.scram_secret()).cloned();
-            let known = secret.is_some();
-            let secret = secret.unwrap_or_else(|| ScramSecret::mock(name, mock_key));
-            let (key, greeting) = scram_exchange(stream, buf, name, secret).await?;
-            if !known {
-                return Err(AuthFailure::BadPassword(name.to_string()));
-            }
-            Ok(Proven { client_key: Some(key), greeting })
+        // A SCRAM secret cannot check an md5 response: that user does SCRAM instead, as
+        // in PgBouncer and PostgreSQL.
+        AuthType::Md5 if user.is_some_and(|u| matches!(u.secret, Some(Secret::Scram(_)))) => {
+            scram_login(stream, buf, name, user, mock_key).await
         }
+        AuthType::Md5 => md5_exchange(stream, buf, name, user).await,
+        AuthType::ScramSha256 => scram_login(stream, buf, name, user, mock_key).await,
     }
+}
+
+/// A SCRAM login; an unknown user (or one with no SCRAM verifier) is run through the
+/// exchange against a mock secret and refused at its end, like a wrong password.
+async fn scram_login<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    name: &str,
+    user: Option<&UserAuth>,
+    mock_key: &[u8],
+) -> Result<Proven, AuthFailure> {
+    let secret = user.and_then(|u| u.scram_secret()).cloned();
+    let known = secret.is_some();
+    let secret = secret.unwrap_or_else(|| ScramSecret::mock(name, mock_key));
+    let (key, greeting) = scram_exchange(stream, buf, name, secret).await?;
+    if !known {
+        return Err(AuthFailure::BadPassword(name.to_string()));
+    }
+    Ok(Proven { client_key: Some(key), greeting })
 }
 
 async fn md5_exchange<S: AsyncRead + AsyncWrite + Unpin>(
@@ -111,7 +126,9 @@ async fn md5_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     build::auth_md5(&mut out, salt);
     crate::net::send(stream, &out).await?;
     let frame = read_password(stream, buf).await?;
-    let response = read_cstr(body(&frame)).map(|(r, _)| r).unwrap_or_default();
+    let response = read_cstr(body(&frame))
+        .map(|(r, _)| r)
+        .ok_or_else(|| AuthFailure::Protocol("malformed password message".into()))?;
     // Unknown users are checked against a hash no response can match.
     let hash = user.and_then(|u| u.md5_hash()).unwrap_or_else(|| md5::password_hash(name, &scram::nonce()));
     if user.is_some() && md5::verify(&hash, salt, response) {
@@ -165,6 +182,11 @@ fn scram_failure(e: ScramError, name: &str) -> AuthFailure {
 
 async fn read_password<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut) -> Result<BytesMut, AuthFailure> {
     let frame = read_message(stream, buf).await?;
+    // A client leaving (it had no password to give, say) is not a failed login: no
+    // warning, no `auth_failure_delay`, as for one that just closes its socket.
+    if frame[0] == fe::TERMINATE {
+        return Err(AuthFailure::Closed);
+    }
     if frame[0] != fe::PASSWORD {
         return Err(AuthFailure::Protocol(format!(
             "expected password response, got message type '{}'",

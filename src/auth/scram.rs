@@ -35,6 +35,8 @@ pub enum ScramError {
     InvalidProof,
     #[error("server signature mismatch")]
     ServerSignature,
+    #[error("the server accepted the login without its SCRAM signature (it has not proved it knows the password)")]
+    Unfinished,
     #[error("server error: {0}")]
     Server(String),
     #[error("SCRAM exchange out of order")]
@@ -274,6 +276,12 @@ impl ScramClient {
     }
 
     /// Verifies "v=..." (constant time); "e=..." gives `ScramError::Server(text)`.
+    /// Whether the exchange is over: the server's signature checked (or the server's
+    /// error read).
+    pub fn is_done(&self) -> bool {
+        matches!(self.state, ClientState::Done)
+    }
+
     pub fn handle_server_final(&mut self, data: &[u8]) -> Result<(), ScramError> {
         let ClientState::AwaitingFinal { server_signature } = std::mem::replace(&mut self.state, ClientState::Done)
         else {

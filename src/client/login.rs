@@ -425,7 +425,14 @@ async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessa
             tokio::pin!(read);
             until_shutdown(app, read).await?
         };
-        match startup::parse(&body).map_err(Exit::protocol)? {
+        let parsed = startup::parse(&body).map_err(|e| match e {
+            // As PostgreSQL: not a violation, a version it does not speak.
+            crate::protocol::ProtocolError::UnsupportedVersion { .. } => {
+                Exit::fatal(sqlstate::FEATURE_NOT_SUPPORTED, e.to_string())
+            }
+            e => Exit::protocol(e),
+        });
+        match parsed? {
             packet @ (StartupPacket::Ssl | StartupPacket::GssEnc) => {
                 if !conn.buf.is_empty() {
                     return Err(Exit::protocol("received unencrypted data after encryption request"));

@@ -10,6 +10,7 @@ mod extended;
 mod interrupt;
 mod login;
 mod relay;
+mod seen;
 mod session;
 mod track;
 

@@ -148,6 +148,11 @@ pub struct General {
     pub pool_mode: PoolMode,
     pub default_pool_size: usize,
     pub min_pool_size: usize,
+    /// Connections a pool may open beyond its size for a client that has waited
+    /// `reserve_pool_timeout` (0: none).
+    pub reserve_pool_size: usize,
+    /// Seconds a client waits before the reserve may be used for it (0: never).
+    pub reserve_pool_timeout: f64,
     pub max_client_conn: usize,
     pub max_db_connections: usize,
     pub max_user_connections: usize,
@@ -209,9 +214,12 @@ impl Default for General {
             unix_socket_mode: "0777".into(),
             workers: 0,
             auth_type: AuthType::ScramSha256,
-            pool_mode: PoolMode::Transaction,
+            // PgBouncer's default: the mode no application can notice.
+            pool_mode: PoolMode::Session,
             default_pool_size: 20,
             min_pool_size: 0,
+            reserve_pool_size: 0,
+            reserve_pool_timeout: 5.0,
             max_client_conn: 100,
             max_db_connections: 0,
             max_user_connections: 0,
@@ -242,7 +250,8 @@ impl Default for General {
             client_tls_key_file: String::new(),
             client_tls_ca_file: String::new(),
             client_tls_protocols: TLS_PROTOCOLS.iter().map(|p| p.to_string()).collect(),
-            server_tls_sslmode: ServerTlsMode::Disable,
+            // PgBouncer's default (since 1.20) and libpq's.
+            server_tls_sslmode: ServerTlsMode::Prefer,
             server_tls_ca_file: String::new(),
             server_tls_cert_file: String::new(),
             server_tls_key_file: String::new(),
@@ -292,6 +301,7 @@ pub struct Database {
     pub password: Option<String>,
     pub pool_size: Option<usize>,
     pub min_pool_size: Option<usize>,
+    pub reserve_pool_size: Option<usize>,
     pub pool_mode: Option<PoolMode>,
     pub max_db_connections: Option<usize>,
 }
@@ -408,8 +418,13 @@ impl Config {
         user.and_then(|u| u.pool_mode).filter(|_| db.user.is_none()).or(db.pool_mode).unwrap_or(self.general.pool_mode)
     }
 
+    /// The pool size for a (database, user) pair: user, then database, then general
+    /// (PgBouncer's order).
     pub fn pool_size(&self, db: &Database, user: Option<&User>) -> usize {
-        db.pool_size.or_else(|| user.and_then(|u| u.pool_size)).unwrap_or(self.general.default_pool_size)
+        user.and_then(|u| u.pool_size)
+            .filter(|_| db.user.is_none())
+            .or(db.pool_size)
+            .unwrap_or(self.general.default_pool_size)
     }
 
     /// A file named in the config: relative paths are relative to the config file's directory.
@@ -442,6 +457,22 @@ impl Config {
 
 type Invalid<'a> = &'a dyn Fn(&str, String) -> ConfigError;
 
+/// The addresses a host name in `listen_addr` resolves to (`localhost`: 127.0.0.1 and
+/// ::1 where the system has it), each once, in the resolver's order.
+fn resolve_listen(name: &str) -> Result<Vec<IpAddr>, String> {
+    use std::net::ToSocketAddrs;
+    let found = (name, 0u16)
+        .to_socket_addrs()
+        .map_err(|e| format!("\"{name}\" is neither an IP address nor a host name that resolves ({e})"))?;
+    let mut ips: Vec<IpAddr> = Vec::new();
+    for ip in found.map(|a| a.ip()) {
+        if !ips.contains(&ip) {
+            ips.push(ip);
+        }
+    }
+    Ok(ips)
+}
+
 fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, ConfigError> {
     let mut listen = Vec::new();
     for a in &g.listen_addr {
@@ -450,10 +481,13 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
                 listen.push(IpAddr::from([0u8; 4]));
                 IpAddr::from([0u16; 8])
             }
-            a => a
-                .trim_matches(|c| c == '[' || c == ']')
-                .parse()
-                .map_err(|_| invalid("listen_addr", format!("\"{a}\" is not an IP address")))?,
+            a => match a.trim_matches(|c| c == '[' || c == ']').parse() {
+                Ok(ip) => ip,
+                Err(_) => {
+                    listen.extend(resolve_listen(a).map_err(|e| invalid("listen_addr", e))?);
+                    continue;
+                }
+            },
         };
         listen.push(ip);
     }
@@ -490,6 +524,7 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
         ("server_idle_timeout", g.server_idle_timeout),
         ("server_connect_timeout", g.server_connect_timeout),
         ("server_login_retry", g.server_login_retry),
+        ("reserve_pool_timeout", g.reserve_pool_timeout),
         ("internal_query_timeout", g.internal_query_timeout),
         ("client_login_timeout", g.client_login_timeout),
         ("query_wait_timeout", g.query_wait_timeout),
@@ -621,7 +656,13 @@ fn validate_database(name: &str, db: &Database, g: &General, invalid: Invalid) -
 }
 
 /// Why a password, md5 hash or SCRAM secret cannot be used, if it cannot.
+/// What is wrong with a password or secret in the config. An empty one is refused, as
+/// PgBouncer refuses empty passwords: it would let any client in with an empty password
+/// (leave the key out for a user without one).
 fn secret_error(value: &str) -> Option<String> {
+    if value.is_empty() {
+        return Some("must not be empty (leave the key out for no password)".to_string());
+    }
     crate::auth::Secret::parse(value).err().map(|_| "is not a valid SCRAM-SHA-256 secret".to_string())
 }
 
@@ -643,13 +684,6 @@ fn validate_user(user: &User, g: &General, invalid: Invalid) -> Result<(), Confi
     if let Some(p) = &user.password {
         if let Some(e) = secret_error(p) {
             return Err(invalid("password", e));
-        }
-        if p.starts_with("SCRAM-SHA-256$") && g.auth_type == AuthType::Md5 {
-            return Err(invalid(
-                "password",
-                "a SCRAM secret cannot check md5 logins (auth_type = \"md5\"); give a plain password or an md5 hash"
-                    .into(),
-            ));
         }
         if md5::is_md5_hash(p) && g.auth_type == AuthType::ScramSha256 {
             return Err(invalid(

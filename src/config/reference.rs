@@ -17,6 +17,7 @@ pub fn keys() -> Vec<(&'static str, String)> {
         password: Some(String::new()),
         pool_size: Some(1),
         min_pool_size: Some(1),
+        reserve_pool_size: Some(1),
         pool_mode: Some(PoolMode::Session),
         max_db_connections: Some(1),
     };

@@ -13,7 +13,8 @@ fn defaults_are_sane() {
     let c = parse("").unwrap();
     assert_eq!(c.general.listen_port, 6432);
     assert_eq!(c.general.auth_type, AuthType::ScramSha256);
-    assert_eq!(c.general.pool_mode, PoolMode::Transaction);
+    assert_eq!(c.general.pool_mode, PoolMode::Session);
+    assert_eq!(c.general.server_tls_sslmode, crate::config::ServerTlsMode::Prefer);
     assert_eq!(c.listen, vec!["127.0.0.1".parse::<IpAddr>().unwrap()]);
     assert!(c.workers() >= 1);
 }
@@ -77,9 +78,13 @@ fn scram_is_a_short_spelling_of_scram_sha_256() {
 fn user_secrets_are_checked_against_auth_type() {
     let e = err("[users.bob]\npassword = \"SCRAM-SHA-256$4096:bad\"\n");
     assert!(e.starts_with("sluice.toml:2: users.bob.password"), "{e}");
-    let e =
-        err("[general]\nauth_type = \"md5\"\n[users.bob]\n\npassword = \"SCRAM-SHA-256$4096:c2FsdA==$AAAA:AAAA\"\n");
-    assert!(e.contains("users.bob.password"), "{e}");
+    // An empty password would let anyone in with an empty password.
+    for (text, key) in
+        [("password = \"\"", "password"), ("password = \"p\"\nserver_password = \"\"", "server_password")]
+    {
+        let e = err(&format!("[users.bob]\n{text}\n"));
+        assert!(e.contains(&format!("users.bob.{key}: must not be empty")), "{e}");
+    }
     assert!(parse("[general]\nauth_type = \"trust\"\n[users.bob]\n").is_ok());
     // What Sluice logs in to servers with: checked too, naming the key.
     let e = err("[users.bob]\npassword = \"p\"\nserver_password = \"SCRAM-SHA-256$x\"\n");
@@ -87,13 +92,16 @@ fn user_secrets_are_checked_against_auth_type() {
     let e = err("[databases.app]\nuser = \"o\"\npassword = \"SCRAM-SHA-256$x\"\n");
     assert!(e.starts_with("sluice.toml:3: databases.app.password: is not a valid"), "{e}");
     let scram = crate::auth::scram::ScramSecret::derive("p", b"0123456789abcdef", 4096).to_string();
+    // Under md5 a SCRAM secret is accepted: that user logs in with SCRAM.
+    assert!(parse(&format!("[general]\nauth_type = \"md5\"\n[users.bob]\npassword = \"{scram}\"\n")).is_ok());
     let e = err(&format!("[databases.app]\nuser = \"o\"\npassword = \"{scram}\"\n"));
     assert!(e.contains("databases.app.password: a SCRAM secret cannot log in as a database's own user"), "{e}");
     // A reload that keeps the running auth_type checks the new users against it.
     let mut c = parse(&format!("[users.x]\npassword = \"{scram}\"\n")).unwrap();
     assert!(c.check_users().is_ok());
-    c.general.auth_type = AuthType::Md5;
-    assert!(c.check_users().unwrap_err().starts_with("users.x.password: a SCRAM secret cannot check md5 logins"));
+    c.general.auth_type = AuthType::ScramSha256;
+    c.users.get_mut("x").unwrap().password = Some(crate::auth::md5::password_hash("x", "p"));
+    assert!(c.check_users().unwrap_err().starts_with("users.x.password: an md5 hash cannot check SCRAM logins"));
     for key in ["dbname", "user"] {
         let e = err(&format!("[databases.app]\n{key} = \"\"\n"));
         assert!(e.starts_with(&format!("sluice.toml:2: databases.app.{key}: must not be empty")), "{e}");
@@ -118,11 +126,29 @@ fn pool_mode_precedence() {
     assert_eq!(c.pool_mode(a, c.users.get("u")), PoolMode::Transaction);
 }
 
+/// As in PgBouncer: the user's `pool_size`, then the database's, then the default;
+/// not the user's for a database with a forced server user.
+#[test]
+fn pool_size_precedence() {
+    let c = parse(
+        "[general]\ndefault_pool_size = 7\nauth_type = \"trust\"\n[databases.a]\npool_size = 3\n[databases.b]\n[databases.f]\npool_size = 4\nuser = \"s\"\n[users.u]\npool_size = 5\n[users.v]\n",
+    )
+    .unwrap();
+    let (a, b, f) = (&c.databases["a"], &c.databases["b"], &c.databases["f"]);
+    let (u, v) = (c.users.get("u"), c.users.get("v"));
+    assert_eq!([c.pool_size(a, u), c.pool_size(b, u), c.pool_size(f, u)], [5, 5, 4]);
+    assert_eq!([c.pool_size(a, v), c.pool_size(b, v), c.pool_size(a, None)], [3, 7, 3]);
+}
+
 #[test]
 fn ipv6_and_wildcard_listen() {
     let c = parse("[general]\nlisten_addr = [\"[::1]\", \"127.0.0.1\"]\n").unwrap();
     assert_eq!(c.listen.len(), 2);
     assert_eq!(parse("[general]\nlisten_addr = [\"*\"]\n").unwrap().listen.len(), 2);
+    // A host name: every address it resolves to (here from /etc/hosts), each once.
+    let named = parse("[general]\nlisten_addr = [\"localhost\"]\n").unwrap().listen;
+    assert!(named.contains(&std::net::IpAddr::from([127, 0, 0, 1])), "{named:?}");
+    assert!(named.iter().all(|ip| ip.is_loopback()), "{named:?}");
     // Addresses that cannot all be bound: named before start-up fails on them.
     for list in [r#""::1", "[::1]""#, r#""*", "0.0.0.0""#, r#""127.0.0.1", "0.0.0.0""#] {
         let e = err(&format!("[general]\nlisten_addr = [{list}]\n"));

@@ -4,6 +4,7 @@
 
 pub mod backlog;
 pub mod listener;
+pub mod notify;
 
 use std::io;
 use std::pin::Pin;

@@ -23,7 +23,7 @@ impl Pool {
             for s in inner.idle.drain(..) {
                 let idle_too_long =
                     settings.idle_timeout.is_some_and(|t| s.last_used.elapsed() >= t) && total > settings.kept_open;
-                let too_old = settings.lifetime.is_some_and(|l| s.created.elapsed() >= l);
+                let too_old = s.created.elapsed() >= settings.lifetime;
                 // More connections than the pool's size (lowered by a reload or SET).
                 let too_many = total > settings.size;
                 if idle_too_long || too_old || too_many || s.stream.is_dead_or_noisy() {

@@ -3,6 +3,7 @@
 //! the oldest waiter, per-database and per-user connection limits, and the janitor
 //! step that retires old connections and keeps `min_pool_size` open.
 
+mod borrowed;
 mod control;
 mod learned;
 mod limit;
@@ -26,6 +27,7 @@ use crate::config::PoolMode;
 use crate::server::{ServerConn, ServerError, ServerTarget, connect};
 use crate::stats::{PoolStats, Registry, ServerInfo, ServerState};
 
+pub use borrowed::Borrowed;
 pub use learned::{Learned, LoginReply};
 pub use limit::ConnLimit;
 pub use retry::ConnectFailure;
@@ -44,7 +46,9 @@ pub struct PoolSettings {
     /// The connections kept open however idle: `min_pool_size`, at most `size` (a
     /// larger one fills the pool, no more).
     pub kept_open: usize,
-    pub lifetime: Option<Duration>,
+    /// Connections this old are closed when they come back or while idle (zero: after
+    /// one use).
+    pub lifetime: Duration,
     pub idle_timeout: Option<Duration>,
     pub connect_timeout: Option<Duration>,
     pub wait_timeout: Option<Duration>,
@@ -55,6 +59,18 @@ pub struct PoolSettings {
     pub internal_timeout: Option<Duration>,
     /// How long a failed connect holds new ones back (`server_login_retry`).
     pub login_retry: Option<Duration>,
+    /// Connections beyond `size` for a client that has waited `reserve_timeout`.
+    pub reserve: usize,
+    pub reserve_timeout: Option<Duration>,
+}
+
+impl PoolSettings {
+    /// The connections the pool may hold open for a client waiting since `since`:
+    /// its size, and the reserve once that client has waited `reserve_pool_timeout`.
+    fn room_for(&self, since: Instant) -> usize {
+        let due = self.reserve > 0 && self.reserve_timeout.is_some_and(|t| since.elapsed() >= t);
+        if due { self.size + self.reserve } else { self.size }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -166,56 +182,6 @@ impl Drop for ConnectingSlot<'_> {
     fn drop(&mut self) {
         if self.armed {
             self.pool.give_back_slot();
-        }
-    }
-}
-
-/// A server connection lent for a login's round trips (checking settings, a
-/// session-mode login): closed and its slot freed if the holder is dropped before it
-/// hands the connection on (`take`) or back (`checkin`), e.g. by `client_login_timeout`
-/// or a client that left before its login reply.
-pub struct Borrowed<'a> {
-    pool: &'a Pool,
-    server: Option<Box<ServerConn>>,
-}
-
-impl<'a> Borrowed<'a> {
-    pub fn new(pool: &'a Pool, server: Box<ServerConn>) -> Self {
-        Borrowed { pool, server: Some(server) }
-    }
-
-    /// Hands the connection on; the holder now answers for it.
-    pub fn take(mut self) -> Box<ServerConn> {
-        self.server.take().expect("a borrowed server")
-    }
-
-    pub fn checkin(self) {
-        self.pool.checkin(self.take());
-    }
-
-    /// The pool the connection belongs to.
-    pub fn pool(&self) -> &'a Pool {
-        self.pool
-    }
-}
-
-impl std::ops::Deref for Borrowed<'_> {
-    type Target = ServerConn;
-    fn deref(&self) -> &ServerConn {
-        self.server.as_ref().expect("a borrowed server")
-    }
-}
-
-impl std::ops::DerefMut for Borrowed<'_> {
-    fn deref_mut(&mut self) -> &mut ServerConn {
-        self.server.as_mut().expect("a borrowed server")
-    }
-}
-
-impl Drop for Borrowed<'_> {
-    fn drop(&mut self) {
-        if let Some(s) = self.server.take() {
-            self.pool.discard(s);
         }
     }
 }
@@ -457,7 +423,7 @@ impl Pool {
     }
 
     fn usable(&self, s: &ServerConn, settings: &PoolSettings) -> bool {
-        let expired = settings.lifetime.is_some_and(|l| s.created.elapsed() >= l);
+        let expired = s.created.elapsed() >= settings.lifetime;
         !expired && !s.broken && !self.marked(s) && !s.stream.is_dead_or_noisy()
     }
 
@@ -552,7 +518,7 @@ impl Pool {
     pub fn checkin(&self, mut s: Box<ServerConn>) {
         let settings = self.settings.load();
         let now = crate::clock::CoarseInstant::now();
-        let expired = settings.lifetime.is_some_and(|l| now.since(s.created) >= l);
+        let expired = now.since(s.created) >= settings.lifetime;
         if !s.is_clean() || expired || *s.addr() != settings.target.addr {
             return self.discard(s);
         }
@@ -615,8 +581,10 @@ impl Pool {
             inner.fail_waiters_if_none_open(&f);
             return;
         }
-        let size = settings.size;
-        while !inner.waiters.is_empty() && inner.total < size && self.acquire_limits() {
+        while let Some(front) = inner.waiters.front() {
+            if inner.total >= settings.room_for(front.since) || !self.acquire_limits() {
+                break;
+            }
             let w = inner.waiters.pop_front().expect("not empty");
             if w.tx.send(Handoff::Connect).is_ok() {
                 inner.total += 1;

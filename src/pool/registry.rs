@@ -317,7 +317,8 @@ pub fn settings_for(
         mode: cfg.pool_mode(db, user_cfg),
         size,
         kept_open: db.min_pool_size.unwrap_or(g.min_pool_size).min(size),
-        lifetime: secs(g.server_lifetime),
+        // 0: each connection used once, then closed (PgBouncer's meaning).
+        lifetime: Duration::from_secs_f64(g.server_lifetime),
         idle_timeout: secs(g.server_idle_timeout),
         connect_timeout: secs(g.server_connect_timeout),
         wait_timeout: secs(g.query_wait_timeout),
@@ -327,6 +328,8 @@ pub fn settings_for(
         reset_query_always: g.server_reset_query_always,
         internal_timeout: secs(g.internal_query_timeout),
         login_retry: secs(g.server_login_retry),
+        reserve: db.reserve_pool_size.unwrap_or(g.reserve_pool_size),
+        reserve_timeout: secs(g.reserve_pool_timeout),
     };
     Some((key, settings))
 }

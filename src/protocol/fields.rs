@@ -8,6 +8,8 @@ pub struct ErrorFields {
     pub severity: String,
     pub code: String,
     pub message: String,
+    /// The server function that raised it (`R`): never translated, unlike the message.
+    pub routine: String,
 }
 
 impl ErrorFields {
@@ -43,6 +45,7 @@ impl ErrorFields {
                 b'S' if f.severity.is_empty() => f.severity = value,
                 b'C' => f.code = value,
                 b'M' => f.message = value,
+                b'R' => f.routine = value,
                 _ => {}
             }
             body = rest;
@@ -68,9 +71,9 @@ mod tests {
 
     #[test]
     fn parses_error_fields() {
-        let body = b"SERROR\0VERROR\0C42P01\0Mrelation \"x\" does not exist\0P15\0\0";
+        let body = b"SERROR\0VERROR\0C42P01\0Mrelation \"x\" does not exist\0P15\0Rparser_open_table\0\0";
         let f = ErrorFields::parse(body).unwrap();
-        assert_eq!(f.code, "42P01");
+        assert_eq!((f.code.as_str(), f.routine.as_str()), ("42P01", "parser_open_table"));
         assert!(!f.is_fatal());
         assert!(ErrorFields::parse(b"SERROR\0").is_err());
         assert!(ErrorFields::parse(b"SERR").is_err());

@@ -40,8 +40,9 @@ impl StartupMessage {
         self.spans.iter().map(|(k, v)| (&self.text[k.clone()], &self.text[v.clone()]))
     }
 
+    /// A parameter's value; the last one when it is given twice, as in PostgreSQL.
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.params().find(|(k, _)| *k == name).map(|(_, v)| v)
+        self.params().filter(|(k, _)| *k == name).last().map(|(_, v)| v)
     }
 
     /// Protocol options (`_pq_.*`) the client asked for; Sluice supports none.
@@ -194,11 +195,12 @@ mod tests {
         assert_eq!(m.params().collect::<Vec<_>>(), vec![("user", "bob"), ("database", "db")]);
         let StartupPacket::Startup(m) = parse(&packet(PROTOCOL_3_0, b"\0")).unwrap() else { panic!() };
         assert_eq!(m.params().count(), 0);
-        // An empty value is a value; the first of a repeated name is the one `get` sees.
-        let StartupPacket::Startup(m) = parse(&packet(PROTOCOL_3_0, b"a\0\0a\0x\0\0")).unwrap() else { panic!() };
-        assert_eq!(m.params().collect::<Vec<_>>(), vec![("a", ""), ("a", "x")]);
+        // An empty value is a value; the last of a repeated name is the one `get` sees,
+        // as PostgreSQL takes the last.
+        let StartupPacket::Startup(m) = parse(&packet(PROTOCOL_3_0, b"a\0x\0a\0\0\0")).unwrap() else { panic!() };
+        assert_eq!(m.params().collect::<Vec<_>>(), vec![("a", "x"), ("a", "")]);
         assert_eq!(m.get("a"), Some(""));
-        assert_eq!(format!("{m:?}"), r#"StartupMessage { minor: 0, params: [("a", ""), ("a", "x")] }"#);
+        assert_eq!(format!("{m:?}"), r#"StartupMessage { minor: 0, params: [("a", "x"), ("a", "")] }"#);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use tokio::net::{TcpStream, UnixStream};
 
 use super::{ServerConn, ServerError};
 use crate::auth::ServerLogin;
-use crate::auth::scram::{self, ScramClient};
+use crate::auth::scram::{self, ScramClient, ScramError};
 use crate::net::{Stream, read_message};
 use crate::protocol::fields::ErrorFields;
 use crate::protocol::{ProtocolError, TxStatus, auth_code, be, body, build, read_i32};
@@ -149,6 +149,11 @@ async fn authenticate(conn: &mut ServerConn, target: &ServerTarget, login: &Serv
         let (code, data) = read_i32(body(&frame)).ok_or(ProtocolError::Malformed("Authentication"))?;
         out.clear();
         match code {
+            // After SCRAM began, only once the server proved it knows the password
+            // (SASLFinal): else anyone between Sluice and PostgreSQL could pose as it.
+            auth_code::OK if scram.as_ref().is_some_and(|c| !c.is_done()) => {
+                return Err(ScramError::Unfinished.into());
+            }
             auth_code::OK => return Ok(()),
             auth_code::CLEARTEXT => {
                 let p = login.password.as_deref().ok_or(crate::auth::LoginError::NoPassword("cleartext"))?;
@@ -218,5 +223,52 @@ mod tests {
         let r = addr.cancel_within(1, 2, std::time::Duration::from_millis(300)).await;
         assert_eq!(r.map_err(|e| e.kind()), Err(std::io::ErrorKind::TimedOut));
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+
+    /// Something posing as PostgreSQL (not PostgreSQL: it misbehaves on purpose) that
+    /// starts SCRAM and then sends AuthenticationOk without SASLFinal, i.e. without
+    /// proving it knows the password, is refused.
+    #[tokio::test]
+    async fn authentication_ok_without_the_scram_signature_is_refused() {
+        use base64::Engine;
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let impostor = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let body = |len: i32| vec![0u8; len as usize - 4];
+            let mut startup = body(s.read_i32().await.unwrap());
+            s.read_exact(&mut startup).await.unwrap();
+            let mut out = BytesMut::new();
+            build::auth_sasl(&mut out, &[scram::SCRAM_SHA_256]);
+            s.write_all(&out).await.unwrap();
+            assert_eq!(s.read_u8().await.unwrap(), b'p');
+            let mut first = body(s.read_i32().await.unwrap());
+            s.read_exact(&mut first).await.unwrap();
+            let text = String::from_utf8_lossy(&first).into_owned();
+            let nonce = text.split("r=").nth(1).expect("a client nonce").to_string();
+            let salt = base64::engine::general_purpose::STANDARD.encode(b"any salt");
+            out.clear();
+            build::auth_sasl_continue(&mut out, format!("r={nonce}more,s={salt},i=4096").as_bytes());
+            s.write_all(&out).await.unwrap();
+            assert_eq!(s.read_u8().await.unwrap(), b'p');
+            let mut last = body(s.read_i32().await.unwrap());
+            s.read_exact(&mut last).await.unwrap();
+            // AuthenticationOk at once, no SASLFinal; then ReadyForQuery.
+            s.write_all(&[b'R', 0, 0, 0, 8, 0, 0, 0, 0, b'Z', 0, 0, 0, 5, b'I']).await.unwrap();
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest).await;
+        });
+        let target = ServerTarget {
+            addr: ServerAddr { host: "127.0.0.1".into(), port },
+            database: "d".into(),
+            user: "u".into(),
+            keepalive: false,
+            tls: Arc::new(Default::default()),
+        };
+        let login = ServerLogin::plain("secret");
+        let r = connect(&target, &login, Some(Duration::from_secs(10)), 1).await;
+        let e = r.expect_err("the impostor was taken for the server");
+        assert!(e.to_string().contains("without its SCRAM signature"), "{e}");
+        impostor.await.unwrap();
     }
 }

@@ -57,11 +57,14 @@ fn config(dir: &Path, general: &str) -> Config {
     Config::parse(&text, &path).unwrap()
 }
 
+/// No TLS for clients by default; to servers `prefer`, as in PgBouncer and libpq.
 #[test]
-fn disabled_by_default() {
+fn client_tls_off_and_server_tls_preferred_by_default() {
     let pki = Pki::new();
     let (c, s) = load(&config(pki.dir.path(), "")).unwrap();
-    assert!(c.config().is_none() && s.config().is_none());
+    assert!(c.config().is_none() && s.config().is_some());
+    let (_, s) = load(&config(pki.dir.path(), "server_tls_sslmode = \"disable\"")).unwrap();
+    assert!(s.config().is_none());
 }
 
 #[test]

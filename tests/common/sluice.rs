@@ -45,7 +45,7 @@ impl Sluice {
             Some(v) => PathBuf::from(v.trim_matches('"')),
             None => PathBuf::from("/tmp"),
         };
-        launch(sluice_dir(), port, socket_dir, config)
+        launch(sluice_dir(), port, socket_dir, config, &[])
     }
 
     /// Sends SIGHUP (reload the config).
@@ -111,7 +111,8 @@ impl Sluice {
         self.child.id()
     }
 
-    fn signal(&self, signal: libc::c_int) {
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: libc::c_int) {
         // SAFETY: kill(2) has no memory-safety preconditions; the pid is our own unreaped child.
         let rc = unsafe { libc::kill(self.pid() as libc::pid_t, signal) };
         assert_eq!(rc, 0, "kill({}, {signal}): {}", self.pid(), std::io::Error::last_os_error());
@@ -188,7 +189,13 @@ fn sluice_dir() -> TempDir {
     dir
 }
 
-fn launch(dir: TempDir, port: u16, socket_dir: PathBuf, config: &str) -> Result<Sluice, String> {
+fn launch(
+    dir: TempDir,
+    port: u16,
+    socket_dir: PathBuf,
+    config: &str,
+    env: &[(String, String)],
+) -> Result<Sluice, String> {
     let config_path = dir.path().join("sluice.toml");
     std::fs::write(&config_path, config).expect("write sluice config");
     let log_path = dir.path().join("sluice.log");
@@ -201,6 +208,7 @@ fn launch(dir: TempDir, port: u16, socket_dir: PathBuf, config: &str) -> Result<
         .stderr(log)
         .env("RUST_BACKTRACE", "1")
         .env("NO_COLOR", "1") // plain log text for `wait_log` and assertions
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .spawn()
         .expect("spawn the sluice binary");
     std::fs::write(dir.path().join("sluice.pid"), child.id().to_string()).expect("write sluice.pid");
@@ -246,6 +254,8 @@ pub struct SluiceBuilder {
     databases: Vec<(String, Entries)>,
     users: Vec<(String, Entries)>,
     trust_user: bool,
+    /// Environment variables for the process.
+    env: Entries,
     dir: TempDir,
 }
 
@@ -259,6 +269,11 @@ impl SluiceBuilder {
             ("listen_port".to_string(), port.to_string()),
             ("unix_socket_dir".to_string(), toml_str(&socket_dir.display().to_string())),
             ("log_level".to_string(), toml_str("info")),
+            // Most tests are about transaction pooling (the default is session, as in
+            // PgBouncer); tests of other modes set theirs.
+            ("pool_mode".to_string(), toml_str("transaction")),
+            // The default is `prefer`; TLS tests that start PostgreSQL with TLS set theirs.
+            ("server_tls_sslmode".to_string(), toml_str("disable")),
             // One worker runs the current-thread runtime; tests that exercise the
             // multi-threaded one (pgbench, admin kill) set `workers = 2`.
             ("workers".to_string(), "1".to_string()),
@@ -271,6 +286,7 @@ impl SluiceBuilder {
             databases: Vec::new(),
             users: Vec::new(),
             trust_user: true,
+            env: Vec::new(),
             dir,
         };
         b = b.database("app", &[]);
@@ -278,6 +294,12 @@ impl SluiceBuilder {
             b = b.user(name, &[("password", &toml_str(password))]);
         }
         b
+    }
+
+    /// Sets an environment variable of the process.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        set(&mut self.env, key, value);
+        self
     }
 
     /// Sets `[general] key = value` (value is a TOML literal, e.g. `"\"transaction\""` or `"5"`).
@@ -357,7 +379,7 @@ impl SluiceBuilder {
     /// Like `start`, returning the reason and the log instead of panicking.
     pub fn try_start(self) -> Result<Sluice, String> {
         let config = self.config_text();
-        launch(self.dir, self.port, self.socket_dir, &config)
+        launch(self.dir, self.port, self.socket_dir, &config, &self.env)
     }
 }
 

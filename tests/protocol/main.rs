@@ -189,26 +189,41 @@ fn newer_protocol_minor_is_negotiated_down() {
 #[test]
 fn malformed_startup_packets_are_rejected() {
     let (_pg, s) = setup(1, "transaction");
-    let cases: Vec<Vec<u8>> = vec![
-        3u32.to_be_bytes().to_vec(),                                          // length below minimum
-        0x7fff_ffffu32.to_be_bytes().to_vec(),                                // absurd length
-        startup(&[("user", "u_trust")], 2 << 16),                             // protocol 2
-        [12u32.to_be_bytes(), (3u32 << 16).to_be_bytes(), *b"abcd"].concat(), // unterminated
-        startup(&[("database", "app")], 3 << 16),                             // no user
+    // The SQLSTATE PostgreSQL sends for each.
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (3u32.to_be_bytes().to_vec(), "08P01"),              // length below minimum
+        (0x7fff_ffffu32.to_be_bytes().to_vec(), "08P01"),    // absurd length
+        (startup(&[("user", "u_trust")], 2 << 16), "0A000"), // protocol 2
+        ([12u32.to_be_bytes(), (3u32 << 16).to_be_bytes(), *b"abcd"].concat(), "08P01"), // unterminated
+        (startup(&[("database", "app")], 3 << 16), "28000"), // no user
     ];
-    for bytes in cases {
+    for (bytes, want) in cases {
         let mut r = Raw::open(s.port);
         r.send(&bytes);
         let m = r.recv();
         if let Some((tag, body)) = &m {
             assert_eq!(*tag, b'E', "{m:?}");
-            assert!(["08P01", "28000"].contains(&sqlstate(body).as_str()), "{}", sqlstate(body));
+            assert_eq!(sqlstate(body), want, "{bytes:?}");
         }
         assert!(r.closed());
     }
     let mut ok = trust(&s);
     ok.send(&query("select 1"));
     assert_eq!(first_value(&ok.until_ready()), "1");
+}
+
+/// An md5 password message without its terminating NUL is malformed (`08P01`), not a
+/// wrong password.
+#[test]
+fn an_unterminated_md5_password_is_a_protocol_violation() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("auth_type", "\"md5\"").start();
+    let mut c = Raw::open(s.port);
+    c.send(&startup(&[("user", "u_md5"), ("database", "app")], 3 << 16));
+    let asked = c.recv().expect("an authentication request");
+    assert_eq!(asked.0, b'R', "{asked:?}");
+    c.send(&msg(b'p', b"md5abcdef"));
+    c.expect_error("08P01", "malformed password message");
 }
 
 #[test]
@@ -293,6 +308,24 @@ fn statements_pipelined_ahead_of_a_terminate_run_to_their_end() {
         assert!(common::wait_until(Duration::from_secs(20), kept), "{mode}: {}", pg.psql("select count(*) from ended"));
         assert_eq!(from_another_client(&s, "select pg_backend_pid()"), pid, "{mode}: the server was not given back");
         assert_eq!(from_another_client(&s, "select count(*) from ended"), "1", "{mode}: the open transaction was kept");
+    }
+}
+
+/// Nothing a client sends after its Terminate runs, as on PostgreSQL (which reads no
+/// further): an autocommit INSERT in the same write after it is dropped.
+#[test]
+fn nothing_after_a_terminate_runs() {
+    for mode in ["transaction", "session"] {
+        let (pg, s) = setup(1, mode);
+        pg.psql("create table after_x (a int); grant all on after_x to u_trust");
+        let mut c = trust(&s);
+        let mut last = query("select 1");
+        last.extend(msg(b'X', b""));
+        last.extend(query("insert into after_x values (1)"));
+        c.send(&last);
+        drop(c);
+        // A pool of one: the next client is served once the server is given back.
+        assert_eq!(from_another_client(&s, "select count(*) from after_x"), "0", "{mode}: ran after the Terminate");
     }
 }
 

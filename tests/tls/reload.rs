@@ -92,9 +92,8 @@ async fn server_tls_mode_change_reaches_pooled_connections() {
         row.get::<_, bool>(0)
     };
     assert!(!ssl_now().await);
-    let tls =
-        format!("[general]\nserver_tls_sslmode = \"verify-full\"\nserver_tls_ca_file = {}\n", path_str(&certs.ca));
-    s.reload_replacing("[general]\n", &tls);
+    let tls = format!("server_tls_sslmode = \"verify-full\"\nserver_tls_ca_file = {}", path_str(&certs.ca));
+    s.reload_replacing("server_tls_sslmode = \"disable\"", &tls);
     assert!(ssl_now().await, "the idle plaintext server was retired; the next one uses TLS");
 }
 

@@ -9,6 +9,7 @@ use super::Extended;
 use super::expect::{Effect, Expect, Kind, Redefinition, Reply};
 use crate::prepared::ServerStatements;
 use crate::protocol::build;
+use crate::protocol::fields::ErrorFields;
 use crate::protocol::scan::{Msg, Splice};
 use crate::protocol::{ProtocolError, be, body};
 
@@ -299,7 +300,7 @@ impl Extended {
                 server.to_close.push(id);
             } else if (item.kind == Kind::Parse || lost) && !self.settled_later(id) {
                 server.forget(id);
-            } else if f.code == "0A000" && f.message.contains("cached plan must not change result type") {
+            } else if is_stale_plan(&f) {
                 // The server's statement is stale: close and re-parse it on next use,
                 // and so on every other server of the pool.
                 self.stale.push((id, server.generation(id).unwrap_or(0)));
@@ -329,10 +330,34 @@ impl Extended {
 }
 
 /// Session mode's use of the queue (`Extended::on_client_forwarded`): kinds only.
+/// PostgreSQL's error for a prepared statement whose result type a schema change
+/// altered (`RevalidateCachedQuery`): told by the routine, which is never translated,
+/// or, from a server that leaves the routine out, by the English message.
+fn is_stale_plan(f: &ErrorFields) -> bool {
+    f.code == "0A000"
+        && (f.routine == "RevalidateCachedQuery" || f.message.contains("cached plan must not change result type"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::protocol::fe;
+
+    /// A stale statement is told from the routine, whatever the server's language
+    /// (`lc_messages`); the English message is the fallback.
+    #[test]
+    fn a_stale_plan_is_told_in_any_language() {
+        let f = |message: &str, routine: &str| ErrorFields {
+            severity: "ERROR".into(),
+            code: "0A000".into(),
+            message: message.into(),
+            routine: routine.into(),
+        };
+        assert!(is_stale_plan(&f("gecachter Plan darf den Ergebnistyp nicht ändern", "RevalidateCachedQuery")));
+        assert!(is_stale_plan(&f("cached plan must not change result type", "")));
+        assert!(!is_stale_plan(&f("gecachter Plan darf den Ergebnistyp nicht ändern", "")));
+        assert!(!is_stale_plan(&f("something else not supported", "transformStmt")));
+    }
 
     fn sent(e: &mut Extended, tags: &[u8]) -> u32 {
         tags.iter().map(|&t| u32::from(e.on_client_forwarded(t))).sum()

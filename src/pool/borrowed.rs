@@ -1,0 +1,54 @@
+//! A server connection lent outside the relay, for a login's round trips.
+
+use super::Pool;
+use crate::server::ServerConn;
+
+/// A server connection lent for a login's round trips (checking settings, a
+/// session-mode login): closed and its slot freed if the holder is dropped before it
+/// hands the connection on (`take`) or back (`checkin`), e.g. by `client_login_timeout`
+/// or a client that left before its login reply.
+pub struct Borrowed<'a> {
+    pool: &'a Pool,
+    server: Option<Box<ServerConn>>,
+}
+
+impl<'a> Borrowed<'a> {
+    pub fn new(pool: &'a Pool, server: Box<ServerConn>) -> Self {
+        Borrowed { pool, server: Some(server) }
+    }
+
+    /// Hands the connection on; the holder now answers for it.
+    pub fn take(mut self) -> Box<ServerConn> {
+        self.server.take().expect("a borrowed server")
+    }
+
+    pub fn checkin(self) {
+        self.pool.checkin(self.take());
+    }
+
+    /// The pool the connection belongs to.
+    pub fn pool(&self) -> &'a Pool {
+        self.pool
+    }
+}
+
+impl std::ops::Deref for Borrowed<'_> {
+    type Target = ServerConn;
+    fn deref(&self) -> &ServerConn {
+        self.server.as_ref().expect("a borrowed server")
+    }
+}
+
+impl std::ops::DerefMut for Borrowed<'_> {
+    fn deref_mut(&mut self) -> &mut ServerConn {
+        self.server.as_mut().expect("a borrowed server")
+    }
+}
+
+impl Drop for Borrowed<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.server.take() {
+            self.pool.discard(s);
+        }
+    }
+}
