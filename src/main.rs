@@ -17,10 +17,17 @@ struct Cli {
     /// Check the configuration and exit.
     #[arg(long)]
     check: bool,
+    /// Print a Sluice config converted from this PgBouncer config (pgbouncer.ini) and
+    /// exit; what cannot be converted is noted on stderr and as comments.
+    #[arg(long, value_name = "PGBOUNCER_INI")]
+    from_pgbouncer: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(ini) = &cli.from_pgbouncer {
+        return convert(ini);
+    }
     let cfg = match Config::load(&cli.config) {
         Ok(c) => c,
         Err(e) => {
@@ -77,5 +84,29 @@ fn init_logging(cfg: &Config) {
     match cfg.general.log_format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
+    }
+}
+
+/// `--from-pgbouncer`: the converted config on stdout, the notes on stderr.
+fn convert(ini: &std::path::Path) -> ExitCode {
+    let text = match std::fs::read_to_string(ini) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("sluice: {}: cannot read: {e}", ini.display());
+            return ExitCode::from(2);
+        }
+    };
+    match sluice::config::convert::from_pgbouncer_ini(&text) {
+        Ok(c) => {
+            print!("{}", c.toml);
+            for n in &c.notes {
+                eprintln!("sluice: {}: {n}", ini.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("sluice: {}: {e}", ini.display());
+            ExitCode::from(2)
+        }
     }
 }

@@ -318,6 +318,76 @@ fn tells_the_service_manager_when_ready_and_stopping() {
     assert_eq!(next(), "STOPPING=1");
 }
 
+/// PgBouncer's userlist.txt read as it is (`auth_file`): a user only in the file logs
+/// in with the SCRAM secret it holds (here copied from pg_authid, as userlist files
+/// often are), one also under `[users]` with the file's md5 hash; a reload reads the
+/// file again (a user taken out of it is refused, with the wrong-password error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_and_passwords_from_a_pgbouncer_userlist() {
+    let pg = PgCluster::start();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("userlist.txt");
+    let scram = pg.scram_secret(Role::SCRAM.name);
+    let md5 = common::md5_secret(Role::MD5.name, Role::MD5.password);
+    let both = format!("; from PgBouncer\n\"{}\" \"{scram}\"\n\"{}\" \"{md5}\"\n", Role::SCRAM.name, Role::MD5.name);
+    std::fs::write(&file, &both).unwrap();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"md5\"")
+        .general("auth_file", &common::toml_str(file.to_str().unwrap()))
+        .without_user(Role::SCRAM.name)
+        .without_user(Role::MD5.name)
+        .user(Role::MD5.name, &[("pool_mode", "\"session\"")])
+        .start();
+    for role in [Role::SCRAM, Role::MD5] {
+        let c = connect(s.port, role.name, role.password, "app").await;
+        assert_eq!(value(&c, "select current_user").await, role.name);
+    }
+    let md5_only = format!("\"{}\" \"{md5}\"\n", Role::MD5.name);
+    std::fs::write(&file, md5_only).unwrap();
+    s.reload();
+    let refused = common::eventually(Duration::from_secs(10), || async {
+        try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await.is_err()
+    })
+    .await;
+    assert!(refused, "a user taken out of the auth_file still logs in after a reload");
+    let e = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await.unwrap_err();
+    assert_eq!(common::code(&e), "28P01", "{e}");
+}
+
+/// `sluice --from-pgbouncer pgbouncer.ini` prints a config that `--check` accepts and
+/// that serves the databases the ini had, with what it could not convert on stderr.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pgbouncer_ini_converted_serves_its_databases() {
+    let pg = PgCluster::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("userlist.txt"), "\"u_md5\" \"pw_md5\"\n").unwrap();
+    let port = common::free_port();
+    let ini = format!(
+        "[databases]\nmain = host=127.0.0.1 port={} dbname=app pool_size=2 application_name=x\n\
+         [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+         auth_file = {}\npool_mode = transaction\nlogfile = /var/log/pgbouncer.log\n",
+        pg.port,
+        dir.path().join("userlist.txt").display()
+    );
+    std::fs::write(dir.path().join("pgbouncer.ini"), ini).unwrap();
+    let sluice = env!("CARGO_BIN_EXE_sluice");
+    let out = std::process::Command::new(sluice)
+        .arg("--from-pgbouncer")
+        .arg(dir.path().join("pgbouncer.ini"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let notes = String::from_utf8_lossy(&out.stderr);
+    assert!(notes.contains("logfile") && notes.contains("application_name"), "{notes}");
+    let converted = dir.path().join("sluice.toml");
+    std::fs::write(&converted, &out.stdout).unwrap();
+    let check = std::process::Command::new(sluice).arg("--check").arg("--config").arg(&converted).output().unwrap();
+    assert!(check.status.success(), "{}\n{}", String::from_utf8_lossy(&check.stderr), String::from_utf8_lossy(&out.stdout));
+    let s = Sluice::start(&String::from_utf8_lossy(&out.stdout));
+    let c = connect(s.port, Role::MD5.name, Role::MD5.password, "main").await;
+    assert_eq!(value(&c, "select current_database()").await, "app");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listens_on_ipv6_loopback_too() {
     if !common::has_ipv6_loopback() {

@@ -1,9 +1,11 @@
 //! Configuration: the TOML file, its validation (every error names file, line and key),
 //! and the derived settings the rest of Sluice reads.
 
+pub mod convert;
 mod keep;
 mod locate;
 pub mod reference;
+mod userlist;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -145,6 +147,8 @@ pub struct General {
     pub unix_socket_mode: String,
     pub workers: usize,
     pub auth_type: AuthType,
+    /// PgBouncer's userlist.txt, read for users' passwords ("" = none).
+    pub auth_file: String,
     pub pool_mode: PoolMode,
     pub default_pool_size: usize,
     pub min_pool_size: usize,
@@ -214,6 +218,7 @@ impl Default for General {
             unix_socket_mode: "0777".into(),
             workers: 0,
             auth_type: AuthType::ScramSha256,
+            auth_file: String::new(),
             // PgBouncer's default: the mode no application can notice.
             pool_mode: PoolMode::Session,
             default_pool_size: 20,
@@ -355,6 +360,14 @@ pub fn secs(v: f64) -> Option<Duration> {
     (v > 0.0).then(|| Duration::from_secs_f64(v))
 }
 
+/// `file` as named in the config at `config`: relative to the config's directory.
+fn resolve_from(config: &Path, file: &str) -> PathBuf {
+    match config.parent() {
+        Some(dir) if Path::new(file).is_relative() => dir.join(file),
+        _ => PathBuf::from(file),
+    }
+}
+
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let file = path.display().to_string();
@@ -382,14 +395,14 @@ impl Config {
         for (name, user) in &raw.users {
             validate_user(user, &raw.general, &|k, m| invalid(&["users", name], k, m))?;
         }
-        validate_admin(&raw.general, &raw.databases, &raw.users, &|k, m| invalid(&["general"], k, m))?;
-        Ok(Config {
-            path: path.to_path_buf(),
-            general: raw.general,
-            databases: raw.databases,
-            users: raw.users,
-            listen,
-        })
+        let mut users = raw.users;
+        if !raw.general.auth_file.is_empty() {
+            let g = &raw.general;
+            let check = |u: &User| validate_user(u, g, &unplaced).map_err(|e| keyed("", e));
+            userlist::merge(&resolve_from(path, &g.auth_file), &mut users, &check)?;
+        }
+        validate_admin(&raw.general, &raw.databases, &users, &|k, m| invalid(&["general"], k, m))?;
+        Ok(Config { path: path.to_path_buf(), general: raw.general, databases: raw.databases, users, listen })
     }
 
     /// This configuration with another `[general]` section, validated as at load (for
@@ -429,10 +442,7 @@ impl Config {
 
     /// A file named in the config: relative paths are relative to the config file's directory.
     pub fn resolve(&self, file: &str) -> PathBuf {
-        match self.path.parent() {
-            Some(dir) if Path::new(file).is_relative() => dir.join(file),
-            _ => PathBuf::from(file),
-        }
+        resolve_from(&self.path, file)
     }
 
     /// An error about `[general] key` found after parsing (a file it names cannot be

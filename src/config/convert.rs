@@ -1,0 +1,278 @@
+//! `sluice --from-pgbouncer pgbouncer.ini`: a PgBouncer config turned into a Sluice
+//! one. `[pgbouncer]` settings Sluice has under the same name are carried over with
+//! their TOML types; `[databases]` connection strings and `[users]` lines become
+//! tables; what Sluice does not have is kept as a comment with a note saying so, so
+//! nothing is dropped silently. Where PgBouncer's default differs from Sluice's
+//! (`auth_type`, `listen_addr`), PgBouncer's is written out, so the converted file
+//! behaves as the old one did.
+
+use toml::Value;
+
+use super::General;
+
+/// The converted config (TOML text, with the notes as comments where they belong)
+/// and the notes, one line each.
+pub struct Converted {
+    pub toml: String,
+    pub notes: Vec<String>,
+}
+
+/// What PgBouncer settings that Sluice spells differently or lacks become.
+fn unsupported_why(key: &str) -> &'static str {
+    match key {
+        "logfile" | "syslog" | "syslog_ident" | "syslog_facility" => "Sluice logs to stderr",
+        "pidfile" | "user" => "Sluice runs in the foreground under a service manager",
+        "ignore_startup_parameters" => "not needed: Sluice applies every startup parameter",
+        "auth_query" | "auth_user" | "auth_dbname" | "auth_hba_file" | "auth_ident_file" => {
+            "no auth_query or hba in Sluice: list users in auth_file or [users]"
+        }
+        _ => "no such setting in Sluice",
+    }
+}
+
+pub fn from_pgbouncer_ini(text: &str) -> Result<Converted, String> {
+    let known = match Value::try_from(General::default()) {
+        Ok(Value::Table(t)) => t,
+        _ => return Err("internal: the general section does not serialize".into()),
+    };
+    let mut out = Converted { toml: String::new(), notes: Vec::new() };
+    let (mut general, mut databases, mut users) = (String::new(), String::new(), String::new());
+    let (mut seen, mut socket_dir) = (Vec::new(), "/tmp".to_string());
+    let mut section = String::new();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with(';') || line.starts_with('#') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.trim().to_ascii_lowercase();
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            let note = format!("line {}: not converted: {line}", i + 1);
+            general.push_str(&format!("# {note}\n"));
+            out.notes.push(note);
+            continue;
+        };
+        let (key, value) = (key.trim(), value.trim());
+        match section.as_str() {
+            "pgbouncer" => {
+                let key = key.to_ascii_lowercase();
+                if key == "unix_socket_dir" {
+                    socket_dir = value.to_string();
+                }
+                seen.push(key.clone());
+                match setting(&key, value, known.get(&key)) {
+                    Ok(v) => general.push_str(&format!("{key} = {v}\n")),
+                    Err(why) => {
+                        let note = format!("line {}: {key} = {value}: {why}", i + 1);
+                        general.push_str(&format!("# {note}\n"));
+                        out.notes.push(note);
+                    }
+                }
+            }
+            "databases" => databases.push_str(&database(key, value, i + 1, &mut out.notes)),
+            "users" => users.push_str(&user(key, value, i + 1, &mut out.notes)),
+            other => out.notes.push(format!("line {}: section [{other}] not converted", i + 1)),
+        }
+    }
+    // PgBouncer's defaults where Sluice's differ.
+    if !seen.iter().any(|k| k == "auth_type") {
+        general.push_str("# PgBouncer's default (Sluice's is scram-sha-256)\nauth_type = \"md5\"\n");
+    }
+    if !seen.iter().any(|k| k == "listen_addr") {
+        general.push_str("# PgBouncer's default: no TCP listener, the Unix socket only\nlisten_addr = []\n");
+    }
+    // A database without a host is reached on PgBouncer's Unix socket directory.
+    let databases = databases.replace(NO_HOST, &format!("host = {}\n", Value::String(socket_dir)));
+    out.toml = format!(
+        "# Converted from a PgBouncer config by `sluice --from-pgbouncer`; check it with\n\
+         # `sluice --check --config FILE`, and see docs/from-pgbouncer.md.\n\n[general]\n{general}{databases}{users}"
+    );
+    Ok(out)
+}
+
+/// Marks a database entry that named no host, filled in once the whole file is read.
+const NO_HOST: &str = "host = @PGBOUNCER_UNIX_SOCKET@\n";
+
+/// A `[pgbouncer]` value as the TOML Sluice's same-named key takes, or why not.
+fn setting(key: &str, value: &str, default: Option<&Value>) -> Result<Value, String> {
+    let Some(default) = default else {
+        return Err(unsupported_why(key).to_string());
+    };
+    let bad = |what: &str| format!("not {what}");
+    Ok(match default {
+        Value::Integer(_) => Value::Integer(value.parse().map_err(|_| bad("an integer"))?),
+        Value::Float(_) => Value::Float(value.parse().map_err(|_| bad("a number of seconds"))?),
+        Value::Boolean(_) => Value::Boolean(match value.to_ascii_lowercase().as_str() {
+            "1" | "on" | "true" | "yes" => true,
+            "0" | "off" | "false" | "no" => false,
+            _ => return Err(bad("a boolean")),
+        }),
+        Value::Array(_) if key == "client_tls_protocols" => return tls_protocols(value),
+        Value::Array(_) => {
+            let items = value.split(',').map(str::trim).filter(|s| !s.is_empty());
+            Value::Array(items.map(|s| Value::String(s.to_string())).collect())
+        }
+        _ if key == "auth_type" && !["md5", "scram-sha-256", "trust", "cert"].contains(&value) => {
+            return Err("Sluice supports md5, scram-sha-256, trust and cert".into());
+        }
+        _ => Value::String(value.to_string()),
+    })
+}
+
+fn tls_protocols(value: &str) -> Result<Value, String> {
+    match value.to_ascii_lowercase().as_str() {
+        "secure" | "default" => Err("Sluice's default (TLS 1.2 and 1.3) is the same; left out".into()),
+        "all" | "legacy" => Err("TLS before 1.2 is not supported; Sluice's default is TLS 1.2 and 1.3".into()),
+        list => {
+            let items = list.split(',').map(str::trim).filter(|s| !s.is_empty());
+            Ok(Value::Array(items.map(|s| Value::String(s.to_string())).collect()))
+        }
+    }
+}
+
+/// `key=value key='quoted value' ...` as PgBouncer's `[databases]` and `[users]`
+/// lines write them.
+fn pairs(s: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = s.trim();
+    while let Some((key, after)) = rest.split_once('=') {
+        let after = after.trim_start();
+        let (value, next) = match after.strip_prefix('\'') {
+            Some(q) => q.split_once('\'').unwrap_or((q, "")),
+            None => after.split_once(char::is_whitespace).unwrap_or((after, "")),
+        };
+        out.push((key.trim().to_ascii_lowercase(), value.to_string()));
+        rest = next.trim_start();
+    }
+    out
+}
+
+/// A `[databases]` line as a `[databases."NAME"]` table.
+fn database(name: &str, conn: &str, line: usize, notes: &mut Vec<String>) -> String {
+    let title = Value::String(name.to_string());
+    if name == "*" {
+        notes.push(format!("line {line}: the `*` fallback database is not supported: list each database"));
+        return format!("\n# line {line}: not converted (no fallback database in Sluice): * = {conn}\n");
+    }
+    let mut out = format!("\n[databases.{title}]\n");
+    let mut host = false;
+    for (key, value) in pairs(conn) {
+        let key = if key == "reserve_pool" { "reserve_pool_size".to_string() } else { key };
+        let v = match key.as_str() {
+            "host" if value.contains(',') => Err("host lists are not supported".to_string()),
+            "host" | "dbname" | "user" | "password" | "pool_mode" => Ok(Value::String(value.clone())),
+            "port" | "pool_size" | "min_pool_size" | "reserve_pool_size" | "max_db_connections" => {
+                value.parse().map(Value::Integer).map_err(|_| "not an integer".to_string())
+            }
+            _ => Err("no such database setting in Sluice".to_string()),
+        };
+        host |= key == "host";
+        match v {
+            Ok(v) => out.push_str(&format!("{key} = {v}\n")),
+            Err(why) => {
+                notes.push(format!("line {line}: database {name}: {key}={value}: {why}"));
+                out.push_str(&format!("# not converted ({why}): {key} = {value}\n"));
+            }
+        }
+    }
+    if !host {
+        out.push_str("# PgBouncer's default: its Unix socket directory\n");
+        out.push_str(NO_HOST);
+    }
+    out
+}
+
+/// A `[users]` line as a `[users."NAME"]` table.
+fn user(name: &str, settings: &str, line: usize, notes: &mut Vec<String>) -> String {
+    let mut out = format!("\n[users.{}]\n", Value::String(name.to_string()));
+    for (key, value) in pairs(settings) {
+        let v = match key.as_str() {
+            "pool_mode" => Ok(Value::String(value.clone())),
+            "pool_size" | "max_user_connections" => {
+                value.parse().map(Value::Integer).map_err(|_| "not an integer".to_string())
+            }
+            _ => Err("no such user setting in Sluice".to_string()),
+        };
+        match v {
+            Ok(v) => out.push_str(&format!("{key} = {v}\n")),
+            Err(why) => {
+                notes.push(format!("line {line}: user {name}: {key}={value}: {why}"));
+                out.push_str(&format!("# not converted ({why}): {key} = {value}\n"));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INI: &str = "\
+;; a production-like pgbouncer.ini
+[databases]
+app = host=db1 port=5433 dbname=app_prod pool_size=40 reserve_pool=5
+local = dbname=app user=owner password='s3 cret'
+* = host=db1
+[users]
+alice = pool_mode=session pool_size=5
+[pgbouncer]
+listen_addr = 127.0.0.1, ::1
+listen_port = 6432
+unix_socket_dir = /var/run/postgresql
+auth_file = /etc/pgbouncer/userlist.txt
+pool_mode = transaction
+max_client_conn = 1000
+server_reset_query_always = 0
+query_wait_timeout = 30
+admin_users = postgres, alice
+logfile = /var/log/pgbouncer/pgbouncer.log
+client_tls_protocols = secure
+";
+
+    #[test]
+    fn a_pgbouncer_ini_becomes_a_config_sluice_loads() {
+        let c = from_pgbouncer_ini(INI).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let userlist = "\"alice\" \"md5abcdefabcdefabcdefabcdefabcdefab\"\n\"postgres\" \"pw\"\n";
+        std::fs::write(dir.path().join("userlist.txt"), userlist).unwrap();
+        let toml = c.toml.replace("/etc/pgbouncer/userlist.txt", "userlist.txt");
+        let cfg = super::super::Config::parse(&toml, &dir.path().join("sluice.toml"))
+            .unwrap_or_else(|e| panic!("{e}\n{toml}"));
+        let g = &cfg.general;
+        assert_eq!(g.listen_addr, vec!["127.0.0.1".to_string(), "::1".to_string()]);
+        assert_eq!(
+            (g.pool_mode, g.max_client_conn, g.query_wait_timeout),
+            (super::super::PoolMode::Transaction, 1000, 30.0)
+        );
+        assert_eq!((g.auth_type, g.server_reset_query_always), (super::super::AuthType::Md5, false));
+        assert_eq!(g.admin_users, vec!["postgres".to_string(), "alice".to_string()]);
+        let app = &cfg.databases["app"];
+        assert_eq!((app.host.as_str(), app.port, app.dbname.as_deref()), ("db1", 5433, Some("app_prod")));
+        assert_eq!((app.pool_size, app.reserve_pool_size), (Some(40), Some(5)));
+        let local = &cfg.databases["local"];
+        assert_eq!((local.host.as_str(), local.password.as_deref()), ("/var/run/postgresql", Some("s3 cret")));
+        assert_eq!(cfg.users["alice"].pool_size, Some(5));
+        assert!(cfg.users["alice"].password.is_some(), "from the auth_file");
+        // What has no place in Sluice is named, in the notes and in the file.
+        for what in ["logfile", "`*` fallback", "client_tls_protocols"] {
+            assert!(c.notes.iter().any(|n| n.contains(what)), "{what}: {:?}", c.notes);
+        }
+        assert!(toml.contains("# line 18: logfile = /var/log/pgbouncer/pgbouncer.log"), "{toml}");
+    }
+
+    #[test]
+    fn pgbouncer_defaults_are_kept_where_sluices_differ() {
+        let c = from_pgbouncer_ini("[databases]\napp = host=127.0.0.1\n[pgbouncer]\nauth_type = trust\n").unwrap();
+        let cfg = super::super::Config::parse(&c.toml, std::path::Path::new("x.toml")).unwrap();
+        assert!(cfg.listen.is_empty(), "PgBouncer listens on no TCP address unless told");
+        assert_eq!(cfg.general.auth_type, super::super::AuthType::Trust);
+        let c = from_pgbouncer_ini("[pgbouncer]\nlisten_addr = *\n").unwrap();
+        let cfg = super::super::Config::parse(&c.toml, std::path::Path::new("x.toml")).unwrap();
+        assert_eq!(cfg.general.auth_type, super::super::AuthType::Md5);
+        let bad = from_pgbouncer_ini("[pgbouncer]\nauth_type = hba\nmax_client_conn = many\n").unwrap();
+        assert_eq!(bad.notes.len(), 2, "{:?}", bad.notes);
+    }
+}
