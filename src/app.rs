@@ -299,7 +299,18 @@ impl App {
 pub fn bind(cfg: &Config) -> Result<Vec<Listener>, AppError> {
     let g = &cfg.general;
     let mut out = Vec::new();
-    for ip in &cfg.listen {
+    // Host names in listen_addr: every address they resolve to now, once.
+    let mut ips = cfg.listen.clone();
+    for name in cfg.listen_names() {
+        let found = crate::config::resolve_listen(name)
+            .map_err(|e| AppError::Listen { what: "listen_addr".into(), source: std::io::Error::other(e) })?;
+        for ip in found {
+            if !ips.contains(&ip) {
+                ips.push(ip);
+            }
+        }
+    }
+    for ip in &ips {
         let l = Listener::tcp(*ip, g.listen_port, g.tcp_keepalive)
             .map_err(|source| AppError::Listen { what: format!("{ip} port {}", g.listen_port), source })?;
         out.push(l);

@@ -382,10 +382,24 @@ async fn a_pgbouncer_ini_converted_serves_its_databases() {
     let converted = dir.path().join("sluice.toml");
     std::fs::write(&converted, &out.stdout).unwrap();
     let check = std::process::Command::new(sluice).arg("--check").arg("--config").arg(&converted).output().unwrap();
-    assert!(check.status.success(), "{}\n{}", String::from_utf8_lossy(&check.stderr), String::from_utf8_lossy(&out.stdout));
+    assert!(
+        check.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&check.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
     let s = Sluice::start(&String::from_utf8_lossy(&out.stdout));
     let c = connect(s.port, Role::MD5.name, Role::MD5.password, "main").await;
     assert_eq!(value(&c, "select current_database()").await, "app");
+}
+
+/// `listen_addr` takes a host name, resolved when Sluice starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listens_on_a_host_name() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("listen_addr", r#"["localhost"]"#).start();
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&c, "select 7").await, "7");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -709,6 +709,14 @@ async fn the_reserve_pool_serves_a_client_that_waited_reserve_pool_timeout() {
     let pid_b = served.expect("the reserve never served the waiting client");
     assert!(asked.elapsed() >= Duration::from_secs(1), "served before reserve_pool_timeout");
     assert_ne!(pid_b, pid_a, "a holds the pool's only connection in its transaction");
+    // The reserve connection goes on serving while it is needed (not closed and opened
+    // again per transaction): b's next statements find it (the janitor closes it once
+    // idle at its once-a-second pass, so at most one of them can miss it).
+    let mut pids = vec![pid_b];
+    for _ in 0..3 {
+        pids.push(value(&b, "select pg_backend_pid()").await);
+    }
+    assert!(pids.windows(2).any(|w| w[0] == w[1]), "a new connection per statement: {pids:?}");
     let closed = tokio::task::block_in_place(|| {
         wait_until(Duration::from_secs(10), || pg.backends(&format!("usename = 'u_scram' and pid <> {pid_a}")) == 0)
     });

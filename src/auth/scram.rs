@@ -275,13 +275,13 @@ impl ScramClient {
         Ok(format!("{without_proof},p={}", B64.encode(proof)).into_bytes())
     }
 
-    /// Verifies "v=..." (constant time); "e=..." gives `ScramError::Server(text)`.
     /// Whether the exchange is over: the server's signature checked (or the server's
     /// error read).
     pub fn is_done(&self) -> bool {
         matches!(self.state, ClientState::Done)
     }
 
+    /// Verifies "v=..." (constant time); "e=..." gives `ScramError::Server(text)`.
     pub fn handle_server_final(&mut self, data: &[u8]) -> Result<(), ScramError> {
         let ClientState::AwaitingFinal { server_signature } = std::mem::replace(&mut self.state, ClientState::Done)
         else {

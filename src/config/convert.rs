@@ -71,8 +71,8 @@ pub fn from_pgbouncer_ini(text: &str) -> Result<Converted, String> {
                     }
                 }
             }
-            "databases" => databases.push_str(&database(key, value, i + 1, &mut out.notes)),
-            "users" => users.push_str(&user(key, value, i + 1, &mut out.notes)),
+            "databases" => databases.push_str(&database(&unquote_name(key), value, i + 1, &mut out.notes)),
+            "users" => users.push_str(&user(&unquote_name(key), value, i + 1, &mut out.notes)),
             other => out.notes.push(format!("line {}: section [{other}] not converted", i + 1)),
         }
     }
@@ -132,21 +132,56 @@ fn tls_protocols(value: &str) -> Result<Value, String> {
     }
 }
 
+/// A `[databases]` or `[users]` name as PgBouncer reads it: in double quotes (a double
+/// quote inside written twice) it may hold what an SQL identifier may.
+fn unquote_name(key: &str) -> String {
+    match key.strip_prefix('"').and_then(|k| k.strip_suffix('"')) {
+        Some(inner) => inner.replace("\"\"", "\""),
+        None => key.to_string(),
+    }
+}
+
 /// `key=value key='quoted value' ...` as PgBouncer's `[databases]` and `[users]`
-/// lines write them.
+/// lines write them (libpq's conninfo quoting: inside single quotes, `\'` and `''`
+/// stand for a quote and `\\` for a backslash).
 fn pairs(s: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let mut rest = s.trim();
     while let Some((key, after)) = rest.split_once('=') {
         let after = after.trim_start();
         let (value, next) = match after.strip_prefix('\'') {
-            Some(q) => q.split_once('\'').unwrap_or((q, "")),
-            None => after.split_once(char::is_whitespace).unwrap_or((after, "")),
+            Some(q) => quoted_value(q),
+            None => {
+                let (v, n) = after.split_once(char::is_whitespace).unwrap_or((after, ""));
+                (v.to_string(), n)
+            }
         };
-        out.push((key.trim().to_ascii_lowercase(), value.to_string()));
+        out.push((key.trim().to_ascii_lowercase(), value));
         rest = next.trim_start();
     }
     out
+}
+
+/// The value of a single-quoted field whose opening quote is gone, and what follows it.
+fn quoted_value(s: &str) -> (String, &str) {
+    let mut value = String::new();
+    let mut chars = s.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some((_, n)) = chars.next() {
+                    value.push(n);
+                }
+            }
+            '\'' if chars.peek().is_some_and(|&(_, n)| n == '\'') => {
+                chars.next();
+                value.push('\'');
+            }
+            '\'' => return (value, &s[i + 1..]),
+            c => value.push(c),
+        }
+    }
+    (value, "")
 }
 
 /// A `[databases]` line as a `[databases."NAME"]` table.
@@ -214,7 +249,8 @@ mod tests {
 ;; a production-like pgbouncer.ini
 [databases]
 app = host=db1 port=5433 dbname=app_prod pool_size=40 reserve_pool=5
-local = dbname=app user=owner password='s3 cret'
+local = dbname=app user=owner password='s3 c''r\\'et' pool_size=3
+\"my-db\" = host=db2
 * = host=db1
 [users]
 alice = pool_mode=session pool_size=5
@@ -253,14 +289,16 @@ client_tls_protocols = secure
         assert_eq!((app.host.as_str(), app.port, app.dbname.as_deref()), ("db1", 5433, Some("app_prod")));
         assert_eq!((app.pool_size, app.reserve_pool_size), (Some(40), Some(5)));
         let local = &cfg.databases["local"];
-        assert_eq!((local.host.as_str(), local.password.as_deref()), ("/var/run/postgresql", Some("s3 cret")));
+        assert_eq!((local.host.as_str(), local.password.as_deref()), ("/var/run/postgresql", Some("s3 c'r'et")));
+        assert_eq!(local.pool_size, Some(3), "what follows a quoted value is read too");
+        assert_eq!(cfg.databases["my-db"].host, "db2", "a quoted name, unquoted");
         assert_eq!(cfg.users["alice"].pool_size, Some(5));
         assert!(cfg.users["alice"].password.is_some(), "from the auth_file");
         // What has no place in Sluice is named, in the notes and in the file.
         for what in ["logfile", "`*` fallback", "client_tls_protocols"] {
             assert!(c.notes.iter().any(|n| n.contains(what)), "{what}: {:?}", c.notes);
         }
-        assert!(toml.contains("# line 18: logfile = /var/log/pgbouncer/pgbouncer.log"), "{toml}");
+        assert!(toml.contains("# line 19: logfile = /var/log/pgbouncer/pgbouncer.log"), "{toml}");
     }
 
     #[test]

@@ -426,6 +426,16 @@ impl Config {
         Ok(())
     }
 
+    /// The host names in `listen_addr` (not `*`, not IP addresses), resolved by
+    /// `app::bind` at start-up.
+    pub fn listen_names(&self) -> impl Iterator<Item = &str> {
+        self.general
+            .listen_addr
+            .iter()
+            .map(String::as_str)
+            .filter(|a| *a != "*" && a.trim_matches(|c| c == '[' || c == ']').parse::<IpAddr>().is_err())
+    }
+
     /// The pool mode for a (database, user) pair: user, then database, then general.
     pub fn pool_mode(&self, db: &Database, user: Option<&User>) -> PoolMode {
         user.and_then(|u| u.pool_mode).filter(|_| db.user.is_none()).or(db.pool_mode).unwrap_or(self.general.pool_mode)
@@ -469,7 +479,7 @@ type Invalid<'a> = &'a dyn Fn(&str, String) -> ConfigError;
 
 /// The addresses a host name in `listen_addr` resolves to (`localhost`: 127.0.0.1 and
 /// ::1 where the system has it), each once, in the resolver's order.
-fn resolve_listen(name: &str) -> Result<Vec<IpAddr>, String> {
+pub fn resolve_listen(name: &str) -> Result<Vec<IpAddr>, String> {
     use std::net::ToSocketAddrs;
     let found = (name, 0u16)
         .to_socket_addrs()
@@ -493,10 +503,10 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
             }
             a => match a.trim_matches(|c| c == '[' || c == ']').parse() {
                 Ok(ip) => ip,
-                Err(_) => {
-                    listen.extend(resolve_listen(a).map_err(|e| invalid("listen_addr", e))?);
-                    continue;
-                }
+                // A host name: resolved when the listeners are bound, at start-up only
+                // (`Config::listen_names`), so a reload or SET waits for no resolver.
+                Err(_) if !a.is_empty() && !a.contains(char::is_whitespace) => continue,
+                Err(_) => return Err(invalid("listen_addr", format!("\"{a}\" is not an IP address or a host name"))),
             },
         };
         listen.push(ip);
@@ -665,10 +675,9 @@ fn validate_database(name: &str, db: &Database, g: &General, invalid: Invalid) -
     Ok(())
 }
 
-/// Why a password, md5 hash or SCRAM secret cannot be used, if it cannot.
-/// What is wrong with a password or secret in the config. An empty one is refused, as
-/// PgBouncer refuses empty passwords: it would let any client in with an empty password
-/// (leave the key out for a user without one).
+/// Why a password, md5 hash or SCRAM secret in the config cannot be used, if it cannot.
+/// An empty one is refused: it would let any client in with an empty password (leave
+/// the key out for a user without one; PgBouncer refuses empty passwords at login).
 fn secret_error(value: &str) -> Option<String> {
     if value.is_empty() {
         return Some("must not be empty (leave the key out for no password)".to_string());

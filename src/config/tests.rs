@@ -47,7 +47,7 @@ fn wrong_type_and_bad_enum_name_line() {
 fn semantic_errors_name_file_line_and_key() {
     let e = err("[general]\nauth_type = \"trust\"\n[databases.app]\nhost = \"h\"\nport = 0\n");
     assert_eq!(e, "sluice.toml:5: databases.app.port: must be between 1 and 65535");
-    let e = err("[general]\nlisten_addr = [\"nope\"]\n");
+    let e = err("[general]\nlisten_addr = [\"not a host\"]\n");
     assert!(e.starts_with("sluice.toml:2: general.listen_addr:"), "{e}");
     let e = err("[general]\nquery_timeout = -1\n");
     assert!(e.starts_with("sluice.toml:2: general.query_timeout:"), "{e}");
@@ -145,10 +145,15 @@ fn ipv6_and_wildcard_listen() {
     let c = parse("[general]\nlisten_addr = [\"[::1]\", \"127.0.0.1\"]\n").unwrap();
     assert_eq!(c.listen.len(), 2);
     assert_eq!(parse("[general]\nlisten_addr = [\"*\"]\n").unwrap().listen.len(), 2);
-    // A host name: every address it resolves to (here from /etc/hosts), each once.
-    let named = parse("[general]\nlisten_addr = [\"localhost\"]\n").unwrap().listen;
+    // A host name: kept as a name (resolved when the listeners are bound, at start-up),
+    // to every address it resolves to (here from /etc/hosts), each once.
+    let c = parse("[general]\nlisten_addr = [\"localhost\", \"127.0.0.2\"]\n").unwrap();
+    assert_eq!(c.listen_names().collect::<Vec<_>>(), ["localhost"]);
+    assert_eq!(c.listen, vec![std::net::IpAddr::from([127, 0, 0, 2])]);
+    let named = crate::config::resolve_listen("localhost").unwrap();
     assert!(named.contains(&std::net::IpAddr::from([127, 0, 0, 1])), "{named:?}");
     assert!(named.iter().all(|ip| ip.is_loopback()), "{named:?}");
+    assert!(err("[general]\nlisten_addr = [\"no such\"]\n").contains("not an IP address or a host name"));
     // Addresses that cannot all be bound: named before start-up fails on them.
     for list in [r#""::1", "[::1]""#, r#""*", "0.0.0.0""#, r#""127.0.0.1", "0.0.0.0""#] {
         let e = err(&format!("[general]\nlisten_addr = [{list}]\n"));

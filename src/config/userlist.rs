@@ -48,8 +48,11 @@ fn quoted(s: &str) -> Option<(String, &str)> {
 
 /// Reads `file` (named in the config as `auth_file`) into `users`: a user listed under
 /// `[users]` with a password keeps it; one listed without a password takes the file's;
-/// one only in the file is added with its password and the defaults. `check` validates
-/// an added or completed user (its error is reported at the file's line).
+/// one only in the file is added with its password and the defaults. A user listed
+/// twice in the file takes its last line. An empty password is no password (such a user
+/// logs in with `trust` or `cert` only, as PgBouncer refuses empty passwords at login).
+/// `check` validates an added or completed user (its error is reported at the file's
+/// line).
 pub fn merge(
     file: &Path,
     users: &mut BTreeMap<String, User>,
@@ -63,12 +66,13 @@ pub fn merge(
         key: key.to_string(),
         message,
     };
+    let own: Vec<String> = users.iter().filter(|(_, u)| u.password.is_some()).map(|(n, _)| n.clone()).collect();
     for (line, user, password) in parse(&text).map_err(|(line, m)| at(line, "-", m))? {
-        let entry = users.entry(user.clone()).or_default();
-        if entry.password.is_some() {
+        if own.contains(&user) {
             continue;
         }
-        entry.password = Some(password);
+        let entry = users.entry(user.clone()).or_default();
+        entry.password = (!password.is_empty()).then_some(password);
         check(entry).map_err(|m| at(line, &user, m))?;
     }
     Ok(())
@@ -92,7 +96,8 @@ mod tests {
     fn merges_into_the_users_of_the_config() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("userlist.txt");
-        std::fs::write(&file, "\"listed\" \"from-file\"\n\"open\" \"from-file\"\n\"new\" \"p\"\n").unwrap();
+        let text = "\"listed\" \"from-file\"\n\"open\" \"from-file\"\n\"new\" \"old\"\n\"new\" \"p\"\n\"none\" \"\"\n";
+        std::fs::write(&file, text).unwrap();
         let mut users = BTreeMap::new();
         users.insert("listed".to_string(), User { password: Some("own".into()), ..User::default() });
         users.insert("open".to_string(), User { pool_size: Some(3), ..User::default() });
@@ -100,14 +105,15 @@ mod tests {
         let password = |n: &str| users[n].password.clone();
         assert_eq!(password("listed").as_deref(), Some("own"));
         assert_eq!((password("open").as_deref(), users["open"].pool_size), (Some("from-file"), Some(3)));
-        assert_eq!(password("new").as_deref(), Some("p"));
+        assert_eq!(password("new").as_deref(), Some("p"), "the last line of a user counts");
+        assert_eq!(password("none"), None, "an empty password is none");
         // A bad entry names the file's line and the user.
-        std::fs::write(&file, "\"x\" \"p\"\n\"bad\" \"\"\n").unwrap();
-        let refuse_empty = |u: &User| match u.password.as_deref() {
-            Some("") => Err("must not be empty".to_string()),
+        std::fs::write(&file, "\"x\" \"p\"\n\"bad\" \"SCRAM-SHA-256$x\"\n").unwrap();
+        let refuse_scram = |u: &User| match u.password.as_deref() {
+            Some(p) if p.starts_with("SCRAM") => Err("is not a valid SCRAM-SHA-256 secret".to_string()),
             _ => Ok(()),
         };
-        let e = merge(&file, &mut BTreeMap::new(), &refuse_empty).unwrap_err().to_string();
-        assert!(e.ends_with("userlist.txt:2: bad: must not be empty"), "{e}");
+        let e = merge(&file, &mut BTreeMap::new(), &refuse_scram).unwrap_err().to_string();
+        assert!(e.ends_with("userlist.txt:2: bad: is not a valid SCRAM-SHA-256 secret"), "{e}");
     }
 }

@@ -527,8 +527,10 @@ impl Pool {
         let mut inner = self.inner.lock();
         // Checked under the lock: PAUSE and RECONNECT set their flag, then empty the idle
         // stack under it, so a connection is either seen by them there or refused here.
-        // Also closed: one more than the pool's size (lowered by a reload or SET).
-        if inner.closed || self.is_paused() || self.marked(&s) || inner.total > settings.size {
+        // Also closed: one more than the pool's size (lowered by a reload or SET) and its
+        // reserve; reserve connections go on serving the queue, and once idle the
+        // janitor closes them (`maintain`).
+        if inner.closed || self.is_paused() || self.marked(&s) || inner.total > settings.size + settings.reserve {
             drop(inner);
             return self.discard(s);
         }

@@ -316,7 +316,9 @@ pub fn settings_for(
         login,
         mode: cfg.pool_mode(db, user_cfg),
         size,
-        kept_open: db.min_pool_size.unwrap_or(g.min_pool_size).min(size),
+        // None with `server_lifetime = 0`: each connection is used once, so one opened
+        // to be kept would be closed unused, and opened again, every second.
+        kept_open: if g.server_lifetime == 0.0 { 0 } else { db.min_pool_size.unwrap_or(g.min_pool_size).min(size) },
         // 0: each connection used once, then closed (PgBouncer's meaning).
         lifetime: Duration::from_secs_f64(g.server_lifetime),
         idle_timeout: secs(g.server_idle_timeout),
