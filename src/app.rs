@@ -462,6 +462,12 @@ async fn janitor(app: Arc<App>) {
     loop {
         tokio::select! {
             _ = tick.tick() => {}
+            // A shared limit keeps a queue from connecting: make room now, not at the
+            // next tick.
+            _ = app.pools.room_wanted.notified() => {
+                app.pools.rebalance();
+                continue;
+            }
             _ = phase.wait_for(|p| *p == Phase::Stopping) => return,
         }
         app.pools.rebalance();

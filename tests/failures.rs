@@ -710,3 +710,27 @@ fn a_waiting_client_is_held_back_not_buffered() {
     holder.send(&query("select 7"));
     assert_eq!(first_value(&holder.until_ready()), "7");
 }
+
+/// A pool that finds a shared limit full while another pool holds an idle connection
+/// under it gets room at once, as PgBouncer evicts that connection when it finds the
+/// limit full, not at the janitor's next once-a-second pass: two users taking turns on
+/// a database limited to one server connection each switch within 300 ms (one slower
+/// switch allowed for a loaded machine; waiting for the janitor took 0-1 s each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn room_under_a_shared_limit_is_made_at_once() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[("max_db_connections", "1")], 5);
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let b = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
+    let mut slow = Vec::new();
+    for round in 0..3 {
+        for (who, c) in [("a", &a), ("b", &b)] {
+            let started = std::time::Instant::now();
+            assert_eq!(value(c, "select 1").await, "1");
+            if started.elapsed() >= Duration::from_millis(300) {
+                slow.push((round, who, started.elapsed()));
+            }
+        }
+    }
+    assert!(slow.len() <= 1, "switches waiting for room: {slow:?}");
+}

@@ -249,6 +249,9 @@ pub struct Pool {
     changed: Notify,
     /// `wait_until` callers now waiting on `changed`.
     watchers: AtomicUsize,
+    /// Shared by every pool (`Pools::room_wanted`): a shared limit keeps this pool's
+    /// queue from connecting.
+    room_wanted: Arc<Notify>,
     /// Wakes the expiry task to look again: a reload changed the timeout, or a wait
     /// that began earlier went to the front of the queue.
     expiry_recheck: Notify,
@@ -261,6 +264,7 @@ impl Pool {
         db_limit: Arc<ConnLimit>,
         user_limit: Arc<ConnLimit>,
         ids: Arc<std::sync::atomic::AtomicU64>,
+        room_wanted: Arc<Notify>,
     ) -> Self {
         Pool {
             key,
@@ -279,6 +283,7 @@ impl Pool {
             changed: Notify::new(),
             expiry_recheck: Notify::new(),
             watchers: AtomicUsize::new(0),
+            room_wanted,
         }
     }
 
@@ -403,10 +408,14 @@ impl Pool {
             Some(f) if inner.none_open() => return Err(PoolError::LoginRetry(f.clone())),
             // Queued for a connection coming back.
             Some(_) => {}
-            None if inner.waiters.is_empty() && inner.total < settings.size && self.acquire_limits() => {
-                inner.total += 1;
-                inner.connecting += 1;
-                return Ok(Next::Connect);
+            None if inner.waiters.is_empty() && inner.total < settings.size => {
+                if self.acquire_limits() {
+                    inner.total += 1;
+                    inner.connecting += 1;
+                    return Ok(Next::Connect);
+                }
+                // A shared limit is full: another pool's idle connection may make room.
+                self.room_wanted.notify_one();
             }
             None => {}
         }
@@ -584,7 +593,12 @@ impl Pool {
             return;
         }
         while let Some(front) = inner.waiters.front() {
-            if inner.total >= settings.room_for(front.since) || !self.acquire_limits() {
+            if inner.total >= settings.room_for(front.since) {
+                break;
+            }
+            if !self.acquire_limits() {
+                // Room in the pool, none under a shared limit: ask for some.
+                self.room_wanted.notify_one();
                 break;
             }
             let w = inner.waiters.pop_front().expect("not empty");

@@ -7,6 +7,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use foldhash::HashMap;
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 
 use super::{ConnLimit, Pool, PoolSettings};
 use crate::auth::{ServerLogin, UserStore};
@@ -41,6 +42,10 @@ pub struct Pools {
     /// Admin console PAUSE/DISABLE state, kept per database name so pools created
     /// later (first login, reload) start in it.
     flags: Mutex<DbFlags>,
+    /// Told when a shared limit (`max_db_connections`, `max_user_connections`) keeps a
+    /// queued client from connecting: the janitor makes room at once (`rebalance`), as
+    /// PgBouncer evicts an idle connection of another pool when it finds the limit full.
+    pub room_wanted: Arc<Notify>,
 }
 
 #[derive(Debug, Default)]
@@ -60,6 +65,7 @@ impl Default for Pools {
             reloads: Default::default(),
             server_tls: Default::default(),
             flags: Default::default(),
+            room_wanted: Default::default(),
         }
     }
 }
@@ -107,7 +113,14 @@ impl Pools {
         }
         let db_limit = self.limit(&self.db_limits, db, db_max(cfg, db));
         let user_limit = self.limit(&self.user_limits, &key.user, user_max(cfg, &key.user));
-        let pool = Arc::new(Pool::new(key.clone(), settings, db_limit, user_limit, self.server_ids.clone()));
+        let pool = Arc::new(Pool::new(
+            key.clone(),
+            settings,
+            db_limit,
+            user_limit,
+            self.server_ids.clone(),
+            self.room_wanted.clone(),
+        ));
         pool.join_limits();
         if self.is_paused(db) {
             pool.pause();
