@@ -305,7 +305,10 @@ pub fn bind(cfg: &Config) -> Result<Vec<Listener>, AppError> {
         let found = crate::config::resolve_listen(name)
             .map_err(|e| AppError::Listen { what: "listen_addr".into(), source: std::io::Error::other(e) })?;
         for ip in found {
-            if !ips.contains(&ip) {
+            // Not one listed, nor one a wildcard of its family listed covers (those
+            // sockets cannot both be bound).
+            let covered = |o: &std::net::IpAddr| *o == ip || (o.is_ipv4() == ip.is_ipv4() && o.is_unspecified());
+            if !ips.iter().any(covered) {
                 ips.push(ip);
             }
         }

@@ -719,7 +719,7 @@ fn a_waiting_client_is_held_back_not_buffered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn room_under_a_shared_limit_is_made_at_once() {
     let pg = PgCluster::start();
-    let s = sluice(&pg, &[("max_db_connections", "1")], 5);
+    let s = sluice(&pg, &[("max_db_connections", "1"), ("admin_users", r#"["u_scram"]"#)], 5);
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let b = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
     let mut slow = Vec::new();
@@ -733,4 +733,19 @@ async fn room_under_a_shared_limit_is_made_at_once() {
         }
     }
     assert!(slow.len() <= 1, "switches waiting for room: {slow:?}");
+    // Also when the connection becomes idle after the other pool queued: a holds it in
+    // a transaction, b queues, a's COMMIT makes the room.
+    a.simple_query("begin").await.unwrap();
+    let b = std::sync::Arc::new(b);
+    let bq = b.clone();
+    let waiting = tokio::spawn(async move {
+        bq.simple_query("select 1").await.unwrap();
+        std::time::Instant::now()
+    });
+    assert!(queued(s.port, "app", Role::MD5.name), "b did not queue");
+    let committed = std::time::Instant::now();
+    a.simple_query("commit").await.unwrap();
+    let served = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap();
+    let took = served.duration_since(committed);
+    assert!(took < Duration::from_millis(500), "served {took:?} after the room was made");
 }

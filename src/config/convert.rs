@@ -142,8 +142,8 @@ fn unquote_name(key: &str) -> String {
 }
 
 /// `key=value key='quoted value' ...` as PgBouncer's `[databases]` and `[users]`
-/// lines write them (libpq's conninfo quoting: inside single quotes, `\'` and `''`
-/// stand for a quote and `\\` for a backslash).
+/// lines write them (inside single quotes, `''` stands for a quote; a backslash is a
+/// backslash, as PgBouncer reads it).
 fn pairs(s: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let mut rest = s.trim();
@@ -168,11 +168,6 @@ fn quoted_value(s: &str) -> (String, &str) {
     let mut chars = s.char_indices().peekable();
     while let Some((i, c)) = chars.next() {
         match c {
-            '\\' => {
-                if let Some((_, n)) = chars.next() {
-                    value.push(n);
-                }
-            }
             '\'' if chars.peek().is_some_and(|&(_, n)| n == '\'') => {
                 chars.next();
                 value.push('\'');
@@ -249,7 +244,7 @@ mod tests {
 ;; a production-like pgbouncer.ini
 [databases]
 app = host=db1 port=5433 dbname=app_prod pool_size=40 reserve_pool=5
-local = dbname=app user=owner password='s3 c''r\\'et' pool_size=3
+local = dbname=app user=owner password='s3 c''r\\et' pool_size=3
 \"my-db\" = host=db2
 * = host=db1
 [users]
@@ -289,7 +284,7 @@ client_tls_protocols = secure
         assert_eq!((app.host.as_str(), app.port, app.dbname.as_deref()), ("db1", 5433, Some("app_prod")));
         assert_eq!((app.pool_size, app.reserve_pool_size), (Some(40), Some(5)));
         let local = &cfg.databases["local"];
-        assert_eq!((local.host.as_str(), local.password.as_deref()), ("/var/run/postgresql", Some("s3 c'r'et")));
+        assert_eq!((local.host.as_str(), local.password.as_deref()), ("/var/run/postgresql", Some("s3 c'r\\et")));
         assert_eq!(local.pool_size, Some(3), "what follows a quoted value is read too");
         assert_eq!(cfg.databases["my-db"].host, "db2", "a quoted name, unquoted");
         assert_eq!(cfg.users["alice"].pool_size, Some(5));

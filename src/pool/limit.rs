@@ -48,6 +48,12 @@ impl ConnLimit {
         self.count.lock().current
     }
 
+    /// Whether the limit is set and a pool found it full since the last wake-up (one
+    /// atomic load when no limit is set).
+    pub fn is_contended(&self) -> bool {
+        self.max() > 0 && self.count.lock().contended
+    }
+
     /// Whether the limit is set and reached.
     pub fn is_full(&self) -> bool {
         !has_room(self.max(), self.current())

@@ -24,8 +24,11 @@ impl Pool {
                 let idle_too_long =
                     settings.idle_timeout.is_some_and(|t| s.last_used.elapsed() >= t) && total > settings.kept_open;
                 let too_old = s.created.elapsed() >= settings.lifetime;
-                // More connections than the pool's size (lowered by a reload or SET).
-                let too_many = total > settings.size;
+                // More connections than the pool's size (lowered by a reload or SET)
+                // and its reserve; reserve connections idle go by `server_idle_timeout`,
+                // as in PgBouncer (closing them at once made queued clients earn the
+                // reserve again, `reserve_pool_timeout`, every few statements).
+                let too_many = total > settings.size + settings.reserve;
                 if idle_too_long || too_old || too_many || s.stream.is_dead_or_noisy() {
                     total -= 1;
                     retire.push(s);

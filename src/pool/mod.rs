@@ -552,6 +552,10 @@ impl Pool {
         }
         inner.idle.push(s);
         drop(inner);
+        // A pool sharing a full limit may wait for room this idle connection can make.
+        if self.db_limit.is_contended() || self.user_limit.is_contended() {
+            self.room_wanted.notify_one();
+        }
         self.notify_changed();
     }
 
@@ -597,8 +601,6 @@ impl Pool {
                 break;
             }
             if !self.acquire_limits() {
-                // Room in the pool, none under a shared limit: ask for some.
-                self.room_wanted.notify_one();
                 break;
             }
             let w = inner.waiters.pop_front().expect("not empty");
