@@ -299,20 +299,9 @@ impl App {
 pub fn bind(cfg: &Config) -> Result<Vec<Listener>, AppError> {
     let g = &cfg.general;
     let mut out = Vec::new();
-    // Host names in listen_addr: every address they resolve to now, once.
-    let mut ips = cfg.listen.clone();
-    for name in cfg.listen_names() {
-        let found = crate::config::resolve_listen(name)
-            .map_err(|e| AppError::Listen { what: "listen_addr".into(), source: std::io::Error::other(e) })?;
-        for ip in found {
-            // Not one listed, nor one a wildcard of its family listed covers (those
-            // sockets cannot both be bound).
-            let covered = |o: &std::net::IpAddr| *o == ip || (o.is_ipv4() == ip.is_ipv4() && o.is_unspecified());
-            if !ips.iter().any(covered) {
-                ips.push(ip);
-            }
-        }
-    }
+    let ips = cfg
+        .listen_ips()
+        .map_err(|e| AppError::Listen { what: "listen_addr".into(), source: std::io::Error::other(e) })?;
     for ip in &ips {
         let l = Listener::tcp(*ip, g.listen_port, g.tcp_keepalive)
             .map_err(|source| AppError::Listen { what: format!("{ip} port {}", g.listen_port), source })?;

@@ -41,11 +41,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
         // Host names in listen_addr resolve when Sluice starts: checked here too.
-        for name in cfg.listen_names() {
-            if let Err(e) = sluice::config::resolve_listen(name) {
-                eprintln!("sluice: {}: listen_addr: {e}", cli.config.display());
-                return ExitCode::from(2);
-            }
+        if let Err(e) = cfg.listen_ips() {
+            eprintln!("sluice: {}: listen_addr: {e}", cli.config.display());
+            return ExitCode::from(2);
         }
         println!("{}: configuration is valid", cli.config.display());
         return ExitCode::SUCCESS;

@@ -193,19 +193,11 @@ fn database(name: &str, conn: &str, line: usize, notes: &mut Vec<String>) -> Str
         let v = match key.as_str() {
             "host" if value.contains(',') => Err("host lists are not supported".to_string()),
             "host" | "dbname" | "user" | "password" | "pool_mode" => Ok(Value::String(value.clone())),
-            "port" | "pool_size" | "min_pool_size" | "reserve_pool_size" | "max_db_connections" => {
-                value.parse().map(Value::Integer).map_err(|_| "not an integer".to_string())
-            }
+            "port" | "pool_size" | "min_pool_size" | "reserve_pool_size" | "max_db_connections" => integer(&value),
             _ => Err("no such database setting in Sluice".to_string()),
         };
         host |= key == "host";
-        match v {
-            Ok(v) => out.push_str(&format!("{key} = {v}\n")),
-            Err(why) => {
-                notes.push(format!("line {line}: database {name}: {key}={value}: {why}"));
-                out.push_str(&format!("# not converted ({why}): {key} = {value}\n"));
-            }
-        }
+        entry(&mut out, notes, (line, &format!("database {name}")), (&key, &value), v);
     }
     if !host {
         out.push_str("# PgBouncer's default: its Unix socket directory\n");
@@ -220,20 +212,29 @@ fn user(name: &str, settings: &str, line: usize, notes: &mut Vec<String>) -> Str
     for (key, value) in pairs(settings) {
         let v = match key.as_str() {
             "pool_mode" => Ok(Value::String(value.clone())),
-            "pool_size" | "max_user_connections" => {
-                value.parse().map(Value::Integer).map_err(|_| "not an integer".to_string())
-            }
+            "pool_size" | "max_user_connections" => integer(&value),
             _ => Err("no such user setting in Sluice".to_string()),
         };
-        match v {
-            Ok(v) => out.push_str(&format!("{key} = {v}\n")),
-            Err(why) => {
-                notes.push(format!("line {line}: user {name}: {key}={value}: {why}"));
-                out.push_str(&format!("# not converted ({why}): {key} = {value}\n"));
-            }
-        }
+        entry(&mut out, notes, (line, &format!("user {name}")), (&key, &value), v);
     }
     out
+}
+
+fn integer(value: &str) -> Result<Value, String> {
+    value.parse().map(Value::Integer).map_err(|_| "not an integer".to_string())
+}
+
+/// One setting of a `[databases]` or `[users]` line (`at`: its line and whose it is):
+/// converted into `out`, or kept there as a comment with a note saying why.
+fn entry(out: &mut String, notes: &mut Vec<String>, at: (usize, &str), kv: (&str, &str), v: Result<Value, String>) {
+    let ((line, whose), (key, value)) = (at, kv);
+    match v {
+        Ok(v) => out.push_str(&format!("{key} = {v}\n")),
+        Err(why) => {
+            notes.push(format!("line {line}: {whose}: {key}={value}: {why}"));
+            out.push_str(&format!("# not converted ({why}): {key} = {value}\n"));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -426,14 +426,24 @@ impl Config {
         Ok(())
     }
 
-    /// The host names in `listen_addr` (not `*`, not IP addresses), resolved by
-    /// `app::bind` at start-up.
+    /// The host names in `listen_addr` (not `*`, not IP addresses).
     pub fn listen_names(&self) -> impl Iterator<Item = &str> {
-        self.general
-            .listen_addr
-            .iter()
-            .map(String::as_str)
-            .filter(|a| *a != "*" && a.trim_matches(|c| c == '[' || c == ']').parse::<IpAddr>().is_err())
+        self.general.listen_addr.iter().map(String::as_str).filter(|a| *a != "*" && listed_ip(a).is_none())
+    }
+
+    /// The addresses to listen on: those listed, and every address the host names
+    /// listed resolve to now (not one that a listed address already takes), for
+    /// `app::bind` at start-up and `--check`.
+    pub fn listen_ips(&self) -> Result<Vec<IpAddr>, String> {
+        let mut ips = self.listen.clone();
+        for name in self.listen_names() {
+            for ip in resolve_listen(name)? {
+                if !ips.iter().any(|o| same_socket(o, &ip)) {
+                    ips.push(ip);
+                }
+            }
+        }
+        Ok(ips)
     }
 
     /// The pool mode for a (database, user) pair: user, then database, then general.
@@ -479,7 +489,7 @@ type Invalid<'a> = &'a dyn Fn(&str, String) -> ConfigError;
 
 /// The addresses a host name in `listen_addr` resolves to (`localhost`: 127.0.0.1 and
 /// ::1 where the system has it), each once, in the resolver's order.
-pub fn resolve_listen(name: &str) -> Result<Vec<IpAddr>, String> {
+fn resolve_listen(name: &str) -> Result<Vec<IpAddr>, String> {
     use std::net::ToSocketAddrs;
     let found = (name, 0u16)
         .to_socket_addrs()
@@ -493,6 +503,17 @@ pub fn resolve_listen(name: &str) -> Result<Vec<IpAddr>, String> {
     Ok(ips)
 }
 
+/// A `listen_addr` entry that is an IP address (with or without brackets).
+fn listed_ip(entry: &str) -> Option<IpAddr> {
+    entry.trim_matches(|c| c == '[' || c == ']').parse().ok()
+}
+
+/// Whether listeners on `a` and `b` (one port) cannot both be bound: the same address,
+/// or a wildcard of the other's family.
+fn same_socket(a: &IpAddr, b: &IpAddr) -> bool {
+    a == b || (a.is_ipv4() == b.is_ipv4() && (a.is_unspecified() || b.is_unspecified()))
+}
+
 fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, ConfigError> {
     let mut listen = Vec::new();
     for a in &g.listen_addr {
@@ -501,12 +522,12 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
                 listen.push(IpAddr::from([0u8; 4]));
                 IpAddr::from([0u16; 8])
             }
-            a => match a.trim_matches(|c| c == '[' || c == ']').parse() {
-                Ok(ip) => ip,
+            a => match listed_ip(a) {
+                Some(ip) => ip,
                 // A host name: resolved when the listeners are bound, at start-up only
-                // (`Config::listen_names`), so a reload or SET waits for no resolver.
-                Err(_) if !a.is_empty() && !a.contains(char::is_whitespace) => continue,
-                Err(_) => return Err(invalid("listen_addr", format!("\"{a}\" is not an IP address or a host name"))),
+                // (`Config::listen_ips`), so a reload or SET waits for no resolver.
+                None if !a.is_empty() && !a.contains(char::is_whitespace) => continue,
+                None => return Err(invalid("listen_addr", format!("\"{a}\" is not an IP address or a host name"))),
             },
         };
         listen.push(ip);
@@ -514,9 +535,7 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
     // One socket per address and port: a second for the same address, or one beside
     // a wildcard of its family, cannot be bound.
     for (i, ip) in listen.iter().enumerate() {
-        let covered =
-            |o: &IpAddr| o == ip || (o.is_ipv4() == ip.is_ipv4() && (o.is_unspecified() || ip.is_unspecified()));
-        if listen[..i].iter().any(covered) {
+        if listen[..i].iter().any(|o| same_socket(o, ip)) {
             return Err(invalid(
                 "listen_addr",
                 format!("{ip} is listed twice, or beside a wildcard address of its family (which covers it)"),

@@ -150,9 +150,12 @@ fn ipv6_and_wildcard_listen() {
     let c = parse("[general]\nlisten_addr = [\"localhost\", \"127.0.0.2\"]\n").unwrap();
     assert_eq!(c.listen_names().collect::<Vec<_>>(), ["localhost"]);
     assert_eq!(c.listen, vec![std::net::IpAddr::from([127, 0, 0, 2])]);
-    let named = crate::config::resolve_listen("localhost").unwrap();
+    let named = c.listen_ips().unwrap();
     assert!(named.contains(&std::net::IpAddr::from([127, 0, 0, 1])), "{named:?}");
     assert!(named.iter().all(|ip| ip.is_loopback()), "{named:?}");
+    // An address a listed wildcard of its family takes already is not bound again.
+    let wild = parse("[general]\nlisten_addr = [\"0.0.0.0\", \"localhost\"]\n").unwrap().listen_ips().unwrap();
+    assert!(!wild.contains(&std::net::IpAddr::from([127, 0, 0, 1])), "{wild:?}");
     assert!(err("[general]\nlisten_addr = [\"no such\"]\n").contains("not an IP address or a host name"));
     // Addresses that cannot all be bound: named before start-up fails on them.
     for list in [r#""::1", "[::1]""#, r#""*", "0.0.0.0""#, r#""127.0.0.1", "0.0.0.0""#] {

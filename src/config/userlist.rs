@@ -66,7 +66,8 @@ pub fn merge(
         key: key.to_string(),
         message,
     };
-    let own: Vec<String> = users.iter().filter(|(_, u)| u.password.is_some()).map(|(n, _)| n.clone()).collect();
+    let own: std::collections::BTreeSet<String> =
+        users.iter().filter(|(_, u)| u.password.is_some()).map(|(n, _)| n.clone()).collect();
     for (line, user, password) in parse(&text).map_err(|(line, m)| at(line, "-", m))? {
         if own.contains(&user) {
             continue;

@@ -28,7 +28,7 @@ impl Pool {
                 // and its reserve; reserve connections idle go by `server_idle_timeout`,
                 // as in PgBouncer (closing them at once made queued clients earn the
                 // reserve again, `reserve_pool_timeout`, every few statements).
-                let too_many = total > settings.size + settings.reserve;
+                let too_many = total > settings.most();
                 if idle_too_long || too_old || too_many || s.stream.is_dead_or_noisy() {
                     total -= 1;
                     retire.push(s);

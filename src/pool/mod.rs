@@ -69,7 +69,13 @@ impl PoolSettings {
     /// its size, and the reserve once that client has waited `reserve_pool_timeout`.
     fn room_for(&self, since: Instant) -> usize {
         let due = self.reserve > 0 && self.reserve_timeout.is_some_and(|t| since.elapsed() >= t);
-        if due { self.size + self.reserve } else { self.size }
+        if due { self.most() } else { self.size }
+    }
+
+    /// The most connections the pool holds: its size and its reserve. Beyond it (after
+    /// a reload or SET lowered them) connections are closed as they come back.
+    fn most(&self) -> usize {
+        self.size + self.reserve
     }
 }
 
@@ -536,10 +542,10 @@ impl Pool {
         let mut inner = self.inner.lock();
         // Checked under the lock: PAUSE and RECONNECT set their flag, then empty the idle
         // stack under it, so a connection is either seen by them there or refused here.
-        // Also closed: one more than the pool's size (lowered by a reload or SET) and its
-        // reserve; reserve connections go on serving the queue, and once idle the
-        // janitor closes them (`maintain`).
-        if inner.closed || self.is_paused() || self.marked(&s) || inner.total > settings.size + settings.reserve {
+        // Also closed: one beyond the pool's size and reserve (lowered by a reload or
+        // SET); reserve connections go on serving the queue, and idle, go by
+        // `server_idle_timeout` (`maintain`).
+        if inner.closed || self.is_paused() || self.marked(&s) || inner.total > settings.most() {
             drop(inner);
             return self.discard(s);
         }

@@ -329,7 +329,6 @@ impl Extended {
     }
 }
 
-/// Session mode's use of the queue (`Extended::on_client_forwarded`): kinds only.
 /// PostgreSQL's error for a prepared statement whose result type a schema change
 /// altered (`RevalidateCachedQuery`): told by the routine, which is never translated,
 /// or, from a server that leaves the routine out, by the English message.
@@ -338,6 +337,7 @@ fn is_stale_plan(f: &ErrorFields) -> bool {
         && (f.routine == "RevalidateCachedQuery" || f.message.contains("cached plan must not change result type"))
 }
 
+/// Session mode's use of the queue (`Extended::on_client_forwarded`): kinds only.
 #[cfg(test)]
 mod tests {
     use super::*;
