@@ -255,6 +255,7 @@ async fn timeouts_changed_from_the_console_reach_connected_clients() {
     // b has been idle 7 s when a 5 s client_idle_timeout is set: it is closed at once,
     // its idle time counted from its last query, not from the change.
     tokio::time::sleep_until((idle_from + Duration::from_secs(7)).into()).await;
+    assert!(!b.is_closed(), "b closed before client_idle_timeout was set");
     console.simple_query("SET client_idle_timeout = 5").await.unwrap();
     let set_at = std::time::Instant::now();
     let closed = eventually(Duration::from_secs(20), || async { b.is_closed() }).await;

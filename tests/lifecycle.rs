@@ -286,6 +286,7 @@ async fn a_second_sigterm_or_sigquit_exits_at_once() {
         if second_term {
             s.terminate();
             assert!(wait_until(Duration::from_secs(20), || try_connect_blocking(s.port)), "still accepting");
+            // The drain is in effect: it must not exit while the transaction is open.
             assert!(s.wait_exit(Duration::from_millis(300)).is_none(), "exited with a transaction open");
             s.terminate();
         } else {
@@ -350,6 +351,9 @@ async fn users_and_passwords_from_a_pgbouncer_userlist() {
     })
     .await;
     assert!(refused, "a user taken out of the auth_file still logs in after a reload");
+    // The file was read again, not dropped: its other user still logs in.
+    let c = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
+    assert_eq!(value(&c, "select 1").await, "1");
     let e = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await.unwrap_err();
     assert_eq!(common::code(&e), "28P01", "{e}");
 }

@@ -172,7 +172,8 @@ async fn connect_time_settings_hold_after_another_clients_set_or_reset() {
     for (option, name, want, change) in rounds {
         let (a, b) = (with_option(&s, option).await, with_option(&s, option).await);
         assert_eq!(value(&b, &format!("show {name}")).await, want);
-        a.simple_query(change).await.unwrap();
+        // The change took effect on the server the two share.
+        assert_ne!(value(&a, &format!("{change}; show {name}")).await, want, "{change}");
         assert_eq!(value(&b, &format!("show {name}")).await, want, "after the other client's {change}");
     }
 }
@@ -201,6 +202,11 @@ async fn transaction_scoped_sets_leave_the_record_of_a_servers_settings_standing
         assert_eq!(value(&b, "show statement_timeout").await, "4321ms");
     }
     assert_eq!(resets(), before, "RESET ALL sent after transaction-scoped SETs:\n{}", pg.log());
+    // The count can move: a session SET of that setting is followed by one.
+    a.simple_query("set statement_timeout = 0").await.unwrap();
+    assert_eq!(value(&b, "show statement_timeout").await, "4321ms");
+    let counted = tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || resets() > before));
+    assert!(counted, "no RESET ALL logged after a session SET:\n{}", pg.log());
 }
 
 /// A client that leaves in the middle of a transaction after a SET: Sluice's ROLLBACK

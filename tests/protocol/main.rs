@@ -350,7 +350,7 @@ fn a_terminate_waits_neither_for_unsynced_messages_nor_for_a_large_result() {
         drop(c);
         let started = std::time::Instant::now();
         assert_eq!(from_another_client(&s, "select 42"), "42", "after {what}");
-        assert!(started.elapsed() < Duration::from_secs(20), "served after {:?}: {what}", started.elapsed());
+        assert!(started.elapsed() < Duration::from_secs(5), "served after {:?}: {what}", started.elapsed());
     }
     assert_eq!(from_another_client(&s, "select count(*) from unsynced"), "0");
 }
