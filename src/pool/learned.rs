@@ -17,6 +17,10 @@ use crate::params::ClientParams;
 const MAX_SETS: usize = 64;
 /// How many learned value spellings a pool keeps.
 const MAX_SPELLINGS: usize = 10_000;
+/// How many bytes of learned spellings (names, values and spellings) a pool keeps:
+/// clients choose the values (an `application_name` may be kilobytes long), so the
+/// count alone would let distinct long values hold ~100 MB per pool.
+const MAX_SPELLING_BYTES: usize = 1 << 20;
 
 #[derive(Debug, Default)]
 pub struct Learned {
@@ -25,11 +29,20 @@ pub struct Learned {
     defaults: Mutex<Option<Arc<ParamList>>>,
     /// Server spellings of client-supplied setting values already proven valid:
     /// name → the client's value → the server's spelling of it.
-    canonical: Mutex<HashMap<String, HashMap<String, Arc<str>>>>,
+    canonical: Mutex<Spellings>,
     /// Distinct client settings seen at login (bounded), shared by equal clients.
     param_sets: Mutex<Vec<ClientParams>>,
     /// Login replies already worked out, by the settings the client asked for.
     replies: Mutex<Vec<Remembered>>,
+}
+
+/// Server spellings of client values (`Learned::canonical`), and what they hold.
+#[derive(Debug, Default)]
+struct Spellings {
+    /// Setting name → the client's value → the server's spelling of it.
+    by_name: HashMap<String, HashMap<String, Arc<str>>>,
+    count: usize,
+    bytes: usize,
 }
 
 /// What a client is told at login and the settings its session keeps.
@@ -68,18 +81,27 @@ impl Learned {
     /// The pool now reaches another server or database: nothing learned holds.
     pub fn forget(&self) {
         *self.defaults.lock() = None;
-        self.canonical.lock().clear();
+        *self.canonical.lock() = Spellings::default();
         self.replies.lock().clear();
     }
 
     pub fn canonical(&self, name: &str, value: &str) -> Option<Arc<str>> {
-        self.canonical.lock().get(name)?.get(value).cloned()
+        self.canonical.lock().by_name.get(name)?.get(value).cloned()
     }
 
+    /// Keeps the server's spelling of a client's value, within the pool's caps on
+    /// count and bytes (past them the value is checked by a server again at the next
+    /// such login).
     pub fn learn_canonical(&self, name: &str, value: &str, canonical: &str) {
+        let size = name.len() + value.len() + canonical.len();
         let mut c = self.canonical.lock();
-        if c.values().map(|v| v.len()).sum::<usize>() < MAX_SPELLINGS {
-            c.entry(name.to_string()).or_default().insert(value.to_string(), canonical.into());
+        if c.count >= MAX_SPELLINGS || c.bytes + size > MAX_SPELLING_BYTES {
+            return;
+        }
+        let values = c.by_name.entry(name.to_string()).or_default();
+        if values.insert(value.to_string(), canonical.into()).is_none() {
+            c.count += 1;
+            c.bytes += size;
         }
     }
 
@@ -168,6 +190,25 @@ mod tests {
         l.learn_canonical("application_name", "one more", "one more");
         assert!(l.canonical("timezone", "utc").is_none(), "past the cap nothing is learned");
         assert!(l.canonical("application_name", "one more").is_none());
+    }
+
+    /// Long values stop at the byte cap, well before the count's (a client can choose
+    /// kilobyte-long values); values already learned stay.
+    #[test]
+    fn long_spellings_stop_at_the_byte_cap() {
+        let l = Learned::default();
+        let long = |i: usize| format!("{i:08}{}", "x".repeat(8_000));
+        let fits = MAX_SPELLING_BYTES / ("application_name".len() + 2 * long(0).len());
+        for i in 0..fits + 10 {
+            l.learn_canonical("application_name", &long(i), &long(i));
+        }
+        assert!(fits < MAX_SPELLINGS / 10);
+        assert!(l.canonical("application_name", &long(fits - 1)).is_some());
+        assert!(l.canonical("application_name", &long(fits)).is_none(), "past the byte cap nothing is learned");
+        assert!(l.canonical.lock().bytes <= MAX_SPELLING_BYTES);
+        // Learning a value again does not count it twice.
+        l.learn_canonical("application_name", &long(0), &long(0));
+        assert_eq!(l.canonical.lock().count, fits);
     }
 
     #[test]
