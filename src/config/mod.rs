@@ -2,6 +2,7 @@
 //! and the derived settings the rest of Sluice reads.
 
 pub mod convert;
+mod entries;
 mod keep;
 mod locate;
 pub mod reference;
@@ -15,6 +16,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use entries::{validate_database, validate_user};
 pub use locate::locate_key;
 
 #[derive(Debug, Error)]
@@ -655,55 +657,6 @@ fn validate_admin(
     Ok(())
 }
 
-fn validate_database(name: &str, db: &Database, g: &General, invalid: Invalid) -> Result<(), ConfigError> {
-    if name.is_empty() || name.len() > 63 {
-        return Err(invalid("dbname", "database names must have 1 to 63 bytes".into()));
-    }
-    if db.port == 0 {
-        return Err(invalid("port", "must be between 1 and 65535".into()));
-    }
-    if db.host.is_empty() {
-        return Err(invalid("host", "must be a host name, an IP address or a socket directory".into()));
-    }
-    if db.pool_size == Some(0) {
-        return Err(invalid("pool_size", "must be at least 1".into()));
-    }
-    let size = db.pool_size.unwrap_or(g.default_pool_size);
-    if db.min_pool_size.unwrap_or(0) > size {
-        return Err(invalid("min_pool_size", format!("is larger than the pool size ({size})")));
-    }
-    if db.password.is_some() && db.user.is_none() {
-        return Err(invalid("password", "is only used together with user".into()));
-    }
-    if let Some(e) = db.password.as_deref().and_then(secret_error) {
-        return Err(invalid("password", e));
-    }
-    if db.password.as_deref().is_some_and(|p| p.starts_with("SCRAM-SHA-256$")) {
-        // Pass-through needs a client proving that secret, and a database's own user
-        // is never a client's: give what Sluice can log in with by itself.
-        return Err(invalid(
-            "password",
-            "a SCRAM secret cannot log in as a database's own user; give a plain password or an md5 hash".into(),
-        ));
-    }
-    for (key, value) in [("dbname", &db.dbname), ("user", &db.user)] {
-        if value.as_deref() == Some("") {
-            return Err(invalid(key, "must not be empty (leave it out for the default)".into()));
-        }
-    }
-    Ok(())
-}
-
-/// Why a password, md5 hash or SCRAM secret in the config cannot be used, if it cannot.
-/// An empty one is refused: it would let any client in with an empty password (leave
-/// the key out for a user without one; PgBouncer refuses empty passwords at login).
-fn secret_error(value: &str) -> Option<String> {
-    if value.is_empty() {
-        return Some("must not be empty (leave the key out for no password)".to_string());
-    }
-    crate::auth::Secret::parse(value).err().map(|_| "is not a valid SCRAM-SHA-256 secret".to_string())
-}
-
 /// A validation error outside the file (admin SET, a reload's second look): no line.
 fn unplaced(key: &str, message: String) -> ConfigError {
     ConfigError::Invalid { file: String::new(), line: 0, key: key.to_string(), message }
@@ -715,28 +668,6 @@ fn keyed(prefix: &str, e: ConfigError) -> String {
         ConfigError::Invalid { key, message, .. } => format!("{prefix}{key}: {message}"),
         e => e.to_string(),
     }
-}
-
-fn validate_user(user: &User, g: &General, invalid: Invalid) -> Result<(), ConfigError> {
-    use crate::auth::md5;
-    if let Some(p) = &user.password {
-        if let Some(e) = secret_error(p) {
-            return Err(invalid("password", e));
-        }
-        if md5::is_md5_hash(p) && g.auth_type == AuthType::ScramSha256 {
-            return Err(invalid(
-                "password",
-                "an md5 hash cannot check SCRAM logins; give a plain password or a SCRAM secret".into(),
-            ));
-        }
-    }
-    if let Some(e) = user.server_password.as_deref().and_then(secret_error) {
-        return Err(invalid("server_password", e));
-    }
-    if user.pool_size == Some(0) {
-        return Err(invalid("pool_size", "must be at least 1".into()));
-    }
-    Ok(())
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
