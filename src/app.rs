@@ -99,6 +99,7 @@ impl Drop for ClientGuard {
 impl App {
     pub fn new(cfg: Config) -> Result<Arc<App>, AppError> {
         let users = UserStore::from_config(&cfg)?;
+        cfg.warnings().iter().for_each(|w| warn!("{w}"));
         let (client_tls, server_tls) = tls::load(&cfg)?;
         let pools = Pools::default();
         pools.set_server_tls(Arc::new(server_tls));
@@ -187,6 +188,7 @@ impl App {
         // A running auth_type kept (the new `cert` needed the client TLS files) must still
         // fit the new users' secrets.
         cfg.check_users().map_err(|e| failed(&e))?;
+        cfg.warnings().iter().for_each(|w| warn!("{w}"));
         for key in kept {
             warn!(
                 "general.{key}: changed in the file; read only at start-up, so the running value stays until a restart"

@@ -45,6 +45,9 @@ fn main() -> ExitCode {
             eprintln!("sluice: {}: listen_addr: {e}", cli.config.display());
             return ExitCode::from(2);
         }
+        for w in cfg.warnings() {
+            eprintln!("sluice: warning: {w}");
+        }
         println!("{}: configuration is valid", cli.config.display());
         return ExitCode::SUCCESS;
     }

@@ -358,6 +358,42 @@ async fn users_and_passwords_from_a_pgbouncer_userlist() {
     assert_eq!(common::code(&e), "28P01", "{e}");
 }
 
+/// Under `scram-sha-256` an `auth_file` holding an md5 hash for one user loads, as in
+/// PgBouncer, with a warning naming the file's line (logged, and printed by `--check`):
+/// the file's other user logs in, and that one is refused as a wrong password is (28P01,
+/// after `auth_failure_delay`, a "login failed" line saying why).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_md5_hash_in_the_auth_file_under_scram_refuses_only_that_user() {
+    let pg = PgCluster::start();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("userlist.txt");
+    let (scram, md5) = (pg.scram_secret(Role::SCRAM.name), common::md5_secret(Role::MD5.name, Role::MD5.password));
+    std::fs::write(&file, format!("\"{}\" \"{scram}\"\n\"{}\" \"{md5}\"\n", Role::SCRAM.name, Role::MD5.name)).unwrap();
+    let s = Sluice::builder(&pg)
+        .general("auth_file", &common::toml_str(file.to_str().unwrap()))
+        .general("auth_failure_delay", "0.5")
+        .without_user(Role::SCRAM.name)
+        .without_user(Role::MD5.name)
+        .start();
+    let warning = format!("{}:2: u_md5: an md5 hash cannot check SCRAM logins", file.display());
+    assert!(s.wait_log(&warning, Duration::from_secs(10)), "{}", s.log());
+    let sluice = env!("CARGO_BIN_EXE_sluice");
+    let check = std::process::Command::new(sluice).arg("--check").arg("-c").arg(&s.config_path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&check.stderr);
+    assert!(check.status.success() && stderr.contains(&warning), "--check: {stderr}");
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&c, "select current_user").await, Role::SCRAM.name);
+    let asked = std::time::Instant::now();
+    let e = try_connect(s.port, Role::MD5.name, Role::MD5.password, "app").await.unwrap_err();
+    assert!(asked.elapsed() >= Duration::from_millis(500), "refused before auth_failure_delay");
+    assert_eq!(common::code(&e), "28P01", "{e}");
+    let message = e.as_db_error().map(|d| d.message().to_string());
+    assert_eq!(message.as_deref(), Some("password authentication failed for user \"u_md5\""));
+    let log = s.log();
+    assert!(log.contains("its password is an md5 hash, which cannot check SCRAM"), "{log}");
+    assert_eq!(value(&c, "select 1").await, "1", "the other user's session goes on");
+}
+
 /// `sluice --from-pgbouncer pgbouncer.ini` prints a config that `--check` accepts and
 /// that serves the databases the ini had, with what it could not convert on stderr.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,6 +16,10 @@ use crate::protocol::{body, build, fe, read_cstr, read_i32, sqlstate};
 pub enum AuthFailure {
     #[error("password authentication failed for user \"{0}\"")]
     BadPassword(String),
+    /// A user with no SCRAM verifier (an md5 hash, or no password) logging in with
+    /// SCRAM: told what a wrong password is told; `why` is for the log.
+    #[error("password authentication failed for user \"{user}\"")]
+    NoScramSecret { user: String, why: &'static str },
     #[error("no such user: \"{0}\"")]
     NoUser(String),
     #[error("certificate authentication failed for user \"{0}\"")]
@@ -33,11 +37,19 @@ pub enum AuthFailure {
 impl AuthFailure {
     pub fn sqlstate(&self) -> &'static str {
         match self {
-            AuthFailure::BadPassword(_) => sqlstate::INVALID_PASSWORD,
+            AuthFailure::BadPassword(_) | AuthFailure::NoScramSecret { .. } => sqlstate::INVALID_PASSWORD,
             AuthFailure::NoUser(_) | AuthFailure::CertMismatch(_) | AuthFailure::NoCertificate => {
                 sqlstate::INVALID_AUTHORIZATION
             }
             _ => sqlstate::PROTOCOL_VIOLATION,
+        }
+    }
+
+    /// What the log says beyond the client's error, if anything.
+    pub fn detail(&self) -> Option<&'static str> {
+        match self {
+            AuthFailure::NoScramSecret { why, .. } => Some(why),
+            _ => None,
         }
     }
 }
@@ -96,8 +108,9 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-/// A SCRAM login; an unknown user (or one with no SCRAM verifier) is run through the
-/// exchange against a mock secret and refused at its end, like a wrong password.
+/// A SCRAM login; an unknown user (or one with no SCRAM verifier: an md5 hash from the
+/// `auth_file`, no password) is run through the exchange against a mock secret and
+/// refused at its end, like a wrong password.
 async fn scram_login<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
@@ -108,11 +121,25 @@ async fn scram_login<S: AsyncRead + AsyncWrite + Unpin>(
     let secret = user.and_then(|u| u.scram_secret()).cloned();
     let known = secret.is_some();
     let secret = secret.unwrap_or_else(|| ScramSecret::mock(name, mock_key));
-    let (key, greeting) = scram_exchange(stream, buf, name, secret).await?;
-    if !known {
-        return Err(AuthFailure::BadPassword(name.to_string()));
-    }
+    let (key, greeting) = match scram_exchange(stream, buf, name, secret).await {
+        Ok(proved) if known => proved,
+        Err(e) if known || !matches!(e, AuthFailure::BadPassword(_)) => return Err(e),
+        // A mock secret: refused at the end of the exchange, whatever the proof.
+        _ => return Err(unverifiable(name, user)),
+    };
     Ok(Proven { client_key: Some(key), greeting })
+}
+
+/// Why a user without a SCRAM verifier (`scram_login`) is refused.
+fn unverifiable(name: &str, user: Option<&UserAuth>) -> AuthFailure {
+    let user_name = name.to_string();
+    match user.map(|u| &u.secret) {
+        None => AuthFailure::BadPassword(user_name),
+        Some(Some(Secret::Md5(_))) => {
+            AuthFailure::NoScramSecret { user: user_name, why: "its password is an md5 hash, which cannot check SCRAM" }
+        }
+        Some(_) => AuthFailure::NoScramSecret { user: user_name, why: "it has no password" },
+    }
 }
 
 async fn md5_exchange<S: AsyncRead + AsyncWrite + Unpin>(

@@ -347,7 +347,8 @@ async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, 
         Err(AuthFailure::Closed) => return Err(Exit::Closed),
         Err(e) => {
             // Logged before the delay (`listed_and_proven`).
-            warn!(peer = %conn.peer, user, database, client_cn = cert_name.as_deref(), "login failed: {e}");
+            let (cn, detail) = (cert_name.as_deref(), e.detail());
+            warn!(peer = %conn.peer, user, database, client_cn = cn, detail, "login failed: {e}");
             return Ok(Proof::Refused(Exit::fatal(e.sqlstate(), e.to_string())));
         }
     };

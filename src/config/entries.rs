@@ -52,13 +52,21 @@ fn secret_error(value: &str) -> Option<String> {
     crate::auth::Secret::parse(value).err().map(|_| "is not a valid SCRAM-SHA-256 secret".to_string())
 }
 
-pub(super) fn validate_user(user: &User, g: &General, invalid: Invalid) -> Result<(), ConfigError> {
-    use crate::auth::md5;
+/// Checks a user's entry. An md5 hash under `scram-sha-256` is an error in `[users]`
+/// (the operator's own config), not when it comes from the `auth_file`
+/// (`from_auth_file`): PgBouncer loads such a file, and that user's logins are refused
+/// (see `md5_under_scram`).
+pub(super) fn validate_user(
+    user: &User,
+    g: &General,
+    from_auth_file: bool,
+    invalid: Invalid,
+) -> Result<(), ConfigError> {
     if let Some(p) = &user.password {
         if let Some(e) = secret_error(p) {
             return Err(invalid("password", e));
         }
-        if md5::is_md5_hash(p) && g.auth_type == AuthType::ScramSha256 {
+        if !from_auth_file && md5_under_scram(user, g) {
             return Err(invalid(
                 "password",
                 "an md5 hash cannot check SCRAM logins; give a plain password or a SCRAM secret".into(),
@@ -72,4 +80,11 @@ pub(super) fn validate_user(user: &User, g: &General, invalid: Invalid) -> Resul
         return Err(invalid("pool_size", "must be at least 1".into()));
     }
     Ok(())
+}
+
+/// Whether `user`'s password is an md5 hash while clients log in with SCRAM: it cannot
+/// check their proofs, so every login of that user fails (as PostgreSQL refuses a role
+/// with an md5 password under a `scram-sha-256` pg_hba line).
+pub(super) fn md5_under_scram(user: &User, g: &General) -> bool {
+    g.auth_type == AuthType::ScramSha256 && user.password.as_deref().is_some_and(crate::auth::md5::is_md5_hash)
 }

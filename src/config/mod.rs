@@ -353,6 +353,8 @@ pub struct Config {
     pub general: General,
     pub databases: BTreeMap<String, Database>,
     pub users: BTreeMap<String, User>,
+    /// The users whose password is the `auth_file`'s, with its line there.
+    from_auth_file: BTreeMap<String, usize>,
     /// Listen addresses parsed from `general.listen_addr`.
     pub listen: Vec<IpAddr>,
 }
@@ -395,16 +397,18 @@ impl Config {
             validate_database(name, db, &raw.general, &|k, m| invalid(&["databases", name], k, m))?;
         }
         for (name, user) in &raw.users {
-            validate_user(user, &raw.general, &|k, m| invalid(&["users", name], k, m))?;
+            validate_user(user, &raw.general, false, &|k, m| invalid(&["users", name], k, m))?;
         }
         let mut users = raw.users;
+        let mut from_auth_file = BTreeMap::new();
         if !raw.general.auth_file.is_empty() {
             let g = &raw.general;
-            let check = |u: &User| validate_user(u, g, &unplaced).map_err(|e| keyed("", e));
-            userlist::merge(&resolve_from(path, &g.auth_file), &mut users, &check)?;
+            let check = |u: &User| validate_user(u, g, true, &unplaced).map_err(|e| keyed("", e));
+            from_auth_file = userlist::merge(&resolve_from(path, &g.auth_file), &mut users, &check)?;
         }
         validate_admin(&raw.general, &raw.databases, &users, &|k, m| invalid(&["general"], k, m))?;
-        Ok(Config { path: path.to_path_buf(), general: raw.general, databases: raw.databases, users, listen })
+        let (general, databases) = (raw.general, raw.databases);
+        Ok(Config { path: path.to_path_buf(), general, databases, users, from_auth_file, listen })
     }
 
     /// This configuration with another `[general]` section, validated as at load (for
@@ -423,7 +427,9 @@ impl Config {
     /// `auth_type` (as at load; for a reload that kept the running `auth_type`).
     pub fn check_users(&self) -> Result<(), String> {
         for (name, user) in &self.users {
-            validate_user(user, &self.general, &unplaced).map_err(|e| keyed(&format!("users.{name}."), e))?;
+            let from_file = self.from_auth_file.contains_key(name);
+            validate_user(user, &self.general, from_file, &unplaced)
+                .map_err(|e| keyed(&format!("users.{name}."), e))?;
         }
         Ok(())
     }

@@ -108,6 +108,34 @@ fn user_secrets_are_checked_against_auth_type() {
     }
 }
 
+/// An md5 hash from the `auth_file` under `scram-sha-256` loads (PgBouncer loads such a
+/// file and refuses that user's logins), with a warning naming the file's line; written
+/// in `[users]` it stays an error.
+#[test]
+fn auth_file_md5_hashes_load_under_scram_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let md5 = crate::auth::md5::password_hash("old", "p");
+    std::fs::write(dir.path().join("userlist.txt"), format!("\"new\" \"p\"\n\n\"old\" \"{md5}\"\n")).unwrap();
+    let path = dir.path().join("sluice.toml");
+    let load = |text: &str| Config::parse(&format!("[general]\nauth_file = \"userlist.txt\"\n{text}"), &path);
+    let c = load("").unwrap();
+    let file = dir.path().join("userlist.txt");
+    let want = format!("{}:3: old: an md5 hash cannot check SCRAM logins", file.display());
+    assert!(matches!(c.warnings().as_slice(), [w] if w.starts_with(&want)), "{:?}", c.warnings());
+    assert!(c.check_users().is_ok(), "a reload keeping scram-sha-256 takes the file as the load did");
+    // md5 logins are checked with it; a [users] password of its own wins over the file.
+    assert!(load("auth_type = \"md5\"\n").unwrap().warnings().is_empty());
+    assert!(load("[users.old]\npassword = \"p\"\n").unwrap().warnings().is_empty());
+    // The operator's own [users] entry: refused at load, as is one a reload would keep.
+    let e = load(&format!("[users.old]\npassword = \"{md5}\"\n")).unwrap_err().to_string();
+    assert!(e.contains(":4: users.old.password: an md5 hash cannot check SCRAM logins"), "{e}");
+    let mut c = load("auth_type = \"md5\"\n[users.own]\n").unwrap();
+    c.general.auth_type = AuthType::ScramSha256;
+    assert!(c.check_users().is_ok());
+    c.users.get_mut("own").unwrap().password = Some(md5);
+    assert!(c.check_users().unwrap_err().starts_with("users.own.password: an md5 hash"));
+}
+
 #[test]
 fn min_pool_size_bounded_by_pool_size() {
     let e = err("[general]\nauth_type = \"trust\"\n[databases.a]\npool_size = 2\nmin_pool_size = 3\n");

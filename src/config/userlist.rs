@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::{ConfigError, User};
+use super::entries::md5_under_scram;
+use super::{Config, ConfigError, User};
 
 /// An entry of a userlist: its line, the user, the password.
 type Entry = (usize, String, String);
@@ -52,12 +53,12 @@ fn quoted(s: &str) -> Option<(String, &str)> {
 /// twice in the file takes its last line. An empty password is no password (such a user
 /// logs in with `trust` or `cert` only, as PgBouncer refuses empty passwords at login).
 /// `check` validates an added or completed user (its error is reported at the file's
-/// line).
+/// line). Gives the users whose password is now the file's, with its line.
 pub fn merge(
     file: &Path,
     users: &mut BTreeMap<String, User>,
     check: &dyn Fn(&User) -> Result<(), String>,
-) -> Result<(), ConfigError> {
+) -> Result<BTreeMap<String, usize>, ConfigError> {
     let name = file.display().to_string();
     let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Io { file: name.clone(), source })?;
     let at = |line: usize, key: &str, message: String| ConfigError::Invalid {
@@ -68,6 +69,7 @@ pub fn merge(
     };
     let own: std::collections::BTreeSet<String> =
         users.iter().filter(|(_, u)| u.password.is_some()).map(|(n, _)| n.clone()).collect();
+    let mut taken = BTreeMap::new();
     for (line, user, password) in parse(&text).map_err(|(line, m)| at(line, "-", m))? {
         if own.contains(&user) {
             continue;
@@ -75,8 +77,28 @@ pub fn merge(
         let entry = users.entry(user.clone()).or_default();
         entry.password = (!password.is_empty()).then_some(password);
         check(entry).map_err(|m| at(line, &user, m))?;
+        taken.insert(user, line);
     }
-    Ok(())
+    Ok(taken)
+}
+
+impl Config {
+    /// What loads but cannot work, for the log: each `auth_file` user whose md5 hash
+    /// cannot check logins under `scram-sha-256` (that user's logins are refused, as
+    /// with a wrong password), named with the file's line.
+    pub fn warnings(&self) -> Vec<String> {
+        let file = self.resolve(&self.general.auth_file);
+        let md5 = |name: &String| self.users.get(name).is_some_and(|u| md5_under_scram(u, &self.general));
+        (self.from_auth_file.iter().filter(|(name, _)| md5(name)))
+            .map(|(name, line)| {
+                format!(
+                    "{}:{line}: {name}: an md5 hash cannot check SCRAM logins (auth_type = \"scram-sha-256\"): \
+                     this user's logins are refused; give a plain password or a SCRAM secret",
+                    file.display()
+                )
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -102,7 +124,9 @@ mod tests {
         let mut users = BTreeMap::new();
         users.insert("listed".to_string(), User { password: Some("own".into()), ..User::default() });
         users.insert("open".to_string(), User { pool_size: Some(3), ..User::default() });
-        merge(&file, &mut users, &|_| Ok(())).unwrap();
+        let taken = merge(&file, &mut users, &|_| Ok(())).unwrap();
+        let lines: Vec<_> = taken.iter().map(|(u, l)| (u.as_str(), *l)).collect();
+        assert_eq!(lines, [("new", 4), ("none", 5), ("open", 2)], "the users given the file's password, at their line");
         let password = |n: &str| users[n].password.clone();
         assert_eq!(password("listed").as_deref(), Some("own"));
         assert_eq!((password("open").as_deref(), users["open"].pool_size), (Some("from-file"), Some(3)));
