@@ -105,7 +105,8 @@ mod tests {
         assert_eq!(set(&c, "query_wait_timeout", "2.5").unwrap().general.query_wait_timeout, 2.5);
         assert!(!set(&c, "log_connections", "off").unwrap().general.log_connections);
         assert_eq!(set(&c, "stats_users", "a").unwrap().general.stats_users, vec!["a".to_string()]);
-        assert!(set(&c, "stats_users", "nobody").unwrap_err().message.contains("not in [users]"));
+        let e = set(&c, "stats_users", "nobody").unwrap_err().message;
+        assert_eq!(e, "stats_users: user \"nobody\" is not in [users]");
         assert!(set(&c, "default_pool_size", "0").unwrap_err().message.contains("at least 1"));
         let refused = |key, value| set(&c, key, value).unwrap_err();
         let e = refused("default_pool_size", "x");
@@ -121,6 +122,19 @@ mod tests {
         let c = Config::parse(text, std::path::Path::new("x.toml")).unwrap();
         let e = set(&c, "default_pool_size", "2").unwrap_err().message;
         assert!(e.starts_with("databases.app.min_pool_size: is larger than the pool size (2)"), "{e}");
+    }
+
+    /// The users of the `auth_file` count for `admin_users` and `stats_users`, and the
+    /// error for one that is not a user says where users come from.
+    #[test]
+    fn console_users_may_come_from_the_auth_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("userlist.txt"), "\"f\" \"p\"\n").unwrap();
+        let text = "[general]\nauth_file = \"userlist.txt\"\n[users.a]\npassword = \"p\"\n";
+        let c = Config::parse(text, &dir.path().join("sluice.toml")).unwrap();
+        assert_eq!(set(&c, "admin_users", "f, a").unwrap().general.admin_users, ["f", "a"]);
+        let e = set(&c, "admin_users", "f, nobody").unwrap_err().message;
+        assert_eq!(e, "admin_users: user \"nobody\" is not in [users] or the auth_file");
     }
 
     #[test]

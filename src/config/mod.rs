@@ -632,8 +632,9 @@ fn validate_tls(g: &General, invalid: Invalid) -> Result<(), ConfigError> {
     }
 }
 
-/// The admin console keys: users must exist in `[users]` (for their passwords), the
-/// virtual database must not shadow a real one.
+/// The admin console keys: users must be users of the config, `[users]` or the
+/// `auth_file` (`users` holds both; for their passwords), the virtual database must not
+/// shadow a real one.
 fn validate_admin(
     g: &General,
     databases: &BTreeMap<String, Database>,
@@ -648,7 +649,8 @@ fn validate_admin(
     }
     for (key, list) in [("admin_users", &g.admin_users), ("stats_users", &g.stats_users)] {
         if let Some(u) = list.iter().find(|u| !users.contains_key(*u)) {
-            return Err(invalid(key, format!("user \"{u}\" is not in [users]")));
+            let known = if g.auth_file.is_empty() { "[users]" } else { "[users] or the auth_file" };
+            return Err(invalid(key, format!("user \"{u}\" is not in {known}")));
         }
     }
     if !g.stats_period.is_finite() || !(1.0..=86_400.0).contains(&g.stats_period) {
