@@ -7,9 +7,9 @@ mod common;
 
 use std::time::Duration;
 
+use common::console::{admin, cell, message, rows};
 use common::raw::{Raw, sqlstate, startup};
 use common::{PgCluster, Role, Sluice, SluiceBuilder, code, connect, eventually, psql_cmd, try_connect, value};
-use tokio_postgres::SimpleQueryMessage;
 
 /// Admin (u_scram) and stats (u_md5) users on top of the default test config.
 fn with_console(b: SluiceBuilder) -> SluiceBuilder {
@@ -100,27 +100,8 @@ fn expected_columns() -> Vec<(&'static str, Vec<String>)> {
     ]
 }
 
-async fn rows(c: &tokio_postgres::Client, sql: &str) -> Vec<tokio_postgres::SimpleQueryRow> {
-    let msgs = c.simple_query(sql).await.unwrap_or_else(|e| panic!("{sql}: {e}"));
-    msgs.into_iter().filter_map(|m| if let SimpleQueryMessage::Row(r) = m { Some(r) } else { None }).collect()
-}
-
-/// The value of `column` in the first row whose `key_col` is `key`.
-async fn cell(c: &tokio_postgres::Client, sql: &str, key_col: &str, key: &str, column: &str) -> Option<String> {
-    rows(c, sql).await.into_iter().find(|r| r.get(key_col) == Some(key)).and_then(|r| r.get(column).map(String::from))
-}
-
-async fn admin(port: u16) -> tokio_postgres::Client {
-    connect(port, Role::SCRAM.name, Role::SCRAM.password, "pgbouncer").await
-}
-
 async fn app_client(port: u16) -> tokio_postgres::Client {
     connect(port, Role::SCRAM.name, Role::SCRAM.password, "app").await
-}
-
-/// The server's message of a failed query.
-fn msg(e: &tokio_postgres::Error) -> String {
-    e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -354,7 +335,7 @@ async fn kill_client_disable_and_reconnect() {
     assert_eq!(code(&fatal), "57P01", "{fatal:?}");
     assert!(victim.simple_query("select 1").await.is_err());
     let e = a.simple_query("KILL_CLIENT 999999").await.unwrap_err();
-    assert!(msg(&e).contains("no such client"), "{e}");
+    assert!(message(&e).contains("no such client"), "{e}");
 
     // RECONNECT: the next transaction gets a new server connection
     let c = app_client(s.port).await;
@@ -378,10 +359,10 @@ async fn kill_client_disable_and_reconnect() {
     a.simple_query("SET default_pool_size = 7").await.unwrap();
     assert_eq!(cell(&a, "SHOW CONFIG", "key", "default_pool_size", "value").await.as_deref(), Some("7"));
     let e = a.simple_query("SET default_pool_size = 0").await.unwrap_err();
-    assert!(msg(&e).contains("at least 1"), "{e}");
+    assert!(message(&e).contains("at least 1"), "{e}");
     assert_eq!(code(&e), "22023", "{e}");
     let e = a.simple_query("SET listen_port = 1").await.unwrap_err();
-    assert!(msg(&e).contains("restart"), "{e}");
+    assert!(message(&e).contains("restart"), "{e}");
     assert_eq!(code(&e), "55P02", "{e}");
     let e = a.simple_query("SET no_such_key = 1").await.unwrap_err();
     assert_eq!(code(&e), "42704", "{e}");
@@ -512,7 +493,7 @@ async fn pause_holds_queued_clients_and_resume_ends_a_pending_pause() {
     let r = tokio::time::timeout(Duration::from_secs(10), pausing).await.expect("the PAUSE still waits").unwrap();
     let e = r.expect_err("a PAUSE ended by RESUME reports it");
     assert_eq!(code(&e), "57014", "{e}");
-    assert!(msg(&e).contains("RESUME"), "{e}");
+    assert!(message(&e).contains("RESUME"), "{e}");
     assert_eq!(value(&holder, "select 5").await, "5");
     holder.simple_query("commit").await.unwrap();
 }
@@ -573,7 +554,7 @@ async fn set_of_a_tls_key_takes_effect_or_is_refused() {
     let a = admin(s.port).await;
     let e = a.simple_query("SET client_tls_cert_file = '/nonexistent/server.crt'").await.unwrap_err();
     assert_eq!(code(&e), "22023");
-    assert!(msg(&e).contains("client_tls_cert_file"), "{}", msg(&e));
+    assert!(message(&e).contains("client_tls_cert_file"), "{}", message(&e));
     assert_eq!(ssl_answer(s.port), b'S', "a refused SET changed the TLS setup");
     let shown = |rows: Vec<tokio_postgres::SimpleQueryRow>| {
         rows.iter()

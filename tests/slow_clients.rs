@@ -8,8 +8,9 @@ mod common;
 use std::io::{Read, Write};
 use std::time::Duration;
 
+use common::console::kill_client_of;
 use common::raw::{Raw, first_value, msg, query, tags};
-use common::{PgCluster, Sluice, psql_cmd, wait_until};
+use common::{PgCluster, Sluice, wait_until};
 
 /// One server connection, trust logins, `u_trust` an admin, `query_wait_timeout` 20 s
 /// (a client left waiting fails instead of hanging the test).
@@ -68,30 +69,12 @@ fn reads_to_a_clean_end(mut c: Raw) {
     );
 }
 
-/// KILL_CLIENT, from the console, of the one client of database `app`.
-fn kill_the_app_client(s: &Sluice) {
-    let console = |sql: &str| {
-        let out = psql_cmd(s.port, "127.0.0.1", "u_trust", "", "pgbouncer")
-            .args(["-P", "tuples_only=off", "-P", "footer=off", "-F", "|", "-c", sql])
-            .output()
-            .expect("psql runs");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let clients = console("SHOW CLIENTS");
-    let mut lines = clients.lines().map(|l| l.split('|').collect::<Vec<_>>());
-    let header = lines.next().expect("a header");
-    let column = |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("{clients}"));
-    let (id, database) = (column("id"), column("database"));
-    let row = lines.find(|r| r.get(database) == Some(&"app")).expect("the stalled client is listed");
-    console(&format!("KILL_CLIENT {}", row[id]));
-}
-
 #[test]
 fn a_client_that_stops_reading_is_killed_and_its_server_freed() {
     let pg = PgCluster::start();
     let s = sluice(&pg, &[]);
     let c = stalled(&pg, &s);
-    kill_the_app_client(&s);
+    kill_client_of(s.port, "u_trust", "app");
     next_client_is_served(&s);
     reads_to_a_clean_end(c);
 }
@@ -135,7 +118,7 @@ fn a_client_that_stops_reading_sluices_own_replies_is_killed_and_its_server_free
     // Bounded: 400 MB of Closes would be 250 MB of answers, far more than the sockets hold.
     let blocked = (0..(400 << 20) / batch.len()).any(|_| writer.write_all(&batch).is_err());
     assert!(blocked, "the client's writes never blocked: Sluice kept reading");
-    kill_the_app_client(&s);
+    kill_client_of(s.port, "u_trust", "app");
     next_client_is_served(&s);
     assert!(c.closed(), "the stalled client's connection stays open");
 }

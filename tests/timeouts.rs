@@ -12,27 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use common::console::{admin, cell, message};
 use common::{PgCluster, Role, Sluice, Stopped, code, connect, eventually, try_connect, value};
-use tokio_postgres::SimpleQueryMessage;
-
-/// The console as `u_scram` (configured in `admin_users`).
-async fn admin(port: u16) -> tokio_postgres::Client {
-    connect(port, Role::SCRAM.name, Role::SCRAM.password, "pgbouncer").await
-}
-
-/// The value of `column` in the first row of the console's `show` whose `key_col` is `key`.
-async fn cell(c: &tokio_postgres::Client, show: &str, key_col: &str, key: &str, column: &str) -> Option<String> {
-    let msgs = c.simple_query(show).await.unwrap_or_else(|e| panic!("{show}: {e}"));
-    msgs.into_iter().find_map(|m| match m {
-        SimpleQueryMessage::Row(r) if r.get(key_col) == Some(key) => r.get(column).map(String::from),
-        _ => None,
-    })
-}
-
-/// The message of an error the server (here Sluice) sent.
-fn message(e: &tokio_postgres::Error) -> String {
-    e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_string())
-}
 
 /// A login in a task of its own: the client and its connection's task, or the SQLSTATE
 /// of the error that ended it.

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 mod certs;
+pub mod console;
 pub mod http;
 mod pg;
 pub mod raw;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use rustls::{AlertDescription, InvalidMessage};
 
 use crate::client::{self, GSSENC_REQUEST, NO_ALPN, Opts, PG_ALPN, SSL_REQUEST};
+use crate::common::console::kill_client_of;
 use crate::common::{PgCluster, Sluice, TestCerts, psql_cmd};
 use crate::raw::{self, Raw, first_column, sqlstate};
 use crate::{client_tls, run_sql};
@@ -281,19 +282,7 @@ fn last_words_to_a_tls_client_that_does_not_read_are_given_up() {
         false
     });
     assert!(blocked, "the client's writes never blocked: Sluice kept reading");
-    let console = |sql: &str| {
-        let cmd = psql_cmd(s.port, "127.0.0.1", "u_trust", "", "pgbouncer");
-        run_sql(cmd, sql).stdout
-    };
-    let app_client = || {
-        let clients = console("SHOW CLIENTS");
-        clients
-            .lines()
-            .map(|l| l.split('|').map(String::from).collect::<Vec<_>>())
-            .find(|f| f.get(2).is_some_and(|d| d == "app"))
-    };
-    let id = app_client().expect("the stalled client is listed").last().cloned().unwrap();
-    console(&format!("KILL_CLIENT {id}"));
+    kill_client_of(s.port, "u_trust", "app");
     let killed = std::time::Instant::now();
     // Logged once the last words are over (the session, and its server, ended at once).
     let ended = s.wait_log("closed in the middle of a message to the client", Duration::from_secs(30));
