@@ -20,6 +20,9 @@
 # PROTOCOLS, PORT (26990). RECONNECT=1 runs pgbench -C, a new connection per
 # transaction: the count is then per connection (login, one transaction, close; the
 # logins are not cancelled out), e.g. RECONNECT=1 N1=5 N2=15 PROTOCOLS=simple.
+# AUTH (trust) is the clients' auth_type: trust, md5 or scram-sha-256 (with the config's
+# plain password Sluice derives SCRAM's keys once: a SCRAM login runs no PBKDF2 on
+# Sluice's side).
 # KEEP=DIR keeps each run's callgrind output there (I-BINARY-PROTOCOL-N.out, I the
 # binary's place in the arguments), for callgrind_annotate or a per-function
 # difference of the N1 and N2 runs.
@@ -58,7 +61,7 @@ listen_addr = ["127.0.0.1"]
 listen_port = $PORT
 unix_socket_dir = ""
 workers = 1
-auth_type = "trust"
+auth_type = "${AUTH:-trust}"
 pool_mode = "transaction"
 server_tls_sslmode = "disable"
 default_pool_size = ${POOL:-$CLIENTS}
