@@ -43,38 +43,27 @@ pub struct PoolView {
     pub server_statements: u64,
 }
 
-/// The pool key of a logged-in client: its database and the server user (the
+/// The pool key of a logged-in client, borrowed: its database and the server user (the
 /// database's forced user, or the client's own).
-pub fn pool_key_of(cfg: &Config, c: &ClientInfo) -> PoolKey {
-    let forced = cfg.databases.get(&c.database).and_then(|d| d.user.clone());
-    PoolKey { database: c.database.clone(), user: forced.unwrap_or_else(|| c.user.clone()) }
+fn pool_key_of<'a>(cfg: &'a Config, c: &'a ClientInfo) -> (&'a str, &'a str) {
+    let forced = cfg.databases.get(&c.database).and_then(|d| d.user.as_deref());
+    (&c.database, forced.unwrap_or(&c.user))
 }
 
-/// Live counts of every pool, sorted by key.
+/// Live counts of every pool, sorted by key. Allocates per pool, not per client (it
+/// runs every second, and at each SHOW and scrape, with up to `max_client_conn`
+/// clients).
 pub fn pool_views(app: &App) -> Vec<PoolView> {
     let cfg = app.config.load();
     let now = now_us();
-    let mut views: BTreeMap<PoolKey, PoolView> = BTreeMap::new();
-    for pool in app.pools.all() {
-        let counts = pool.counts();
-        let servers = pool.servers.list();
-        let sv_active = servers.iter().filter(|s| s.state() == ServerState::Active).count() as u64;
-        let view = PoolView {
-            sv_active,
-            sv_idle: counts.idle as u64,
-            sv_login: counts.connecting as u64,
-            server_statements: servers.iter().map(|s| s.prepared_statements.load(Relaxed)).sum(),
-            pool: pool.clone(),
-            cl_active: 0,
-            cl_linked: 0,
-            cl_waiting: 0,
-            maxwait_us: 0,
-            client_statements: 0,
-        };
-        views.insert(pool.key.clone(), view);
-    }
-    for c in app.client_infos.list().into_iter().filter(|c| !c.console) {
-        let Some(v) = views.get_mut(&pool_key_of(&cfg, &c)) else { continue };
+    let mut pools = app.pools.all();
+    pools.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut views: Vec<PoolView> = pools.iter().map(pool_view).collect();
+    let index: HashMap<(&str, &str), usize> =
+        pools.iter().enumerate().map(|(i, p)| ((p.key.database.as_str(), p.key.user.as_str()), i)).collect();
+    for c in app.client_infos.list().iter().filter(|c| !c.console) {
+        let Some(&i) = index.get(&pool_key_of(&cfg, c)) else { continue };
+        let v = &mut views[i];
         v.client_statements += c.prepared_statements.load(Relaxed);
         match c.state() {
             ClientState::Waiting => {
@@ -89,7 +78,25 @@ pub fn pool_views(app: &App) -> Vec<PoolView> {
             ClientState::Login => {}
         }
     }
-    views.into_values().collect()
+    views
+}
+
+/// A pool's server counts, its clients' counts still zero.
+fn pool_view(pool: &Arc<Pool>) -> PoolView {
+    let counts = pool.counts();
+    let servers = pool.servers.list();
+    PoolView {
+        sv_active: servers.iter().filter(|s| s.state() == ServerState::Active).count() as u64,
+        sv_idle: counts.idle as u64,
+        sv_login: counts.connecting as u64,
+        server_statements: servers.iter().map(|s| s.prepared_statements.load(Relaxed)).sum(),
+        pool: pool.clone(),
+        cl_active: 0,
+        cl_linked: 0,
+        cl_waiting: 0,
+        maxwait_us: 0,
+        client_statements: 0,
+    }
 }
 
 /// Counters of SHOW STATS: totals since start, or per-second averages (counts and
