@@ -240,9 +240,9 @@ async fn login_checkout<'p>(
     let waiting = async {
         // One clock for the whole wait (`query_wait_timeout`): a server that fails its
         // check does not start it again.
-        let mut since = None;
+        let (mut since, slot) = (None, crate::pool::WaitSlot::new());
         loop {
-            let server = pool.checkout_since(&mut since).await.map_err(pool_failure)?;
+            let server = pool.checkout_since(&mut since, &slot).await.map_err(pool_failure)?;
             if !pool.needs_check(&server) {
                 return Ok(server);
             }

@@ -73,6 +73,9 @@ pub struct Session {
     pub(super) to_server: crate::net::backlog::Backlog,
     /// The rest of a request cancelled while it waited for a server, being dropped.
     skipping: Skipping,
+    /// Where the pool hands this client a connection when it waits for one (made at its
+    /// first wait, reused by the others).
+    handoff: crate::pool::WaitSlot,
 }
 
 /// The end of a session, however it ends: the client leaves the list, and a server
@@ -132,6 +135,7 @@ impl Session {
             stmts: ClientStatements::default(),
             to_server: Default::default(),
             skipping: Skipping::No,
+            handoff: Default::default(),
             pool,
             mode,
             params,
@@ -333,7 +337,7 @@ impl Session {
         interrupt: &mut Interrupt<'_, '_>,
         since: &mut Option<std::time::Instant>,
     ) -> Result<Option<Box<ServerConn>>, Exit> {
-        let checkout = self.pool.checkout_since(since);
+        let checkout = self.pool.checkout_since(since, &self.handoff);
         tokio::pin!(checkout);
         loop {
             tokio::select! {

@@ -5,6 +5,7 @@
 
 mod borrowed;
 mod control;
+mod handoff;
 mod learned;
 mod limit;
 mod maintain;
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
 
 use crate::auth::ServerLogin;
 use crate::config::PoolMode;
@@ -28,6 +29,8 @@ use crate::server::{ServerConn, ServerError, ServerTarget, connect};
 use crate::stats::{PoolStats, Registry, ServerInfo, ServerState};
 
 pub use borrowed::Borrowed;
+pub use handoff::{HandoffSlot, WaitSlot};
+use handoff::{Sender, Waiter};
 pub use learned::{Learned, LoginReply};
 pub use limit::ConnLimit;
 pub use retry::ConnectFailure;
@@ -128,13 +131,12 @@ impl Inner {
 /// A client in the queue, and when its wait times out.
 #[derive(Debug)]
 struct Queued {
-    tx: oneshot::Sender<Handoff>,
+    tx: Sender,
     /// When the client began waiting: `query_wait_timeout` counts from here.
     since: Instant,
 }
 
 /// What a waiting client is handed, oldest waiter first.
-#[allow(clippy::large_enum_variant)] // moved once through a channel, never stored
 #[derive(Debug)]
 enum Handoff {
     /// A connection coming back from another client.
@@ -153,8 +155,9 @@ enum Next {
     Connect,
     /// PAUSEd since the caller looked: wait for RESUME.
     Paused,
-    /// Queued; `true`: start the task that expires waits.
-    Wait(oneshot::Receiver<Handoff>, bool),
+    /// Queued as the wait of this number on the caller's slot; `true`: start the task
+    /// that expires waits.
+    Wait(u64, bool),
 }
 
 /// A slot counted in `total` and `connecting` while a connection is being opened;
@@ -188,29 +191,6 @@ impl Drop for ConnectingSlot<'_> {
     fn drop(&mut self) {
         if self.armed {
             self.pool.give_back_slot();
-        }
-    }
-}
-
-/// A client waiting for a connection. If it goes away, a connection that was handed
-/// to it in the meantime goes back to the pool.
-struct Waiter<'a> {
-    pool: &'a Pool,
-    rx: oneshot::Receiver<Handoff>,
-    /// The hand-off was received (and is being used).
-    done: bool,
-}
-
-impl Drop for Waiter<'_> {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        self.rx.close();
-        match self.rx.try_recv() {
-            Ok(Handoff::Server(s)) => self.pool.checkin(s),
-            Ok(Handoff::Connect) => self.pool.give_back_slot(),
-            Ok(Handoff::TimedOut | Handoff::Failed(_)) | Err(_) => {}
         }
     }
 }
@@ -341,50 +321,55 @@ impl Pool {
     /// Cancellation-safe: if the future is dropped (the client left) while connecting
     /// or just after a connection was handed to it, the slot or connection goes back.
     pub async fn checkout(self: &Arc<Self>) -> Result<Box<ServerConn>, PoolError> {
-        self.checkout_since(&mut None).await
+        self.checkout_since(&mut None, &WaitSlot::new()).await
     }
 
     /// `checkout`, setting `since` to when it started waiting (connecting, queueing or
     /// paused) unless already set; an idle connection taken at once leaves it None,
-    /// which saves reading the clock on the common path.
+    /// which saves reading the clock on the common path. A wait in the queue is handed
+    /// its connection through `slot`, the caller's, made at its first wait and reused
+    /// (one checkout at a time per slot).
     ///
     /// The queue's timeout is enforced by one task per pool (`expire_waiters`) rather
     /// than a timer per wait: at hundreds of clients over a pool of tens, nearly every
     /// transaction waits. A client opening a connection is bounded by the same timeout
     /// (`connect_within`, boxed: rare, and its timers would enlarge every client task).
-    pub async fn checkout_since(self: &Arc<Self>, since: &mut Option<Instant>) -> Result<Box<ServerConn>, PoolError> {
+    pub async fn checkout_since(
+        self: &Arc<Self>,
+        since: &mut Option<Instant>,
+        slot: &WaitSlot,
+    ) -> Result<Box<ServerConn>, PoolError> {
         loop {
-            match self.next(since)? {
+            match self.next(since, slot)? {
                 Next::Take(s) => return Ok(s),
                 Next::Paused => self.wait_resumed(since).await?,
                 Next::Connect => {
                     let since = *since.get_or_insert_with(Instant::now);
                     return Box::pin(self.connect_within(since)).await;
                 }
-                Next::Wait(rx, arm) => {
+                Next::Wait(wait, arm) => {
                     if arm {
                         tokio::spawn(self.clone().expire_waiters());
                     }
-                    let mut waiter = Waiter { pool: self, rx, done: false };
-                    let got = (&mut waiter.rx).await;
-                    waiter.done = got.is_ok();
-                    match got {
-                        Ok(Handoff::Server(s)) => return Ok(s),
-                        Ok(Handoff::TimedOut) => return Err(PoolError::WaitTimeout),
-                        Ok(Handoff::Failed(f)) => return Err(PoolError::LoginRetry(f)),
-                        Ok(Handoff::Connect) => {
+                    let slot = slot.get().expect("a wait is queued on a slot it made");
+                    let mut waiter = Waiter { pool: self, slot, wait, done: false };
+                    match waiter.received().await {
+                        Some(Handoff::Server(s)) => return Ok(s),
+                        Some(Handoff::TimedOut) => return Err(PoolError::WaitTimeout),
+                        Some(Handoff::Failed(f)) => return Err(PoolError::LoginRetry(f)),
+                        Some(Handoff::Connect) => {
                             let since = *since.get_or_insert_with(Instant::now);
                             return Box::pin(self.connect_within(since)).await;
                         }
                         // The pool dropped the queue (closed, paused, reloaded): look again.
-                        Err(_) => {}
+                        None => {}
                     }
                 }
             }
         }
     }
 
-    fn next(&self, since: &mut Option<Instant>) -> Result<Next, PoolError> {
+    fn next(&self, since: &mut Option<Instant>, slot: &WaitSlot) -> Result<Next, PoolError> {
         let settings = self.settings.load();
         let mut inner = self.inner.lock();
         if inner.closed {
@@ -425,7 +410,7 @@ impl Pool {
             }
             None => {}
         }
-        let (tx, rx) = oneshot::channel();
+        let (tx, wait) = slot.get_or_init(Default::default).open();
         let since = *since.get_or_insert_with(Instant::now);
         let timed = inner.wait_timeout.is_some();
         let arm = inner.arm_expiry(timed);
@@ -434,7 +419,7 @@ impl Pool {
             // Queued again, having begun before the wait the expiry task sleeps toward.
             self.expiry_recheck.notify_one();
         }
-        Ok(Next::Wait(rx, arm))
+        Ok(Next::Wait(wait, arm))
     }
 
     fn usable(&self, s: &ServerConn, settings: &PoolSettings) -> bool {
@@ -550,7 +535,7 @@ impl Pool {
             return self.discard(s);
         }
         while let Some(w) = inner.waiters.pop_front() {
-            match w.tx.send(Handoff::Server(s)) {
+            match w.tx.give(Handoff::Server(s)) {
                 Ok(()) => return,
                 Err(Handoff::Server(back)) => s = back,
                 Err(_) => unreachable!("sent a server"),
@@ -610,7 +595,7 @@ impl Pool {
                 break;
             }
             let w = inner.waiters.pop_front().expect("not empty");
-            if w.tx.send(Handoff::Connect).is_ok() {
+            if w.tx.give(Handoff::Connect).is_ok() {
                 inner.total += 1;
                 inner.connecting += 1;
             } else {

@@ -45,7 +45,7 @@ impl Inner {
     pub(super) fn fail_waiters_if_none_open(&mut self, f: &Arc<ConnectFailure>) {
         if self.none_open() {
             for w in self.waiters.drain(..) {
-                let _ = w.tx.send(Handoff::Failed(f.clone()));
+                let _ = w.tx.give(Handoff::Failed(f.clone()));
             }
         }
     }

@@ -88,7 +88,7 @@ impl Pool {
                         break due;
                     }
                     let w = inner.waiters.pop_front().expect("front exists");
-                    let _ = w.tx.send(Handoff::TimedOut);
+                    let _ = w.tx.give(Handoff::TimedOut);
                 }
             };
             let sleep = tokio::time::sleep_until(tokio::time::Instant::from_std(wake_at));
@@ -126,6 +126,7 @@ mod tests {
     use super::*;
     use crate::auth::UserStore;
     use crate::config::Config;
+    use crate::pool::handoff::{HandoffSlot, WaitSlot, Waiter};
     use crate::pool::{Next, Pools};
 
     /// A full pool of one with `query_wait_timeout = 4` (no server: its one slot is
@@ -140,13 +141,14 @@ mod tests {
         pool
     }
 
-    fn queue(pool: &Arc<Pool>, since: Instant) -> tokio::sync::oneshot::Receiver<Handoff> {
-        match pool.next(&mut Some(since)) {
-            Ok(Next::Wait(rx, arm)) => {
+    /// Queues a wait that began at `since` on `slot`: its number.
+    fn queue(pool: &Arc<Pool>, since: Instant, slot: &WaitSlot) -> u64 {
+        match pool.next(&mut Some(since), slot) {
+            Ok(Next::Wait(wait, arm)) => {
                 if arm {
                     tokio::spawn(pool.clone().expire_waiters());
                 }
-                rx
+                wait
             }
             _ => panic!("the pool is full: the wait is queued"),
         }
@@ -160,18 +162,47 @@ mod tests {
         let pools = Pools::default();
         let pool = full_pool(&pools);
         let now = Instant::now();
-        let mut later = queue(&pool, now);
+        let (later_slot, earlier_slot) = (WaitSlot::new(), WaitSlot::new());
+        let wait = queue(&pool, now, &later_slot);
+        let mut later = Waiter { pool: &pool, slot: later_slot.get().unwrap(), wait, done: false };
         // The task sleeps toward the later wait's deadline (now + 4 s).
         while !matches!(pool.inner.lock().expiry, Expiry::Asleep(_)) {
             tokio::task::yield_now().await;
         }
-        let earlier = queue(&pool, now - Duration::from_secs(3));
-        assert!(matches!(earlier.await, Ok(Handoff::TimedOut)));
+        let wait = queue(&pool, now - Duration::from_secs(3), &earlier_slot);
+        let mut earlier = Waiter { pool: &pool, slot: earlier_slot.get().unwrap(), wait, done: false };
+        assert!(matches!(earlier.received().await, Some(Handoff::TimedOut)));
         // At now + 1 s: the later wait has three more seconds to go.
-        let pending = matches!(later.try_recv(), Err(tokio::sync::oneshot::error::TryRecvError::Empty));
+        let pending = std::future::poll_fn(|cx| std::task::Poll::Ready(later.poll_received(cx).is_pending())).await;
         assert!(pending, "the later wait timed out with the earlier one");
-        assert!(matches!(later.await, Ok(Handoff::TimedOut)));
+        assert!(matches!(later.received().await, Some(Handoff::TimedOut)));
         assert!(now.elapsed() >= Duration::from_secs(4));
+    }
+
+    /// A wait its client abandoned (a cancel, the client leaving) leaves its entry in
+    /// the queue. The client's next wait, on the same slot, is queued behind the waits
+    /// that began before it, and is not served through the old entry: room goes to the
+    /// oldest open wait.
+    #[tokio::test]
+    async fn an_abandoned_wait_does_not_serve_the_clients_next_one() {
+        let pools = Pools::default();
+        let pool = full_pool(&pools);
+        let (a, b) = (WaitSlot::new(), WaitSlot::new());
+        let now = Instant::now();
+        let first = queue(&pool, now, &a);
+        drop(Waiter { pool: &pool, slot: a.get().unwrap(), wait: first, done: false });
+        let wait_b = queue(&pool, now + Duration::from_millis(1), &b);
+        let wait_a = queue(&pool, now + Duration::from_millis(2), &a);
+        assert_eq!(pool.counts().waiting, 3, "the abandoned entry is still queued");
+        // Room for one connection: it goes to b, the oldest open wait.
+        pool.inner.lock().total = 0;
+        pool.wake_waiters();
+        let mut b = Waiter { pool: &pool, slot: b.get().unwrap(), wait: wait_b, done: false };
+        assert!(matches!(b.received().await, Some(Handoff::Connect)));
+        let mut a = Waiter { pool: &pool, slot: a.get().unwrap(), wait: wait_a, done: false };
+        let pending = std::future::poll_fn(|cx| std::task::Poll::Ready(a.poll_received(cx).is_pending())).await;
+        assert!(pending, "the client's new wait was served through its abandoned entry");
+        assert_eq!(pool.counts().waiting, 1);
     }
 
     /// A wait queued again (after PAUSE, a dropped queue) that began before some
@@ -181,17 +212,18 @@ mod tests {
     fn waits_are_queued_in_the_order_they_began() {
         let now = Instant::now();
         let mut inner = Inner::default();
-        let mut receivers = Vec::new();
+        let mut slots = Vec::new();
         for secs in [5, 9, 2, 9, 7, 1] {
-            let (tx, rx) = tokio::sync::oneshot::channel();
+            let slot = Arc::new(HandoffSlot::default());
+            let (tx, _) = slot.open();
             inner.enqueue(Queued { tx, since: now + Duration::from_secs(secs) });
-            receivers.push(rx);
+            slots.push(slot);
         }
         // Which arrival each place in the queue holds, front first.
         let mut order = Vec::new();
         for w in std::mem::take(&mut inner.waiters) {
-            w.tx.send(Handoff::Connect).expect("a receiver");
-            order.extend(receivers.iter_mut().position(|rx| rx.try_recv().is_ok()));
+            w.tx.give(Handoff::Connect).expect("an open wait");
+            order.extend(slots.iter().position(|s| s.take_given().is_some()));
         }
         assert_eq!(order, [5, 2, 0, 4, 1, 3]);
     }

@@ -270,7 +270,11 @@ fn last_words_to_a_tls_client_that_does_not_read_are_given_up() {
     assert_eq!(client::query_value(&mut sock, "begin; select 1"), "1");
     // Closes (answered by Sluice itself) written through rustls, nothing read back.
     let (mut conn, mut tcp) = (sock.conn, sock.sock);
-    tcp.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    // Blocked for 5 s: Sluice stopped reading because its replies fill the socket, not
+    // because a loaded machine held it off the CPU for a moment (with 2 s, a run beside
+    // a valgrind job killed a client whose replies still fitted, which then closed at
+    // once, correctly).
+    tcp.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
     let batch: Vec<u8> = (0..4096).flat_map(|_| raw::msg(b'C', b"Sx\0")).collect();
     let blocked = (0..(400 << 20) / batch.len()).any(|_| {
         conn.writer().write_all(&batch).unwrap();
