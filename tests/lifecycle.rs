@@ -392,6 +392,9 @@ async fn an_md5_hash_in_the_auth_file_under_scram_refuses_only_that_user() {
     let log = s.log();
     assert!(log.contains("its password is an md5 hash, which cannot check SCRAM"), "{log}");
     assert_eq!(value(&c, "select 1").await, "1", "the other user's session goes on");
+    // A reload logs the warning again.
+    s.reload();
+    assert!(s.wait_log_times(&warning, 2, Duration::from_secs(10)), "{}", s.log());
 }
 
 /// `sluice --from-pgbouncer pgbouncer.ini` prints a config that `--check` accepts and

@@ -222,3 +222,72 @@ async fn read_password<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut)
     }
     Ok(frame)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::scram::{ClientKeys, ScramClient};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+    async fn read(s: &mut DuplexStream) -> (u8, Vec<u8>) {
+        let tag = s.read_u8().await.unwrap();
+        let len = usize::try_from(s.read_i32().await.unwrap()).unwrap();
+        let mut body = vec![0; len - 4];
+        s.read_exact(&mut body).await.unwrap();
+        (tag, body)
+    }
+
+    async fn write(s: &mut DuplexStream, tag: u8, body: &[u8]) {
+        let mut m = vec![tag];
+        m.extend_from_slice(&i32::try_from(body.len() + 4).unwrap().to_be_bytes());
+        m.extend_from_slice(body);
+        s.write_all(&m).await.unwrap();
+    }
+
+    /// The client's side of a SCRAM login with a wrong password: what it was told (the
+    /// AuthenticationSASL message, the salt and the iteration count).
+    async fn wrong_password(mut client: DuplexStream) -> (Vec<u8>, Vec<u8>, u32) {
+        let (tag, sasl) = read(&mut client).await;
+        assert_eq!(tag, b'R');
+        let mut scram = ScramClient::new(scram::nonce());
+        let first = scram.client_first();
+        let mut initial = b"SCRAM-SHA-256\0".to_vec();
+        initial.extend_from_slice(&i32::try_from(first.len()).unwrap().to_be_bytes());
+        initial.extend_from_slice(&first);
+        write(&mut client, b'p', &initial).await;
+        let (tag, cont) = read(&mut client).await;
+        assert_eq!(tag, b'R');
+        let (salt, iterations) = scram.server_first_params(&cont[4..]).unwrap();
+        let last = scram.handle_server_first(&cont[4..], |s, i| Ok(ClientKeys::derive("guess", s, i))).unwrap();
+        write(&mut client, b'p', &last).await;
+        (sasl, salt, iterations)
+    }
+
+    /// What a client sees of a SCRAM login of `name` with the wrong password, and the
+    /// error it is refused with.
+    async fn seen(name: &str, user: Option<&UserAuth>) -> ((Vec<u8>, Vec<u8>, u32), String, &'static str) {
+        let (client, mut server) = tokio::io::duplex(1 << 16);
+        let client = tokio::spawn(wrong_password(client));
+        let mut buf = BytesMut::new();
+        let refused = authenticate(&mut server, &mut buf, AuthType::ScramSha256, name, user, b"mock key", None);
+        let e = refused.await.expect_err("a wrong password");
+        let told = tokio::time::timeout(std::time::Duration::from_secs(10), client)
+            .await
+            .expect("the exchange ran to its end")
+            .unwrap();
+        (told, e.to_string(), e.sqlstate())
+    }
+
+    /// A user whose password cannot check SCRAM (an md5 hash from the auth_file, or no
+    /// password) goes through the same exchange as an unknown user of that name, with
+    /// the same salt and iterations, and is refused with the same error.
+    #[tokio::test]
+    async fn a_user_without_a_scram_verifier_looks_like_an_unknown_one() {
+        let unknown = seen("old", None).await;
+        assert_eq!(unknown.2, sqlstate::INVALID_PASSWORD);
+        let md5 = UserAuth::new("old", Some(&md5::password_hash("old", "p")), None).unwrap();
+        assert_eq!(seen("old", Some(&md5)).await, unknown);
+        let none = UserAuth::new("old", None, None).unwrap();
+        assert_eq!(seen("old", Some(&none)).await, unknown);
+    }
+}

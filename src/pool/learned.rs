@@ -93,16 +93,19 @@ impl Learned {
     /// count and bytes (past them the value is checked by a server again at the next
     /// such login).
     pub fn learn_canonical(&self, name: &str, value: &str, canonical: &str) {
-        let size = name.len() + value.len() + canonical.len();
         let mut c = self.canonical.lock();
-        if c.count >= MAX_SPELLINGS || c.bytes + size > MAX_SPELLING_BYTES {
+        let known = c.by_name.get(name).and_then(|v| v.get(value)).map(|old| old.len());
+        let bytes = match known {
+            // Spelled anew (an upgraded server): only the spelling's size changes.
+            Some(old) => c.bytes - old + canonical.len(),
+            None => c.bytes + name.len() + value.len() + canonical.len(),
+        };
+        if bytes > MAX_SPELLING_BYTES || (known.is_none() && c.count >= MAX_SPELLINGS) {
             return;
         }
-        let values = c.by_name.entry(name.to_string()).or_default();
-        if values.insert(value.to_string(), canonical.into()).is_none() {
-            c.count += 1;
-            c.bytes += size;
-        }
+        c.by_name.entry(name.to_string()).or_default().insert(value.to_string(), canonical.into());
+        c.bytes = bytes;
+        c.count += usize::from(known.is_none());
     }
 
     /// Makes `p` share the list of an earlier client's equal settings, so the check on
@@ -206,9 +209,16 @@ mod tests {
         assert!(l.canonical("application_name", &long(fits - 1)).is_some());
         assert!(l.canonical("application_name", &long(fits)).is_none(), "past the byte cap nothing is learned");
         assert!(l.canonical.lock().bytes <= MAX_SPELLING_BYTES);
-        // Learning a value again does not count it twice.
+        // Learning a value again does not count it twice; a new spelling of a known
+        // value replaces the old one, its bytes counted once.
+        let bytes = l.canonical.lock().bytes;
         l.learn_canonical("application_name", &long(0), &long(0));
-        assert_eq!(l.canonical.lock().count, fits);
+        let c = l.canonical.lock();
+        assert_eq!((c.count, c.bytes), (fits, bytes));
+        drop(c);
+        l.learn_canonical("application_name", &long(0), "short");
+        assert_eq!(l.canonical("application_name", &long(0)).as_deref(), Some("short"));
+        assert_eq!(l.canonical.lock().bytes, bytes - long(0).len() + "short".len());
     }
 
     #[test]
