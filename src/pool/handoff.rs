@@ -43,6 +43,9 @@ impl HandoffSlot {
     /// Begins a new wait on this slot: the queue entry that gives to it, and its number.
     pub(super) fn open(self: &Arc<Self>) -> (Sender, u64) {
         let mut st = self.0.lock();
+        // Every wait ends closed with its hand-off taken: a second wait at once on one
+        // slot would lose what the first was given.
+        debug_assert!(!st.open && st.given.is_none(), "one wait at a time per slot");
         st.wait = st.wait.wrapping_add(1);
         st.open = true;
         st.given = None;
@@ -168,12 +171,14 @@ mod tests {
     fn an_entry_gives_only_to_its_own_wait() {
         let slot = Arc::new(HandoffSlot::default());
         let (first, _) = slot.open();
+        // Abandoned by its client (what `Waiter`'s drop does), its entry left queued.
+        slot.0.lock().open = false;
         let (second, wait) = slot.open();
         assert!(first.is_closed() && !second.is_closed());
         assert!(matches!(first.give(Handoff::Connect), Err(Handoff::Connect)));
         assert!(pending(&slot, wait), "the later wait got nothing from the earlier entry");
         assert!(second.give(Handoff::TimedOut).is_ok());
-        assert!(matches!(slot.0.lock().given, Some(Handoff::TimedOut)));
+        assert!(matches!(slot.take_given(), Some(Handoff::TimedOut)));
         let (third, wait) = slot.open();
         drop(third);
         let st = slot.0.lock();

@@ -227,4 +227,205 @@ mod tests {
         }
         assert_eq!(order, [5, 2, 0, 4, 1, 3]);
     }
+
+    /// Counts: (total, connecting, waiting, db limit taken).
+    fn tally(pool: &Pool) -> (usize, usize, usize, usize) {
+        let c = pool.counts();
+        (c.total, c.connecting, c.waiting, pool.db_limit.current())
+    }
+
+    /// A connect slot handed to a wait whose client leaves before polling it goes back.
+    #[tokio::test]
+    async fn connect_given_then_wait_dropped_before_poll_goes_back() {
+        let pools = Pools::default();
+        let pool = full_pool(&pools);
+        let slot = WaitSlot::new();
+        let wait = queue(&pool, Instant::now(), &slot);
+        let waiter = Waiter { pool: &pool, slot: slot.get().unwrap(), wait, done: false };
+        pool.inner.lock().total = 0;
+        pool.wake_waiters();
+        assert_eq!(tally(&pool), (1, 1, 0, 1));
+        drop(waiter);
+        assert_eq!(tally(&pool), (0, 0, 0, 0));
+    }
+
+    /// PAUSE, close and a failed connect end a registered wait (woken), reusing one slot.
+    #[tokio::test]
+    async fn dropped_queue_wakes_registered_wait() {
+        let pools = Pools::default();
+        let pool = full_pool(&pools);
+        let slot = WaitSlot::new();
+        let poll_once = |w: &mut Waiter<'_>| {
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            w.poll_received(&mut cx).is_pending()
+        };
+        // PAUSE
+        let wait = queue(&pool, Instant::now(), &slot);
+        let mut w = Waiter { pool: &pool, slot: slot.get().unwrap(), wait, done: false };
+        let pending = std::future::poll_fn(|cx| std::task::Poll::Ready(w.poll_received(cx).is_pending())).await;
+        assert!(pending);
+        let p2 = pool.clone();
+        std::thread::spawn(move || p2.pause()).join().unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(2), w.received()).await;
+        assert!(matches!(r, Ok(None)), "pause ends the wait with nothing");
+        drop(w);
+        pool.resume();
+        // Failed (retry.rs)
+        let wait = queue(&pool, Instant::now(), &slot);
+        let mut w = Waiter { pool: &pool, slot: slot.get().unwrap(), wait, done: false };
+        assert!(poll_once(&mut w));
+        let f = crate::pool::ConnectFailure::new(&crate::server::ServerError::ConnectTimeout);
+        {
+            let mut inner = pool.inner.lock();
+            inner.total = 0;
+            inner.fail_waiters_if_none_open(&f);
+            inner.total = 1;
+        }
+        let r = tokio::time::timeout(Duration::from_secs(2), w.received()).await;
+        assert!(matches!(r, Ok(Some(Handoff::Failed(_)))));
+        drop(w);
+        // close
+        let wait = queue(&pool, Instant::now(), &slot);
+        let mut w = Waiter { pool: &pool, slot: slot.get().unwrap(), wait, done: false };
+        assert!(poll_once(&mut w));
+        pool.close();
+        let r = tokio::time::timeout(Duration::from_secs(2), w.received()).await;
+        assert!(matches!(r, Ok(None)), "close ends the wait with nothing");
+        drop(w);
+        assert!(matches!(pool.next(&mut None, &slot), Err(PoolError::Closed)));
+    }
+
+    /// What the stress test's clients saw: waits abandoned, connect slots received,
+    /// waits ended by a dropped queue (PAUSE).
+    #[derive(Default)]
+    struct Seen {
+        abandoned: u64,
+        connects: u64,
+        dropped: u64,
+    }
+
+    /// xorshift64: the stress test's clients choose when to give up a wait.
+    fn rng(seed: u64) -> impl FnMut() -> u64 {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
+    /// One check-out of a stress client on its slot; the connect slot it got, if any,
+    /// is given back after a while. Waits are abandoned at random points (before or
+    /// after the give, between the give and the poll).
+    async fn stress_checkout(pool: &Arc<Pool>, slot: &WaitSlot, next: &mut impl FnMut() -> u64, seen: &mut Seen) {
+        let mut since = None;
+        let held = loop {
+            let (wait, arm) = match pool.next(&mut since, slot) {
+                Ok(Next::Take(_)) => unreachable!("no idle connection"),
+                Ok(Next::Connect) => break true,
+                Ok(Next::Paused) if pool.wait_resumed(&mut since).await.is_ok() => continue,
+                Ok(Next::Paused) => break false,
+                Ok(Next::Wait(wait, arm)) => (wait, arm),
+                Err(e) => panic!("{e:?}"),
+            };
+            if arm {
+                tokio::spawn(pool.clone().expire_waiters());
+            }
+            let mut waiter = Waiter { pool, slot: slot.get().unwrap(), wait, done: false };
+            let r = next();
+            let got = if r % 2 == 0 {
+                tokio::select! {
+                    h = waiter.received() => Some(h),
+                    () = tokio::time::sleep(Duration::from_micros(r % 60)) => None,
+                }
+            } else {
+                Some(waiter.received().await)
+            };
+            match got {
+                None => seen.abandoned += 1,
+                Some(Some(Handoff::Connect)) => seen.connects += 1,
+                Some(Some(Handoff::TimedOut)) => {}
+                Some(Some(other)) => panic!("unexpected {other:?}"),
+                Some(None) => {
+                    seen.dropped += 1;
+                    continue;
+                }
+            }
+            break matches!(got, Some(Some(Handoff::Connect)));
+        };
+        if held {
+            match next() % 3 {
+                0 => tokio::task::yield_now().await,
+                1 => tokio::time::sleep(Duration::from_micros(30)).await,
+                _ => {}
+            }
+            pool.give_back_slot();
+        }
+    }
+
+    /// PAUSE/RESUME now and then, and the janitor's pass, until `stop`.
+    fn stress_chaos(pool: Arc<Pool>, stop: Arc<std::sync::atomic::AtomicBool>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_micros(300)).await;
+                n += 1;
+                if n % 7 == 0 {
+                    pool.pause();
+                    tokio::time::sleep(Duration::from_micros(100)).await;
+                    pool.resume();
+                }
+                pool.maintain();
+            }
+            pool.resume();
+        })
+    }
+
+    /// Many clients on a multi-threaded runtime, each with one reused slot, wait,
+    /// abandon waits at random points, take connect slots and give them back;
+    /// PAUSE/RESUME, the janitor's pass and a short `query_wait_timeout` run meanwhile.
+    /// Nothing hangs, and every slot is accounted for at the end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn stress_handoff_conserves_connect_slots() {
+        for timeout in ["query_wait_timeout = 0\n", "query_wait_timeout = 1\n"] {
+            let text = format!(
+                "[general]\n{timeout}[databases.a]\nhost = \"127.0.0.1\"\npool_size = 3\n[users.u]\npassword = \"p\"\n"
+            );
+            let cfg = Config::parse(&text, std::path::Path::new("sluice.toml")).expect("a valid config");
+            let users = UserStore::from_config(&cfg).expect("valid users");
+            let pools = Pools::default();
+            let pool = pools.get(&cfg, &users, "a", "u").expect("a configured database");
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let chaos = stress_chaos(pool.clone(), stop.clone());
+            let clients: Vec<_> = (0..24u64)
+                .map(|c| {
+                    let pool = pool.clone();
+                    tokio::spawn(async move {
+                        let (slot, mut next, mut seen) = (WaitSlot::new(), rng(c), Seen::default());
+                        for _ in 0..1500 {
+                            stress_checkout(&pool, &slot, &mut next, &mut seen).await;
+                        }
+                        seen
+                    })
+                })
+                .collect();
+            let mut total = Seen::default();
+            let all = async {
+                for c in clients {
+                    let seen = c.await.expect("client task");
+                    (total.abandoned, total.connects) =
+                        (total.abandoned + seen.abandoned, total.connects + seen.connects);
+                    total.dropped += seen.dropped;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(120), all).await.expect("a wait was never woken (hang)");
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            chaos.await.unwrap();
+            pool.maintain();
+            let covered = total.abandoned > 0 && total.connects > 0 && total.dropped > 0;
+            assert!(covered, "the run covered abandoned, served and dropped waits");
+            assert_eq!(tally(&pool), (0, 0, 0, 0), "every connect slot is accounted for");
+        }
+    }
 }
