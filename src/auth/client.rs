@@ -118,15 +118,14 @@ async fn scram_login<S: AsyncRead + AsyncWrite + Unpin>(
     user: Option<&UserAuth>,
     mock_key: &[u8],
 ) -> Result<Proven, AuthFailure> {
-    let secret = user.and_then(|u| u.scram_secret()).cloned();
-    let known = secret.is_some();
-    let secret = secret.unwrap_or_else(|| ScramSecret::mock(name, mock_key));
-    let (key, greeting) = match scram_exchange(stream, buf, name, secret).await {
-        Ok(proved) if known => proved,
-        Err(e) if known || !matches!(e, AuthFailure::BadPassword(_)) => return Err(e),
+    let Some(secret) = user.and_then(|u| u.scram_secret()).cloned() else {
         // A mock secret: refused at the end of the exchange, whatever the proof.
-        _ => return Err(unverifiable(name, user)),
+        return match scram_exchange(stream, buf, name, ScramSecret::mock(name, mock_key)).await {
+            Ok(_) | Err(AuthFailure::BadPassword(_)) => Err(unverifiable(name, user)),
+            Err(e) => Err(e),
+        };
     };
+    let (key, greeting) = scram_exchange(stream, buf, name, secret).await?;
     Ok(Proven { client_key: Some(key), greeting })
 }
 

@@ -56,8 +56,8 @@ fn pool_key_of<'a>(cfg: &'a Config, c: &'a ClientInfo) -> (&'a str, &'a str) {
 pub fn pool_views(app: &App) -> Vec<PoolView> {
     let cfg = app.config.load();
     let now = now_us();
-    let mut pools = app.pools.all();
-    pools.sort_by(|a, b| a.key.cmp(&b.key));
+    // Sorted by key (`Pools::all`).
+    let pools = app.pools.all();
     let mut views: Vec<PoolView> = pools.iter().map(pool_view).collect();
     let index: HashMap<(&str, &str), usize> =
         pools.iter().enumerate().map(|(i, p)| ((p.key.database.as_str(), p.key.user.as_str()), i)).collect();

@@ -337,7 +337,6 @@ fn is_stale_plan(f: &ErrorFields) -> bool {
         && (f.routine == "RevalidateCachedQuery" || f.message.contains("cached plan must not change result type"))
 }
 
-/// Session mode's use of the queue (`Extended::on_client_forwarded`): kinds only.
 #[cfg(test)]
 mod tests {
     use super::*;
