@@ -418,7 +418,12 @@ fn users(app: &App, cfg: &Config) -> Table {
     let mut t = Table::new(&names, "siisiiii");
     let g = &cfg.general;
     let clients = logged_in_clients(app);
-    for (name, u) in &cfg.users {
+    // The config's users, then those `auth_query` lookups found (general settings).
+    let found = app.users.load().found_names();
+    let unlisted = crate::config::User::default();
+    let listed = cfg.users.iter();
+    let found = found.iter().filter(|n| !cfg.users.contains_key(*n)).map(|n| (n, &unlisted));
+    for (name, u) in listed.chain(found) {
         t.push(vec![
             text(name),
             int(u.pool_size.unwrap_or(g.default_pool_size)),

@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod md5;
+pub mod query;
 pub mod scram;
 
 use std::sync::{Arc, OnceLock};
@@ -22,7 +23,7 @@ pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
 pub const SCRAM_ITERATIONS: u32 = 4096;
 
 /// What a user's `password` key holds.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Secret {
     Plain(String),
     Md5(String),
@@ -62,6 +63,14 @@ impl UserAuth {
             (None, None) => ServerLogin::none(),
         };
         Ok(UserAuth { name: name.to_string(), secret, scram: OnceLock::new(), server: Arc::new(server) })
+    }
+
+    /// A user an `auth_query` lookup found, with the password it gave: clients are
+    /// checked against it, and Sluice logs in to the server with it (an md5 hash as one,
+    /// a SCRAM secret by pass-through of the key a client proves).
+    pub fn found(name: &str, secret: Option<Secret>) -> Self {
+        let server = secret.clone().map_or_else(ServerLogin::none, ServerLogin::from_secret);
+        UserAuth { name: name.to_string(), secret, scram: OnceLock::new(), server: Arc::new(server) }
     }
 
     /// The verifier for SCRAM client authentication, if this user can do SCRAM.
@@ -256,11 +265,18 @@ pub enum LoginError {
     Derivation,
 }
 
-/// All users by name, rebuilt on reload.
+/// All users by name, rebuilt on reload, and the users `auth_query` lookups found,
+/// kept across reloads.
 #[derive(Debug, Default)]
 pub struct UserStore {
     pub users: foldhash::HashMap<String, Arc<UserAuth>>,
+    found: Arc<FoundUsers>,
 }
+
+/// Users found by lookups: database → user name → user. Only users a lookup returned
+/// a row for are entered (a name no role has adds nothing), each replaced when a later
+/// lookup gives another password.
+type FoundUsers = Mutex<foldhash::HashMap<String, foldhash::HashMap<String, Arc<UserAuth>>>>;
 
 impl UserStore {
     pub fn from_config(cfg: &crate::config::Config) -> Result<Self, ScramError> {
@@ -269,7 +285,7 @@ impl UserStore {
             let auth = UserAuth::new(name, u.password.as_deref(), u.server_password.as_deref())?;
             users.insert(name.clone(), Arc::new(auth));
         }
-        Ok(UserStore { users })
+        Ok(UserStore { users, found: Default::default() })
     }
 
     /// Carries cached derivations over from the previous store for unchanged users, so
@@ -277,6 +293,7 @@ impl UserStore {
     /// server login when only the client's secret did (the pools keep using that login
     /// object, `Pool::update`, and the ClientKeys clients prove reach it).
     pub fn inherit(&mut self, old: &UserStore) {
+        self.found = old.found.clone();
         for (name, user) in self.users.iter_mut() {
             let Some(prev) = old.users.get(name) else { continue };
             if !prev.server.same_credentials(&user.server) {
@@ -292,6 +309,45 @@ impl UserStore {
 
     pub fn get(&self, name: &str) -> Option<&Arc<UserAuth>> {
         self.users.get(name)
+    }
+
+    /// The user `name` as clients of `database` log in: the config's, else the one a
+    /// lookup found while the database has lookups configured.
+    pub fn find(&self, cfg: &crate::config::Config, database: &str, name: &str) -> Option<Arc<UserAuth>> {
+        if let Some(u) = self.users.get(name) {
+            return Some(u.clone());
+        }
+        query::lookup_for(cfg, database)?;
+        self.found.lock().get(database)?.get(name).cloned()
+    }
+
+    /// Enters what a lookup for `name` in `database` found; gives the user, and whether
+    /// it is new or its password changed (its pool then takes the new server login).
+    /// An unchanged user is kept with the SCRAM keys it cached.
+    pub fn remember(&self, database: &str, name: &str, secret: Option<Secret>) -> (Arc<UserAuth>, bool) {
+        let mut found = self.found.lock();
+        let users = found.entry(database.to_string()).or_default();
+        if let Some(u) = users.get(name).filter(|u| u.secret == secret) {
+            return (u.clone(), false);
+        }
+        let user = Arc::new(UserAuth::found(name, secret));
+        users.insert(name.to_string(), user.clone());
+        (user, true)
+    }
+
+    /// The names of the users lookups found (each once, sorted).
+    pub fn found_names(&self) -> Vec<String> {
+        let found = self.found.lock();
+        let names: std::collections::BTreeSet<&String> = found.values().flat_map(|m| m.keys()).collect();
+        names.into_iter().cloned().collect()
+    }
+
+    /// A lookup found no `name` in `database` (the role was dropped, or may no longer
+    /// log in): it is forgotten, and its pool closes at the next reload.
+    pub fn forget(&self, database: &str, name: &str) {
+        if let Some(users) = self.found.lock().get_mut(database) {
+            users.remove(name);
+        }
     }
 }
 
@@ -359,6 +415,7 @@ mod tests {
                 .iter()
                 .map(|(n, p, sp)| (n.to_string(), Arc::new(UserAuth::new(n, Some(p), Some(sp)).unwrap())))
                 .collect(),
+            found: Default::default(),
         };
         let old = store(&[("same", "a", "x"), ("client", "a", "x"), ("server", "a", "x")]);
         let mut new = store(&[("same", "a", "x"), ("client", "b", "x"), ("server", "a", "y")]);

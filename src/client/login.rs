@@ -329,7 +329,11 @@ where
 /// Authenticates the client as `user` per `auth_type`.
 async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, database: &str) -> Result<Proof, Exit> {
     let users = app.users.load_full();
-    let auth_user = users.get(user).cloned();
+    let auth_user = match users.get(user) {
+        Some(u) => Some(u.clone()),
+        // Boxed: only logins of users the config does not list pay for its future.
+        None => Box::pin(super::lookup::looked_up(app, &users, database, user)).await?,
+    };
     let cert_name = tls::peer_common_name(&conn.stream);
     let method = cfg.general.auth_type;
     let proven = authenticate(

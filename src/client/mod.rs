@@ -9,6 +9,7 @@ mod copy;
 mod extended;
 mod interrupt;
 mod login;
+mod lookup;
 mod relay;
 mod seen;
 mod session;

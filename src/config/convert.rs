@@ -23,9 +23,7 @@ fn unsupported_why(key: &str) -> &'static str {
         "logfile" | "syslog" | "syslog_ident" | "syslog_facility" => "Sluice logs to stderr",
         "pidfile" | "user" => "Sluice runs in the foreground under a service manager",
         "ignore_startup_parameters" => "not needed: Sluice applies every startup parameter",
-        "auth_query" | "auth_user" | "auth_dbname" | "auth_hba_file" | "auth_ident_file" => {
-            "no auth_query or hba in Sluice: list users in auth_file or [users]"
-        }
+        "auth_hba_file" | "auth_ident_file" => "no hba in Sluice: client authentication follows auth_type",
         _ => "no such setting in Sluice",
     }
 }
@@ -192,7 +190,9 @@ fn database(name: &str, conn: &str, line: usize, notes: &mut Vec<String>) -> Str
         let key = if key == "reserve_pool" { "reserve_pool_size".to_string() } else { key };
         let v = match key.as_str() {
             "host" if value.contains(',') => Err("host lists are not supported".to_string()),
-            "host" | "dbname" | "user" | "password" | "pool_mode" => Ok(Value::String(value.clone())),
+            "host" | "dbname" | "user" | "password" | "pool_mode" | "auth_user" | "auth_query" | "auth_dbname" => {
+                Ok(Value::String(value.clone()))
+            }
             "port" | "pool_size" | "min_pool_size" | "reserve_pool_size" | "max_db_connections" => integer(&value),
             _ => Err("no such database setting in Sluice".to_string()),
         };
@@ -244,7 +244,7 @@ mod tests {
     const INI: &str = "\
 ;; a production-like pgbouncer.ini
 [databases]
-app = host=db1 port=5433 dbname=app_prod pool_size=40 reserve_pool=5
+app = host=db1 port=5433 dbname=app_prod pool_size=40 reserve_pool=5 auth_user=alice
 local = dbname=app user=owner password='s3 c''r\\et' pool_size=3
 \"my-db\" = host=db2
 * = host=db1
@@ -260,6 +260,8 @@ max_client_conn = 1000
 server_reset_query_always = 0
 query_wait_timeout = 30
 admin_users = postgres, alice
+auth_user = postgres
+auth_query = SELECT usename, passwd FROM pg_shadow WHERE usename=$1
 logfile = /var/log/pgbouncer/pgbouncer.log
 client_tls_protocols = secure
 ";
@@ -281,9 +283,12 @@ client_tls_protocols = secure
         );
         assert_eq!((g.auth_type, g.server_reset_query_always), (super::super::AuthType::Md5, false));
         assert_eq!(g.admin_users, vec!["postgres".to_string(), "alice".to_string()]);
+        let lookups = (g.auth_user.as_str(), g.auth_query.as_str());
+        assert_eq!(lookups, ("postgres", "SELECT usename, passwd FROM pg_shadow WHERE usename=$1"));
         let app = &cfg.databases["app"];
         assert_eq!((app.host.as_str(), app.port, app.dbname.as_deref()), ("db1", 5433, Some("app_prod")));
         assert_eq!((app.pool_size, app.reserve_pool_size), (Some(40), Some(5)));
+        assert_eq!(app.auth_user.as_deref(), Some("alice"));
         let local = &cfg.databases["local"];
         assert_eq!((local.host.as_str(), local.password.as_deref()), ("/var/run/postgresql", Some("s3 c'r\\et")));
         assert_eq!(local.pool_size, Some(3), "what follows a quoted value is read too");
@@ -294,7 +299,7 @@ client_tls_protocols = secure
         for what in ["logfile", "`*` fallback", "client_tls_protocols"] {
             assert!(c.notes.iter().any(|n| n.contains(what)), "{what}: {:?}", c.notes);
         }
-        assert!(toml.contains("# line 19: logfile = /var/log/pgbouncer/pgbouncer.log"), "{toml}");
+        assert!(toml.contains("# line 21: logfile = /var/log/pgbouncer/pgbouncer.log"), "{toml}");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Checks of the `[databases]` and `[users]` entries, and of the passwords and secrets
 //! they hold, against `[general]`.
 
+use std::collections::BTreeMap;
+
 use super::{AuthType, ConfigError, Database, General, Invalid, User};
 
 pub(super) fn validate_database(name: &str, db: &Database, g: &General, invalid: Invalid) -> Result<(), ConfigError> {
@@ -87,4 +89,102 @@ pub(super) fn validate_user(
 /// with an md5 password under a `scram-sha-256` pg_hba line).
 pub(super) fn md5_under_scram(user: &User, g: &General) -> bool {
     g.auth_type == AuthType::ScramSha256 && user.password.as_deref().is_some_and(crate::auth::md5::is_md5_hash)
+}
+
+pub(super) fn validate_admin(
+    g: &General,
+    databases: &BTreeMap<String, Database>,
+    users: &BTreeMap<String, User>,
+    invalid: Invalid,
+) -> Result<(), ConfigError> {
+    if g.admin_database.is_empty() || g.admin_database.len() > 63 {
+        return Err(invalid("admin_database", "must have 1 to 63 bytes".into()));
+    }
+    if databases.contains_key(&g.admin_database) {
+        return Err(invalid("admin_database", format!("\"{}\" is also a [databases] entry", g.admin_database)));
+    }
+    for (key, list) in [("admin_users", &g.admin_users), ("stats_users", &g.stats_users)] {
+        if let Some(u) = list.iter().find(|u| !users.contains_key(*u)) {
+            let known = if g.auth_file.is_empty() { "[users]" } else { "[users] or the auth_file" };
+            return Err(invalid(key, format!("user \"{u}\" is not in {known}")));
+        }
+    }
+    if !g.stats_period.is_finite() || !(1.0..=86_400.0).contains(&g.stats_period) {
+        return Err(invalid("stats_period", "must be between 1 and 86400 seconds".into()));
+    }
+    if !g.metrics_listen.is_empty() && g.metrics_listen.parse::<std::net::SocketAddr>().is_err() {
+        return Err(invalid(
+            "metrics_listen",
+            format!("\"{}\" is not an address like \"127.0.0.1:9930\"", g.metrics_listen),
+        ));
+    }
+    Ok(())
+}
+
+/// An error at `key` of a section (`["general"]`, `["databases", NAME]`).
+pub(super) type InvalidIn<'a> = &'a dyn Fn(&[&str], &str, String) -> ConfigError;
+
+/// Checks the password lookups (`auth_user`, `auth_query`, `auth_dbname`), in
+/// `[general]` and per database: the user must be one Sluice can log in as, the query
+/// must take the user name as `$1`, and the database must be a `[databases]` entry.
+pub(super) fn validate_auth_lookups(
+    g: &General,
+    databases: &BTreeMap<String, Database>,
+    users: &BTreeMap<String, User>,
+    invalid: InvalidIn,
+) -> Result<(), ConfigError> {
+    let general = ["general"];
+    check_lookup(g.auth_user.as_str(), g.auth_query.as_str(), g.auth_dbname.as_str(), g, databases, users, &|k, m| {
+        invalid(&general, k, m)
+    })?;
+    for (name, db) in databases {
+        let section = ["databases", name.as_str()];
+        let at = |k: &str, m| invalid(&section, k, m);
+        for (key, value) in
+            [("auth_user", &db.auth_user), ("auth_query", &db.auth_query), ("auth_dbname", &db.auth_dbname)]
+        {
+            if value.as_deref() == Some("") {
+                return Err(at(key, "must not be empty (leave it out for the general setting)".into()));
+            }
+        }
+        let user = db.auth_user.as_deref().unwrap_or(&g.auth_user);
+        let query = db.auth_query.as_deref().unwrap_or(&g.auth_query);
+        let dbname = db.auth_dbname.as_deref().unwrap_or(&g.auth_dbname);
+        // Only what the entry sets itself is reported at its line; the rest was
+        // checked with `[general]`.
+        let own = |k: &str, m: String| match (k, &db.auth_user, &db.auth_query, &db.auth_dbname) {
+            ("auth_user", Some(_), ..) | ("auth_query", _, Some(_), _) | ("auth_dbname", .., Some(_)) => at(k, m),
+            _ => invalid(&general, k, m),
+        };
+        check_lookup(user, query, dbname, g, databases, users, &own)?;
+    }
+    Ok(())
+}
+
+fn check_lookup(
+    user: &str,
+    query: &str,
+    dbname: &str,
+    g: &General,
+    databases: &BTreeMap<String, Database>,
+    users: &BTreeMap<String, User>,
+    invalid: Invalid,
+) -> Result<(), ConfigError> {
+    if user.is_empty() {
+        return Ok(());
+    }
+    if !users.contains_key(user) {
+        let known = if g.auth_file.is_empty() { "[users]" } else { "[users] or the auth_file" };
+        return Err(invalid(
+            "auth_user",
+            format!("user \"{user}\" is not in {known} (Sluice logs in to the server as it to look up passwords)"),
+        ));
+    }
+    if !query.contains("$1") {
+        return Err(invalid("auth_query", "must take the user name as $1".into()));
+    }
+    if !dbname.is_empty() && !databases.contains_key(dbname) {
+        return Err(invalid("auth_dbname", format!("\"{dbname}\" is not a [databases] entry")));
+    }
+    Ok(())
 }

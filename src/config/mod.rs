@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use entries::{validate_database, validate_user};
+use entries::{validate_admin, validate_auth_lookups, validate_database, validate_user};
 pub use locate::locate_key;
 
 #[derive(Debug, Error)]
@@ -151,6 +151,13 @@ pub struct General {
     pub auth_type: AuthType,
     /// PgBouncer's userlist.txt, read for users' passwords ("" = none).
     pub auth_file: String,
+    /// The user whose server connection looks up the passwords of users Sluice does not
+    /// know (`auth_query`); "" = no lookups.
+    pub auth_user: String,
+    /// The query run (with the user name as `$1`) to find a user's password.
+    pub auth_query: String,
+    /// The `[databases]` entry the lookups run in ("" = the client's database).
+    pub auth_dbname: String,
     pub pool_mode: PoolMode,
     pub default_pool_size: usize,
     pub min_pool_size: usize,
@@ -221,6 +228,9 @@ impl Default for General {
             workers: 0,
             auth_type: AuthType::ScramSha256,
             auth_file: String::new(),
+            auth_user: String::new(),
+            auth_query: crate::auth::query::DEFAULT_QUERY.into(),
+            auth_dbname: String::new(),
             // PgBouncer's default: the mode no application can notice.
             pool_mode: PoolMode::Session,
             default_pool_size: 20,
@@ -311,6 +321,10 @@ pub struct Database {
     pub reserve_pool_size: Option<usize>,
     pub pool_mode: Option<PoolMode>,
     pub max_db_connections: Option<usize>,
+    /// This database's `auth_user`, `auth_query` and `auth_dbname` (default: general's).
+    pub auth_user: Option<String>,
+    pub auth_query: Option<String>,
+    pub auth_dbname: Option<String>,
 }
 
 /// A `[users.NAME]` entry.
@@ -407,6 +421,7 @@ impl Config {
             from_auth_file = userlist::merge(&resolve_from(path, &g.auth_file), &mut users, &check)?;
         }
         validate_admin(&raw.general, &raw.databases, &users, &|k, m| invalid(&["general"], k, m))?;
+        validate_auth_lookups(&raw.general, &raw.databases, &users, &|section, k, m| invalid(section, k, m))?;
         let (general, databases) = (raw.general, raw.databases);
         Ok(Config { path: path.to_path_buf(), general, databases, users, from_auth_file, listen })
     }
@@ -416,6 +431,8 @@ impl Config {
     pub fn with_general(&self, general: General) -> Result<Config, String> {
         let listen = validate_general(&general, &unplaced).map_err(|e| keyed("", e))?;
         validate_admin(&general, &self.databases, &self.users, &unplaced).map_err(|e| keyed("", e))?;
+        let placed = |section: &[&str], k: &str, m| unplaced(&[section, &[k]].concat().join("."), m);
+        validate_auth_lookups(&general, &self.databases, &self.users, &placed).map_err(|e| keyed("", e))?;
         for (name, db) in &self.databases {
             // Named as in the file: which database the new value does not fit.
             validate_database(name, db, &general, &unplaced).map_err(|e| keyed(&format!("databases.{name}."), e))?;
@@ -635,36 +652,6 @@ fn validate_tls(g: &General, invalid: Invalid) -> Result<(), ConfigError> {
 /// The admin console keys: users must be users of the config, `[users]` or the
 /// `auth_file` (`users` holds both; for their passwords), the virtual database must not
 /// shadow a real one.
-fn validate_admin(
-    g: &General,
-    databases: &BTreeMap<String, Database>,
-    users: &BTreeMap<String, User>,
-    invalid: Invalid,
-) -> Result<(), ConfigError> {
-    if g.admin_database.is_empty() || g.admin_database.len() > 63 {
-        return Err(invalid("admin_database", "must have 1 to 63 bytes".into()));
-    }
-    if databases.contains_key(&g.admin_database) {
-        return Err(invalid("admin_database", format!("\"{}\" is also a [databases] entry", g.admin_database)));
-    }
-    for (key, list) in [("admin_users", &g.admin_users), ("stats_users", &g.stats_users)] {
-        if let Some(u) = list.iter().find(|u| !users.contains_key(*u)) {
-            let known = if g.auth_file.is_empty() { "[users]" } else { "[users] or the auth_file" };
-            return Err(invalid(key, format!("user \"{u}\" is not in {known}")));
-        }
-    }
-    if !g.stats_period.is_finite() || !(1.0..=86_400.0).contains(&g.stats_period) {
-        return Err(invalid("stats_period", "must be between 1 and 86400 seconds".into()));
-    }
-    if !g.metrics_listen.is_empty() && g.metrics_listen.parse::<std::net::SocketAddr>().is_err() {
-        return Err(invalid(
-            "metrics_listen",
-            format!("\"{}\" is not an address like \"127.0.0.1:9930\"", g.metrics_listen),
-        ));
-    }
-    Ok(())
-}
-
 /// A validation error outside the file (admin SET, a reload's second look): no line.
 fn unplaced(key: &str, message: String) -> ConfigError {
     ConfigError::Invalid { file: String::new(), line: 0, key: key.to_string(), message }

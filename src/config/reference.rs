@@ -20,6 +20,9 @@ pub fn keys() -> Vec<(&'static str, String)> {
         reserve_pool_size: Some(1),
         pool_mode: Some(PoolMode::Session),
         max_db_connections: Some(1),
+        auth_user: Some(String::new()),
+        auth_query: Some(String::new()),
+        auth_dbname: Some(String::new()),
     };
     let user = User {
         password: Some(String::new()),

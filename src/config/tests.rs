@@ -240,3 +240,29 @@ fn tls_protocols_are_checked_and_paths_resolved() {
     assert_eq!(c.resolve("certs/a.pem"), Path::new("/etc/sluice/certs/a.pem"));
     assert_eq!(c.resolve("/abs/a.pem"), Path::new("/abs/a.pem"));
 }
+
+#[test]
+fn password_lookups_are_checked_where_they_are_set() {
+    let users = "[users.auth]\npassword = \"p\"\n";
+    assert!(parse(&format!("[general]\nauth_user = \"auth\"\n[databases.app]\n{users}")).is_ok());
+    let e = err(&format!("[general]\nauth_user = \"nobody\"\n[databases.app]\n{users}"));
+    assert!(e.starts_with("sluice.toml:2: general.auth_user: user \"nobody\" is not in [users]"), "{e}");
+    let e = err(&format!("[general]\nauth_user = \"auth\"\nauth_query = \"SELECT 1, 2\"\n{users}"));
+    assert_eq!(e, "sluice.toml:3: general.auth_query: must take the user name as $1");
+    let e = err(&format!("[general]\nauth_user = \"auth\"\nauth_dbname = \"elsewhere\"\n[databases.app]\n{users}"));
+    assert_eq!(e, "sluice.toml:3: general.auth_dbname: \"elsewhere\" is not a [databases] entry");
+    // A database's own settings are reported at its own lines; general ones it uses at
+    // theirs (the query is only checked where some lookup uses it).
+    let e = err(&format!("[databases.app]\nauth_user = \"nobody\"\n{users}"));
+    assert!(e.starts_with("sluice.toml:2: databases.app.auth_user: user \"nobody\""), "{e}");
+    let text = format!("[general]\nauth_query = \"SELECT 1, 2\"\n[databases.app]\nauth_user = \"auth\"\n{users}");
+    assert_eq!(err(&text), "sluice.toml:2: general.auth_query: must take the user name as $1");
+    assert!(parse(&format!("[general]\nauth_query = \"SELECT 1, 2\"\n[databases.app]\n{users}")).is_ok());
+    let e = err(&format!("[databases.app]\nauth_user = \"auth\"\nauth_dbname = \"\"\n{users}"));
+    assert!(e.starts_with("sluice.toml:3: databases.app.auth_dbname: must not be empty"), "{e}");
+    // The admin console's SET is checked too.
+    let c = parse(&format!("[databases.app]\n{users}")).unwrap();
+    let g = General { auth_user: "nobody".into(), ..c.general.clone() };
+    let e = c.with_general(g).unwrap_err();
+    assert!(e.starts_with("general.auth_user: user \"nobody\""), "{e}");
+}

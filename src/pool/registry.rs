@@ -95,12 +95,37 @@ impl Pools {
         db: &str,
         user: &str,
     ) -> Result<Option<Arc<Pool>>, Reloaded> {
-        // Every login comes here: find an existing pool before building its settings.
         let Some(server_user) = server_user(cfg, users, db, user) else { return Ok(None) };
+        self.get_or_create(seen, cfg, users, db, server_user)
+    }
+
+    /// The pool whose connections run the `auth_query` lookups for clients of a
+    /// database: `auth_user`'s in the lookups' database (also where that database has a
+    /// user of its own); `get_current` otherwise.
+    pub fn lookup_pool(
+        &self,
+        seen: u64,
+        cfg: &Config,
+        users: &UserStore,
+        lookup: &crate::auth::query::Lookup<'_>,
+    ) -> Result<Option<Arc<Pool>>, Reloaded> {
+        self.get_or_create(seen, cfg, users, lookup.database, lookup.user)
+    }
+
+    fn get_or_create(
+        &self,
+        seen: u64,
+        cfg: &Config,
+        users: &UserStore,
+        db: &str,
+        server_user: &str,
+    ) -> Result<Option<Arc<Pool>>, Reloaded> {
+        // Every login comes here: find an existing pool before building its settings.
         if let Some(p) = self.map.lock().get(db).and_then(|m| m.get(server_user)) {
             return Ok(Some(p.clone()));
         }
-        let Some((key, settings)) = settings_for(cfg, users, &self.server_tls.load_full(), db, user) else {
+        let key = PoolKey { database: db.to_string(), user: server_user.to_string() };
+        let Some(settings) = settings_of(cfg, users, &self.server_tls.load_full(), &key) else {
             return Ok(None);
         };
         let mut map = self.map.lock();
@@ -255,22 +280,29 @@ impl Pools {
             l.set_max(user_max(cfg, name));
         }
         for pools in map.values_mut() {
-            pools.retain(|_, pool| {
-                let key = &pool.key;
-                let client_user = cfg.databases.get(&key.database).and_then(|d| d.user.as_ref()).unwrap_or(&key.user);
-                match settings_for(cfg, users, &tls, &key.database, client_user) {
-                    Some((k, s)) if k == *key => {
-                        pool.update(s);
-                        true
-                    }
-                    _ => {
-                        pool.close();
-                        false
-                    }
+            pools.retain(|_, pool| match settings_of(cfg, users, &tls, &pool.key) {
+                Some(s) => {
+                    pool.update(s);
+                    true
+                }
+                None => {
+                    pool.close();
+                    false
                 }
             });
         }
         map.retain(|_, pools| !pools.is_empty());
+    }
+
+    /// A lookup found a new password for a user of `db`: its pool, if it has one, logs
+    /// in with it from now on (connections already open stay, as in PostgreSQL).
+    pub fn refresh_login(&self, cfg: &Config, users: &UserStore, db: &str, user: &str) {
+        let pool = self.map.lock().get(db).and_then(|m| m.get(user)).cloned();
+        if let Some(pool) = pool
+            && let Some(s) = settings_of(cfg, users, &self.server_tls.load_full(), &pool.key)
+        {
+            pool.update(s);
+        }
     }
 }
 
@@ -282,40 +314,51 @@ fn user_max(cfg: &Config, user: &str) -> usize {
     cfg.users.get(user).and_then(|u| u.max_user_connections).unwrap_or(cfg.general.max_user_connections)
 }
 
-/// The pool a client of `db_name` logged in as `client_user` belongs to: the
-/// database's forced server user, else the client's own (which must be configured).
-fn pool_key(cfg: &Config, users: &UserStore, db_name: &str, client_user: &str) -> Option<PoolKey> {
-    let user = server_user(cfg, users, db_name, client_user)?.to_string();
-    Some(PoolKey { database: db_name.to_string(), user })
-}
-
-/// The user a client of `db_name` logged in as `client_user` reaches the server as.
+/// The user a client of `db_name` logged in as `client_user` reaches the server as:
+/// the database's forced server user, else the client's own (configured, or found by
+/// a lookup).
 fn server_user<'a>(cfg: &'a Config, users: &UserStore, db_name: &str, client_user: &'a str) -> Option<&'a str> {
     match &cfg.databases.get(db_name)?.user {
         Some(forced) => Some(forced),
-        None => users.get(client_user).map(|_| client_user),
+        None if users.get(client_user).is_some() => Some(client_user),
+        None => users.find(cfg, db_name, client_user).map(|_| client_user),
     }
 }
 
-/// The pool key and settings for a client of `db_name` logged in as `client_user`.
-pub fn settings_for(
-    cfg: &Config,
-    users: &UserStore,
-    tls: &Arc<ServerTls>,
-    db_name: &str,
-    client_user: &str,
-) -> Option<(PoolKey, PoolSettings)> {
-    let key = pool_key(cfg, users, db_name, client_user)?;
+/// The server login of the pool `key`; None when the config has no such pool: its
+/// database is gone, or its user is neither the database's own, nor (where the
+/// database has none) a user of the config or one a lookup found, nor the user its
+/// lookups run as.
+fn login_of(cfg: &Config, users: &UserStore, key: &PoolKey) -> Option<Arc<ServerLogin>> {
+    let db = cfg.databases.get(&key.database)?;
+    match (&db.user, &db.password) {
+        // Validated with the config: a plain password or an md5 hash.
+        (Some(forced), Some(p)) if *forced == key.user => Some(Arc::new(
+            crate::auth::Secret::parse(p).map_or_else(|_| ServerLogin::plain(p), ServerLogin::from_secret),
+        )),
+        (Some(forced), None) if *forced == key.user => {
+            Some(users.get(forced).map(|u| u.server.clone()).unwrap_or_default())
+        }
+        (Some(_), _) if !runs_lookups_of(cfg, &key.user, &key.database) => None,
+        _ => users.find(cfg, &key.database, &key.user).map(|u| u.server.clone()),
+    }
+}
+
+/// Whether `user` is the one lookups run as in `db` (for some database's clients).
+fn runs_lookups_of(cfg: &Config, user: &str, db: &str) -> bool {
+    cfg.databases
+        .keys()
+        .filter_map(|d| crate::auth::query::lookup_for(cfg, d))
+        .any(|l| l.user == user && l.database == db)
+}
+
+/// The settings of the pool `key` (see `login_of`).
+fn settings_of(cfg: &Config, users: &UserStore, tls: &Arc<ServerTls>, key: &PoolKey) -> Option<PoolSettings> {
+    let db_name = key.database.as_str();
     let db = cfg.databases.get(db_name)?;
     let g = &cfg.general;
     let server_user = key.user.clone();
-    let login = match (&db.user, &db.password) {
-        // Validated with the config: a plain password or an md5 hash.
-        (Some(_), Some(p)) => {
-            Arc::new(crate::auth::Secret::parse(p).map_or_else(|_| ServerLogin::plain(p), ServerLogin::from_secret))
-        }
-        _ => users.get(&server_user).map(|u| u.server.clone()).unwrap_or_default(),
-    };
+    let login = login_of(cfg, users, key)?;
     let user_cfg = cfg.users.get(&server_user).filter(|_| db.user.is_none());
     let size = cfg.pool_size(db, user_cfg);
     let settings = PoolSettings {
@@ -346,7 +389,7 @@ pub fn settings_for(
         reserve: db.reserve_pool_size.unwrap_or(g.reserve_pool_size),
         reserve_timeout: secs(g.reserve_pool_timeout),
     };
-    Some((key, settings))
+    Some(settings)
 }
 
 #[cfg(test)]

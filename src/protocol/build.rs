@@ -303,6 +303,34 @@ pub fn bind_with_formats(buf: &mut BytesMut, portal: &[u8], statement: &[u8], fo
     });
 }
 
+/// Bind of a statement to a portal with text parameters (None: NULL) and text results.
+pub fn bind_text(buf: &mut BytesMut, portal: &[u8], statement: &[u8], params: &[Option<&[u8]>]) {
+    frame(buf, fe::BIND, |b| {
+        cstr(b, portal);
+        cstr(b, statement);
+        b.put_u16(0); // parameter formats: all text
+        b.put_u16(params.len() as u16);
+        for p in params {
+            match p {
+                Some(v) => {
+                    b.put_i32(v.len() as i32);
+                    b.put_slice(v);
+                }
+                None => b.put_i32(-1),
+            }
+        }
+        b.put_u16(0); // result formats: all text
+    });
+}
+
+/// Execute of a portal, all rows.
+pub fn execute(buf: &mut BytesMut, portal: &[u8]) {
+    frame(buf, fe::EXECUTE, |b| {
+        cstr(b, portal);
+        b.put_i32(0);
+    });
+}
+
 /// Describe of a statement (`S`) or portal (`P`).
 pub fn describe(buf: &mut BytesMut, kind: u8, name: &[u8]) {
     frame(buf, fe::DESCRIBE, |b| {

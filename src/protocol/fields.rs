@@ -65,6 +65,28 @@ pub fn parameter_status(body: &[u8]) -> Result<(&[u8], &[u8]), ProtocolError> {
     Ok((name, value))
 }
 
+/// Parses a DataRow body into its column values (None for NULL).
+pub fn data_row(body: &[u8]) -> Result<Vec<Option<&[u8]>>, ProtocolError> {
+    let bad = ProtocolError::Malformed("DataRow");
+    let (count, mut rest) = super::read_i16(body).ok_or(bad.clone())?;
+    let mut values = Vec::with_capacity(count.max(0) as usize);
+    for _ in 0..count {
+        let (len, after) = super::read_i32(rest).ok_or(bad.clone())?;
+        if len < 0 {
+            values.push(None);
+            rest = after;
+            continue;
+        }
+        let value = after.get(..len as usize).ok_or(bad.clone())?;
+        values.push(Some(value));
+        rest = &after[len as usize..];
+    }
+    if count < 0 || !rest.is_empty() {
+        return Err(bad);
+    }
+    Ok(values)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,6 +101,19 @@ mod tests {
         assert!(ErrorFields::parse(b"SERR").is_err());
         let cut = ErrorFields::parse_prefix(b"SERROR\0VERROR\0C22P02\0Minvalid input: \"xxxx").unwrap();
         assert_eq!((cut.code.as_str(), cut.message.as_str()), ("22P02", "invalid input: \"xxxx"));
+    }
+
+    #[test]
+    fn parses_data_rows() {
+        let mut b = bytes::BytesMut::new();
+        crate::protocol::build::data_row(&mut b, &[Some(b"u"), None, Some(b"")]);
+        let row = data_row(crate::protocol::body(&b)).unwrap();
+        assert_eq!(row, vec![Some(&b"u"[..]), None, Some(&b""[..])]);
+        // Cut short, a length past the end, bytes left over, a negative count.
+        assert!(data_row(&crate::protocol::body(&b)[..7]).is_err());
+        assert!(data_row(b"\0\x01\0\0\0\x09abc").is_err());
+        assert!(data_row(b"\0\x01\0\0\0\x01abc").is_err());
+        assert!(data_row(b"\xff\xff").is_err());
     }
 
     #[test]

@@ -66,6 +66,9 @@ impl ServerError {
     }
 }
 
+/// A row of Sluice's own query: each column's text, None for NULL.
+pub type Row = Vec<Option<Vec<u8>>>;
+
 /// One authenticated connection to PostgreSQL.
 #[derive(Debug)]
 pub struct ServerConn {
@@ -149,8 +152,27 @@ impl ServerConn {
     /// reply, no answer within `limit`) marks it broken, so it is closed rather than
     /// lent again.
     pub async fn exec(&mut self, sql: &str, limit: Option<Duration>) -> Result<(), ServerError> {
+        let mut out = BytesMut::new();
+        build::query(&mut out, sql);
+        self.round_trip(&out, None, limit).await
+    }
+
+    /// Runs Sluice's own extended-protocol messages (ending with Sync, as an auth_query
+    /// lookup's) and gives the rows they returned; `limit` and failures as for `exec`.
+    pub async fn fetch(&mut self, messages: &[u8], limit: Option<Duration>) -> Result<Vec<Row>, ServerError> {
+        let mut rows = Vec::new();
+        self.round_trip(messages, Some(&mut rows), limit).await?;
+        Ok(rows)
+    }
+
+    async fn round_trip(
+        &mut self,
+        messages: &[u8],
+        rows: Option<&mut Vec<Row>>,
+        limit: Option<Duration>,
+    ) -> Result<(), ServerError> {
         let r = match limit {
-            Some(t) => match tokio::time::timeout(t, self.exec_drained(sql)).await {
+            Some(t) => match tokio::time::timeout(t, self.exec_drained(messages, rows)).await {
                 Ok(r) => r,
                 Err(_) => {
                     // The query may still run, or wait for a lock, on the server, which
@@ -159,7 +181,7 @@ impl ServerConn {
                     Err(ServerError::InternalTimeout)
                 }
             },
-            None => self.exec_drained(sql).await,
+            None => self.exec_drained(messages, rows).await,
         };
         if let Err(e) = &r
             && !matches!(e, ServerError::Server(f) if !f.is_fatal())
@@ -169,12 +191,10 @@ impl ServerConn {
         r
     }
 
-    async fn exec_drained(&mut self, sql: &str) -> Result<(), ServerError> {
-        // A simple query replaces the server's unnamed statement.
+    async fn exec_drained(&mut self, messages: &[u8], mut rows: Option<&mut Vec<Row>>) -> Result<(), ServerError> {
+        // A simple query, or Sluice's own Parse, replaces the server's unnamed statement.
         self.prepared.unnamed = 0;
-        let mut out = BytesMut::new();
-        build::query(&mut out, sql);
-        self.stream.send(&out).await?;
+        self.stream.send(messages).await?;
         let mut error = None;
         loop {
             let frame = read_message(&mut self.stream, &mut self.buf).await?;
@@ -196,6 +216,12 @@ impl ServerConn {
                     // `is_superuser`, which no SET can give back).
                     if let Some(applied) = self.applied.as_mut().filter(|_| crate::params::is_reported(&name)) {
                         applied.set(&name, &value);
+                    }
+                }
+                be::DATA_ROW => {
+                    if let Some(rows) = rows.as_deref_mut() {
+                        let row = crate::protocol::fields::data_row(body(&frame))?;
+                        rows.push(row.into_iter().map(|v| v.map(<[u8]>::to_vec)).collect());
                     }
                 }
                 be::ERROR_RESPONSE => {

@@ -1,0 +1,132 @@
+//! Password lookups for users the config does not list (PgBouncer's `auth_user` and
+//! `auth_query`): which lookup a database uses, the messages that run it on a server
+//! connection, and what its rows say. The login runs it (`client::lookup`); the users
+//! it finds are kept in the `UserStore` (`UserStore::remember`).
+
+use bytes::BytesMut;
+
+use super::Secret;
+use crate::config::Config;
+use crate::protocol::build;
+use crate::server::{Row, ServerConn, ServerError};
+
+/// PgBouncer's default (1.21 on): a role's password unless it has expired, for roles
+/// that may log in. Reading `pg_authid` takes a superuser; see docs/config.md for a
+/// `SECURITY DEFINER` function that lets an unprivileged `auth_user` do it.
+pub const DEFAULT_QUERY: &str = "SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL ELSE rolpassword END \
+                                 FROM pg_authid WHERE rolname = $1 AND rolcanlogin";
+
+/// How the passwords of a database's unlisted users are looked up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lookup<'a> {
+    /// The user Sluice logs in to the server as to run the query.
+    pub user: &'a str,
+    pub query: &'a str,
+    /// The `[databases]` entry whose server runs it.
+    pub database: &'a str,
+}
+
+/// The lookup for clients of `database` (a `[databases]` entry), if it has one: its own
+/// `auth_user`, `auth_query` and `auth_dbname`, else `[general]`'s.
+pub fn lookup_for<'a>(cfg: &'a Config, database: &'a str) -> Option<Lookup<'a>> {
+    let db = cfg.databases.get(database)?;
+    let g = &cfg.general;
+    let user = db.auth_user.as_deref().unwrap_or(&g.auth_user);
+    if user.is_empty() {
+        return None;
+    }
+    let dbname = db.auth_dbname.as_deref().unwrap_or(&g.auth_dbname);
+    Some(Lookup {
+        user,
+        query: db.auth_query.as_deref().unwrap_or(&g.auth_query),
+        database: if dbname.is_empty() { database } else { dbname },
+    })
+}
+
+/// What a lookup found.
+#[derive(Debug, PartialEq)]
+pub enum Found {
+    /// No row: no such user (or one that may not log in).
+    NoUser,
+    /// The user, with its password: None when the query gave NULL (expired, or none
+    /// set), or a value Sluice cannot read as a password, md5 hash or SCRAM secret.
+    User(Option<Secret>),
+}
+
+/// Runs `query` for `name` on `server` (unnamed statement and portal, text
+/// parameter), within `limit`.
+pub async fn run(
+    server: &mut ServerConn,
+    query: &str,
+    name: &str,
+    limit: Option<std::time::Duration>,
+) -> Result<Found, LookupError> {
+    let mut out = BytesMut::with_capacity(query.len() + name.len() + 64);
+    build::parse(&mut out, b"", query.as_bytes(), &[]);
+    build::bind_text(&mut out, b"", b"", &[Some(name.as_bytes())]);
+    build::execute(&mut out, b"");
+    build::sync(&mut out);
+    let rows = server.fetch(&out, limit).await.map_err(LookupError::Server)?;
+    found(&rows)
+}
+
+/// Reads a lookup's rows: the first row's second column is the password (PgBouncer's
+/// convention: the first is the user name).
+pub fn found(rows: &[Row]) -> Result<Found, LookupError> {
+    let Some(row) = rows.first() else { return Ok(Found::NoUser) };
+    let Some(password) = row.get(1) else { return Err(LookupError::Columns(row.len())) };
+    let secret = password
+        .as_deref()
+        .filter(|p| !p.is_empty())
+        .and_then(|p| std::str::from_utf8(p).ok())
+        .and_then(|p| Secret::parse(p).ok());
+    Ok(Found::User(secret))
+}
+
+/// Why a lookup gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    #[error("auth_query failed: {0}")]
+    Server(ServerError),
+    #[error("auth_query returned {0} column(s); it must return the user name and its password")]
+    Columns(usize),
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::auth::md5;
+
+    fn cfg(text: &str) -> Config {
+        Config::parse(text, Path::new("sluice.toml")).expect("a valid config")
+    }
+
+    #[test]
+    fn a_database_takes_its_own_lookup_settings_or_the_general_ones() {
+        let c = cfg("[general]\nauth_user = \"a\"\n[databases.x]\n[databases.y]\nauth_user = \"b\"\n\
+                     auth_query = \"SELECT u, p FROM t WHERE u = $1\"\nauth_dbname = \"x\"\n\
+                     [users.a]\npassword = \"p\"\n[users.b]\npassword = \"p\"\n");
+        assert_eq!(lookup_for(&c, "x"), Some(Lookup { user: "a", query: DEFAULT_QUERY, database: "x" }));
+        let y = Lookup { user: "b", query: "SELECT u, p FROM t WHERE u = $1", database: "x" };
+        assert_eq!(lookup_for(&c, "y"), Some(y));
+        assert_eq!(lookup_for(&c, "pgbouncer"), None, "the admin console is not a [databases] entry");
+        let off = cfg("[databases.x]\n[users.a]\npassword = \"p\"\n");
+        assert_eq!(lookup_for(&off, "x"), None);
+    }
+
+    #[test]
+    fn rows_give_the_password_of_the_first() {
+        let row = |p: Option<&str>| vec![Some(b"u".to_vec()), p.map(|p| p.as_bytes().to_vec())];
+        assert_eq!(found(&[]).unwrap(), Found::NoUser);
+        let hash = md5::password_hash("u", "pw");
+        assert_eq!(found(&[row(Some(&hash)), row(Some("x"))]).unwrap(), Found::User(Some(Secret::Md5(hash))));
+        assert_eq!(found(&[row(Some("plain"))]).unwrap(), Found::User(Some(Secret::Plain("plain".into()))));
+        // NULL (expired), empty, or a broken SCRAM secret: a user without a password.
+        for p in [None, Some(""), Some("SCRAM-SHA-256$broken")] {
+            assert_eq!(found(&[row(p)]).unwrap(), Found::User(None));
+        }
+        assert!(matches!(found(&[vec![Some(b"u".to_vec())]]), Err(LookupError::Columns(1))));
+    }
+}
