@@ -489,6 +489,7 @@ async fn janitor(app: Arc<App>) {
                 });
             }
         }
+        app.pools.retire_unused_fallback_pools(&app.config.load());
     }
 }
 

@@ -253,7 +253,7 @@ pub const HELP: &str = "Console usage
 /// Checks that a named database is configured.
 fn known(app: &App, db: &Option<String>) -> Result<(), AdminError> {
     match db {
-        Some(d) if !app.config.load().databases.contains_key(d) => {
+        Some(d) if app.config.load().database(d).is_none() => {
             Err(AdminError::new(sqlstate::UNDEFINED_OBJECT, format!("no such database: {d}")))
         }
         _ => Ok(()),

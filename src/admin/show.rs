@@ -376,7 +376,14 @@ fn databases(app: &App, cfg: &Config) -> Table {
         admin.push(int(0));
     }
     t.push(admin);
-    for (name, db) in &cfg.databases {
+    // The config's entries, then the databases the fallback entry `*` serves now (those
+    // with a pool), as PgBouncer lists its automatic databases.
+    let mut served: Vec<String> = app.pools.all().into_iter().map(|p| p.key.database.clone()).collect();
+    served.dedup();
+    let fallback = cfg.databases.get(crate::config::FALLBACK_DATABASE);
+    let served = served.into_iter().filter(|d| cfg.is_fallback_served(d)).filter_map(|d| Some((d, fallback?)));
+    for (name, db) in cfg.databases.iter().map(|(n, d)| (n.clone(), d)).chain(served) {
+        let name = &name;
         let mut row = vec![
             text(name),
             text(&db.host),

@@ -29,7 +29,7 @@ pub struct Lookup<'a> {
 /// The lookup for clients of `database` (a `[databases]` entry), if it has one: its own
 /// `auth_user`, `auth_query` and `auth_dbname`, else `[general]`'s.
 pub fn lookup_for<'a>(cfg: &'a Config, database: &'a str) -> Option<Lookup<'a>> {
-    let db = cfg.databases.get(database)?;
+    let db = cfg.database(database)?;
     let g = &cfg.general;
     let user = db.auth_user.as_deref().unwrap_or(&g.auth_user);
     if user.is_empty() {

@@ -108,7 +108,7 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn, deadline: LoginDeadlin
         let admin = admin_login(app, conn, &cfg, user, database, &msg, deadline).await;
         return admin.map(|a| LoggedIn::Admin(Box::new(a)));
     }
-    if !cfg.databases.contains_key(database) {
+    if cfg.database(database).is_none() {
         return Err(Exit::fatal(sqlstate::INVALID_CATALOG_NAME, format!("database \"{database}\" does not exist")));
     }
     if app.pools.is_disabled(database) {
@@ -123,7 +123,7 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn, deadline: LoginDeadlin
     let app_name = params.get("application_name").unwrap_or_default();
     let (info, listed, greeting) = listed_and_proven(app, conn, &cfg, user, database, app_name, deadline).await?;
     let pool = current_pool(app, database, user).ok_or_else(|| {
-        if !app.config.load().databases.contains_key(database) {
+        if app.config.load().database(database).is_none() {
             // Removed by a reload while the client authenticated.
             return Exit::fatal(sqlstate::INVALID_CATALOG_NAME, format!("database \"{database}\" does not exist"));
         }

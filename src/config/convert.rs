@@ -180,10 +180,6 @@ fn quoted_value(s: &str) -> (String, &str) {
 /// A `[databases]` line as a `[databases."NAME"]` table.
 fn database(name: &str, conn: &str, line: usize, notes: &mut Vec<String>) -> String {
     let title = Value::String(name.to_string());
-    if name == "*" {
-        notes.push(format!("line {line}: the `*` fallback database is not supported: list each database"));
-        return format!("\n# line {line}: not converted (no fallback database in Sluice): * = {conn}\n");
-    }
     let mut out = format!("\n[databases.{title}]\n");
     let mut host = false;
     for (key, value) in pairs(conn) {
@@ -293,10 +289,11 @@ client_tls_protocols = secure
         assert_eq!((local.host.as_str(), local.password.as_deref()), ("/var/run/postgresql", Some("s3 c'r\\et")));
         assert_eq!(local.pool_size, Some(3), "what follows a quoted value is read too");
         assert_eq!(cfg.databases["my-db"].host, "db2", "a quoted name, unquoted");
+        assert_eq!(cfg.database("elsewhere").map(|d| d.host.as_str()), Some("db1"), "the `*` fallback");
         assert_eq!(cfg.users["alice"].pool_size, Some(5));
         assert!(cfg.users["alice"].password.is_some(), "from the auth_file");
         // What has no place in Sluice is named, in the notes and in the file.
-        for what in ["logfile", "`*` fallback", "client_tls_protocols"] {
+        for what in ["logfile", "client_tls_protocols"] {
             assert!(c.notes.iter().any(|n| n.contains(what)), "{what}: {:?}", c.notes);
         }
         assert!(toml.contains("# line 21: logfile = /var/log/pgbouncer/pgbouncer.log"), "{toml}");

@@ -27,6 +27,9 @@ pub enum ConfigError {
     Invalid { file: String, line: usize, key: String, message: String },
 }
 
+/// The name of the `[databases]` entry that serves databases not listed (`Config::database`).
+pub const FALLBACK_DATABASE: &str = "*";
+
 /// How long a server connection stays lent to one client.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -174,6 +177,9 @@ pub struct General {
     pub server_check_delay: f64,
     pub server_lifetime: f64,
     pub server_idle_timeout: f64,
+    /// Pools of databases the fallback entry `*` serves are dropped once unused this
+    /// long (0: never).
+    pub autodb_idle_timeout: f64,
     pub server_connect_timeout: f64,
     pub server_login_retry: f64,
     /// Limit for each query Sluice itself runs on a server (check, SET, reset, ROLLBACK).
@@ -245,6 +251,7 @@ impl Default for General {
             server_check_delay: 30.0,
             server_lifetime: 3600.0,
             server_idle_timeout: 600.0,
+            autodb_idle_timeout: 3600.0,
             server_connect_timeout: 15.0,
             server_login_retry: 15.0,
             internal_query_timeout: 5.0,
@@ -502,6 +509,18 @@ impl Config {
         }
     }
 
+    /// The `[databases]` entry serving clients of database `name`: its own, else the
+    /// fallback entry `*` (PgBouncer's), whose pools reach the server database of the
+    /// name the client asked for unless the entry sets `dbname`.
+    pub fn database(&self, name: &str) -> Option<&Database> {
+        self.databases.get(name).or_else(|| self.databases.get(FALLBACK_DATABASE))
+    }
+
+    /// Whether clients of `name` are served by the fallback entry (`database`).
+    pub fn is_fallback_served(&self, name: &str) -> bool {
+        !self.databases.contains_key(name) && self.databases.contains_key(FALLBACK_DATABASE)
+    }
+
     pub fn workers(&self) -> usize {
         match self.general.workers {
             0 => std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
@@ -586,6 +605,7 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
         ("server_check_delay", g.server_check_delay),
         ("server_lifetime", g.server_lifetime),
         ("server_idle_timeout", g.server_idle_timeout),
+        ("autodb_idle_timeout", g.autodb_idle_timeout),
         ("server_connect_timeout", g.server_connect_timeout),
         ("server_login_retry", g.server_login_retry),
         ("reserve_pool_timeout", g.reserve_pool_timeout),

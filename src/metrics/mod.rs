@@ -46,7 +46,7 @@ pub struct PoolView {
 /// The pool key of a logged-in client, borrowed: its database and the server user (the
 /// database's forced user, or the client's own).
 fn pool_key_of<'a>(cfg: &'a Config, c: &'a ClientInfo) -> (&'a str, &'a str) {
-    let forced = cfg.databases.get(&c.database).and_then(|d| d.user.as_deref());
+    let forced = cfg.database(&c.database).and_then(|d| d.user.as_deref());
     (&c.database, forced.unwrap_or(&c.user))
 }
 

@@ -42,6 +42,9 @@ pub struct Pools {
     /// Admin console PAUSE/DISABLE state, kept per database name so pools created
     /// later (first login, reload) start in it.
     flags: Mutex<DbFlags>,
+    /// Since when each pool of a fallback-served database has been unused
+    /// (`retire_unused_fallback_pools`).
+    unused_since: Mutex<HashMap<PoolKey, std::time::Instant>>,
     /// Told when a shared limit (`max_db_connections`, `max_user_connections`) keeps a
     /// queued client from connecting: the janitor makes room at once (`rebalance`), as
     /// PgBouncer evicts an idle connection of another pool when it finds the limit full.
@@ -65,6 +68,7 @@ impl Default for Pools {
             reloads: Default::default(),
             server_tls: Default::default(),
             flags: Default::default(),
+            unused_since: Default::default(),
             room_wanted: Default::default(),
         }
     }
@@ -294,6 +298,38 @@ impl Pools {
         map.retain(|_, pools| !pools.is_empty());
     }
 
+    /// Drops the pools of databases the fallback entry `*` serves once they have been
+    /// unused for `autodb_idle_timeout` (PgBouncer's): no client holds one, and it has no
+    /// server connection, open or being opened, and no queue. Clients may name any
+    /// database there, so their pools would otherwise pile up. Run by the janitor, with
+    /// no other reference to the pools held.
+    pub fn retire_unused_fallback_pools(&self, cfg: &Config) {
+        let Some(limit) = secs(cfg.general.autodb_idle_timeout) else { return };
+        let now = std::time::Instant::now();
+        let mut unused = self.unused_since.lock();
+        let mut map = self.map.lock();
+        for (db, pools) in map.iter_mut().filter(|(db, _)| cfg.is_fallback_served(db)) {
+            pools.retain(|_, pool| {
+                let c = pool.counts();
+                // The map's reference is the only one: a login takes its own under the
+                // map's lock, so none can come between this look and the removal.
+                if Arc::strong_count(pool) > 1 || c.total > 0 || c.waiting > 0 {
+                    unused.remove(&pool.key);
+                    return true;
+                }
+                let since = *unused.entry(pool.key.clone()).or_insert(now);
+                if now.duration_since(since) < limit {
+                    return true;
+                }
+                tracing::info!(db = %db, user = %pool.key.user, "pool of a fallback database unused: dropped");
+                pool.close();
+                false
+            });
+        }
+        map.retain(|_, pools| !pools.is_empty());
+        unused.retain(|k, _| map.get(&k.database).is_some_and(|p| p.contains_key(&k.user)));
+    }
+
     /// A lookup found a new password for a user of `db`: its pool, if it has one, logs
     /// in with it from now on (connections already open stay, as in PostgreSQL).
     pub fn refresh_login(&self, cfg: &Config, users: &UserStore, db: &str, user: &str) {
@@ -307,7 +343,7 @@ impl Pools {
 }
 
 fn db_max(cfg: &Config, db: &str) -> usize {
-    cfg.databases.get(db).and_then(|d| d.max_db_connections).unwrap_or(cfg.general.max_db_connections)
+    cfg.database(db).and_then(|d| d.max_db_connections).unwrap_or(cfg.general.max_db_connections)
 }
 
 fn user_max(cfg: &Config, user: &str) -> usize {
@@ -318,7 +354,7 @@ fn user_max(cfg: &Config, user: &str) -> usize {
 /// the database's forced server user, else the client's own (configured, or found by
 /// a lookup).
 fn server_user<'a>(cfg: &'a Config, users: &UserStore, db_name: &str, client_user: &'a str) -> Option<&'a str> {
-    match &cfg.databases.get(db_name)?.user {
+    match &cfg.database(db_name)?.user {
         Some(forced) => Some(forced),
         None if users.get(client_user).is_some() => Some(client_user),
         None => users.find(cfg, db_name, client_user).map(|_| client_user),
@@ -330,7 +366,7 @@ fn server_user<'a>(cfg: &'a Config, users: &UserStore, db_name: &str, client_use
 /// database has none) a user of the config or one a lookup found, nor the user its
 /// lookups run as.
 fn login_of(cfg: &Config, users: &UserStore, key: &PoolKey) -> Option<Arc<ServerLogin>> {
-    let db = cfg.databases.get(&key.database)?;
+    let db = cfg.database(&key.database)?;
     match (&db.user, &db.password) {
         // Validated with the config: a plain password or an md5 hash.
         (Some(forced), Some(p)) if *forced == key.user => Some(Arc::new(
@@ -344,10 +380,11 @@ fn login_of(cfg: &Config, users: &UserStore, key: &PoolKey) -> Option<Arc<Server
     }
 }
 
-/// Whether `user` is the one lookups run as in `db` (for some database's clients).
+/// Whether `user` is the one lookups run as in `db`, for the clients of `db` itself or
+/// of another database.
 fn runs_lookups_of(cfg: &Config, user: &str, db: &str) -> bool {
-    cfg.databases
-        .keys()
+    std::iter::once(db)
+        .chain(cfg.databases.keys().map(String::as_str))
         .filter_map(|d| crate::auth::query::lookup_for(cfg, d))
         .any(|l| l.user == user && l.database == db)
 }
@@ -355,7 +392,7 @@ fn runs_lookups_of(cfg: &Config, user: &str, db: &str) -> bool {
 /// The settings of the pool `key` (see `login_of`).
 fn settings_of(cfg: &Config, users: &UserStore, tls: &Arc<ServerTls>, key: &PoolKey) -> Option<PoolSettings> {
     let db_name = key.database.as_str();
-    let db = cfg.databases.get(db_name)?;
+    let db = cfg.database(db_name)?;
     let g = &cfg.general;
     let server_user = key.user.clone();
     let login = login_of(cfg, users, key)?;
