@@ -198,6 +198,8 @@ impl App {
         self.pools.set_server_tls(server_tls);
         // The config first, the pools after: a login that sees the pools' reload count go
         // up reads this config (`Pools::get_current`).
+        // Users found in databases that no longer have lookups go (their pools close).
+        users.found().retain_databases(|db| crate::auth::query::lookup_for(&cfg, db).is_some());
         let (cfg, users) = (Arc::new(cfg), Arc::new(users));
         self.users.store(users.clone());
         self.set_config(cfg.clone());
@@ -350,7 +352,7 @@ pub async fn run(app: Arc<App>, listeners: Vec<Listener>) {
         }
     }
     app.set_phase(Phase::Stopping);
-    for p in app.pools.all() {
+    for p in app.pools.upkeep() {
         p.close();
     }
     info!("shut down");
@@ -465,7 +467,7 @@ async fn janitor(app: Arc<App>) {
             _ = phase.wait_for(|p| *p == Phase::Stopping) => return,
         }
         app.pools.rebalance();
-        for pool in app.pools.all() {
+        for pool in app.pools.upkeep() {
             let counts = pool.counts();
             if counts.waiting > 0 {
                 tracing::debug!(db = %pool.key.database, user = %pool.key.user, ?counts, "clients waiting");
@@ -489,7 +491,9 @@ async fn janitor(app: Arc<App>) {
                 });
             }
         }
-        app.pools.retire_unused_fallback_pools(&app.config.load());
+        for key in app.pools.retire_unused_fallback_pools(&app.config.load()) {
+            app.users.load().found().drop_user(&key.database, &key.user);
+        }
     }
 }
 

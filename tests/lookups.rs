@@ -17,14 +17,9 @@ use common::{PgCluster, Role, Sluice, connect, try_connect, value, wait_until};
 async fn auth_query_looks_up_users_the_config_does_not_list() {
     let pg = PgCluster::start();
     let admin = Role::ADMIN;
-    let s = Sluice::builder(&pg)
-        .general("auth_type", "\"md5\"")
-        .general("auth_user", &common::toml_str(admin.name))
+    let s = md5_lookups_as_admin(&pg)
         .general("admin_users", &format!("[{}]", common::toml_str(admin.name)))
-        .general("pool_mode", "\"transaction\"")
         .without_user(Role::SCRAM.name)
-        .without_user(Role::MD5.name)
-        .user(admin.name, &[("password", &common::toml_str(admin.password))])
         .start();
     let scram = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     assert_eq!(value(&scram, "select current_user").await, Role::SCRAM.name);
@@ -111,6 +106,90 @@ async fn a_failing_lookup_refuses_with_28000_and_a_database_may_have_its_own() {
     assert_eq!(common::code(&e), "28P01", "{e}");
 }
 
+/// A lookup runs on connections of its own, never lent to a client: a client of the
+/// `auth_user` that sets `search_path` to a schema with its own `pg_authid` changes
+/// nothing for an unqualified `auth_query`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_client_setting_reaches_a_lookup() {
+    let pg = PgCluster::start();
+    let admin = Role::ADMIN;
+    let s = md5_lookups_as_admin(&pg)
+        .general("auth_query", &common::toml_str("SELECT rolname, rolpassword FROM pg_authid WHERE rolname = $1"))
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let c = connect(s.port, admin.name, admin.password, "app").await;
+    let planted = common::md5_secret(Role::MD5.name, "planted");
+    c.batch_execute(&format!(
+        "CREATE SCHEMA evil; CREATE TABLE evil.pg_authid (rolname name, rolpassword text); \
+         INSERT INTO evil.pg_authid VALUES ('u_md5', '{planted}'); SET search_path = evil, pg_catalog"
+    ))
+    .await
+    .unwrap();
+    // The pool's one connection, idle now, carries that search_path.
+    assert_eq!(value(&c, "SELECT count(*) FROM pg_authid").await, "1");
+    let e = try_connect(s.port, Role::MD5.name, "planted", "app").await.unwrap_err();
+    assert_eq!(common::code(&e), "28P01", "{e}");
+    let md5 = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
+    assert_eq!(value(&md5, "select current_user").await, Role::MD5.name);
+}
+
+/// A lookup with no server to run on (the auth_user's password is wrong) refuses with
+/// 28000, naming neither the auth_user nor its error to the client; the log has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_without_a_server_refuses_with_28000() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("auth_user", &common::toml_str(Role::SCRAM.name))
+        .user(Role::SCRAM.name, &[("password", &common::toml_str("not its password"))])
+        .without_user(Role::MD5.name)
+        .start();
+    let e = try_connect(s.port, Role::MD5.name, Role::MD5.password, "app").await.unwrap_err();
+    assert_eq!(common::code(&e), "28000", "{e}");
+    let message = common::console::message(&e);
+    assert!(message.starts_with("could not look up the password of user \"u_md5\""), "{message}");
+    assert!(s.wait_log("auth_query found no server to run on", Duration::from_secs(10)), "{}", s.log());
+}
+
+/// Found users belong to the database whose lookup found them: a database without
+/// lookups does not know them, nor does SHOW USERS list a name whose login failed; a
+/// reload that takes the lookups away closes their pools and refuses their logins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn found_users_belong_to_their_database_and_logins() {
+    let pg = PgCluster::start();
+    let admin = Role::ADMIN;
+    let b = Sluice::builder(&pg)
+        .general("admin_users", &format!("[{}]", common::toml_str(admin.name)))
+        .without_user(Role::SCRAM.name)
+        .user(admin.name, &[("password", &common::toml_str(admin.password))])
+        .database("other", &[]);
+    let with_lookups = b.database("app", &[("auth_user", &common::toml_str(admin.name))]);
+    let s = with_lookups.start();
+    let found = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&found, "select current_user").await, Role::SCRAM.name);
+    let e = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "other").await.unwrap_err();
+    assert_eq!(common::code(&e), "28P01", "known in app only: {e}");
+    // A failed login of an existing role enters nothing.
+    let e = try_connect(s.port, "u_trust", "guess", "app").await.unwrap_err();
+    assert_eq!(common::code(&e), "28P01", "{e}");
+    let console = connect(s.port, admin.name, admin.password, "pgbouncer").await;
+    let users = || async {
+        let rows = common::console::rows(&console, "SHOW USERS").await;
+        rows.iter().filter_map(|r| r.get("name").map(String::from)).collect::<Vec<_>>()
+    };
+    let listed = users().await;
+    assert!(listed.contains(&Role::SCRAM.name.to_string()) && !listed.contains(&"u_trust".to_string()), "{listed:?}");
+    // The lookups go: so do the found user, its pool and its logins.
+    s.reload_replacing(&format!("auth_user = {}\n", common::toml_str(admin.name)), "");
+    let refused = common::eventually(Duration::from_secs(10), || async {
+        try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await.is_err()
+    })
+    .await;
+    assert!(refused, "a found user logs in after its lookups were removed");
+    assert!(!users().await.contains(&Role::SCRAM.name.to_string()));
+    let pools = common::console::rows(&console, "SHOW POOLS").await;
+    assert!(!pools.iter().any(|r| r.get("user") == Some(Role::SCRAM.name)), "its pool is still listed");
+}
+
 /// The fallback entry `*` serves every database the config does not list, each in pools
 /// of its own reaching the server database of the name asked for; a name the server does
 /// not have gets its error (3D000). SHOW DATABASES lists the databases it serves, and
@@ -159,6 +238,18 @@ async fn the_fallback_database_serves_databases_not_listed() {
     // A dropped pool is made again at the next login.
     let other = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "other").await;
     assert_eq!(value(&other, "select current_database()").await, "other");
+}
+
+/// md5 client logins, transaction mode, lookups as the superuser `u_admin` (listed with
+/// its password), `u_md5` not listed.
+fn md5_lookups_as_admin(pg: &PgCluster) -> common::SluiceBuilder {
+    let admin = Role::ADMIN;
+    Sluice::builder(pg)
+        .general("auth_type", "\"md5\"")
+        .general("auth_user", &common::toml_str(admin.name))
+        .general("pool_mode", "\"transaction\"")
+        .without_user(Role::MD5.name)
+        .user(admin.name, &[("password", &common::toml_str(admin.password))])
 }
 
 /// `text` without the first line starting with `prefix` after the line `after`.

@@ -286,7 +286,8 @@ fn clients(app: &App) -> Table {
 
 fn servers(app: &App) -> Table {
     let mut t = Table::new(&CONNECTIONS, CONNECTION_KINDS);
-    for pool in app.pools.all() {
+    // The lookups' connections too (listed under auth_user).
+    for pool in app.pools.upkeep() {
         for s in pool.servers.list() {
             let client = s.client_id.load(Relaxed);
             t.push(vec![
@@ -426,7 +427,7 @@ fn users(app: &App, cfg: &Config) -> Table {
     let g = &cfg.general;
     let clients = logged_in_clients(app);
     // The config's users, then those `auth_query` lookups found (general settings).
-    let found = app.users.load().found_names();
+    let found = app.users.load().found_names(cfg);
     let unlisted = crate::config::User::default();
     let listed = cfg.users.iter();
     let found = found.iter().filter(|n| !cfg.users.contains_key(*n)).map(|n| (n, &unlisted));

@@ -3,6 +3,7 @@
 //! runs PBKDF2 once the keys are known).
 
 pub mod client;
+pub mod found;
 pub mod md5;
 pub mod query;
 pub mod scram;
@@ -11,6 +12,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+use found::FoundUsers;
 use scram::{ClientKeys, ScramError, ScramSecret};
 
 /// Compares secrets in constant time (for equal lengths).
@@ -273,11 +275,6 @@ pub struct UserStore {
     found: Arc<FoundUsers>,
 }
 
-/// Users found by lookups: database → user name → user. Only users a lookup returned
-/// a row for are entered (a name no role has adds nothing), each replaced when a later
-/// lookup gives another password.
-type FoundUsers = Mutex<foldhash::HashMap<String, foldhash::HashMap<String, Arc<UserAuth>>>>;
-
 impl UserStore {
     pub fn from_config(cfg: &crate::config::Config) -> Result<Self, ScramError> {
         let mut users = foldhash::HashMap::default();
@@ -318,36 +315,17 @@ impl UserStore {
             return Some(u.clone());
         }
         query::lookup_for(cfg, database)?;
-        self.found.lock().get(database)?.get(name).cloned()
+        self.found.get(database, name)
     }
 
-    /// Enters what a lookup for `name` in `database` found; gives the user, and whether
-    /// it is new or its password changed (its pool then takes the new server login).
-    /// An unchanged user is kept with the SCRAM keys it cached.
-    pub fn remember(&self, database: &str, name: &str, secret: Option<Secret>) -> (Arc<UserAuth>, bool) {
-        let mut found = self.found.lock();
-        let users = found.entry(database.to_string()).or_default();
-        if let Some(u) = users.get(name).filter(|u| u.secret == secret) {
-            return (u.clone(), false);
-        }
-        let user = Arc::new(UserAuth::found(name, secret));
-        users.insert(name.to_string(), user.clone());
-        (user, true)
+    /// The users lookups found (`found::FoundUsers`).
+    pub fn found(&self) -> &FoundUsers {
+        &self.found
     }
 
-    /// The names of the users lookups found (each once, sorted).
-    pub fn found_names(&self) -> Vec<String> {
-        let found = self.found.lock();
-        let names: std::collections::BTreeSet<&String> = found.values().flat_map(|m| m.keys()).collect();
-        names.into_iter().cloned().collect()
-    }
-
-    /// A lookup found no `name` in `database` (the role was dropped, or may no longer
-    /// log in): it is forgotten, and its pool closes at the next reload.
-    pub fn forget(&self, database: &str, name: &str) {
-        if let Some(users) = self.found.lock().get_mut(database) {
-            users.remove(name);
-        }
+    /// The names of the users lookups found in databases that still have lookups.
+    pub fn found_names(&self, cfg: &crate::config::Config) -> Vec<String> {
+        self.found.names(|db| query::lookup_for(cfg, db).is_some())
     }
 }
 

@@ -11,10 +11,12 @@ use crate::protocol::build;
 use crate::server::{Row, ServerConn, ServerError};
 
 /// PgBouncer's default (1.21 on): a role's password unless it has expired, for roles
-/// that may log in. Reading `pg_authid` takes a superuser; see docs/config.md for a
-/// `SECURITY DEFINER` function that lets an unprivileged `auth_user` do it.
-pub const DEFAULT_QUERY: &str = "SELECT rolname, CASE WHEN rolvaliduntil < now() THEN NULL ELSE rolpassword END \
-                                 FROM pg_authid WHERE rolname = $1 AND rolcanlogin";
+/// that may log in; the catalog and `now()` named with their schema, so a `search_path`
+/// set for the `auth_user` cannot stand in a table of its own. Reading `pg_authid`
+/// takes a superuser; see docs/config.md for a `SECURITY DEFINER` function that lets an
+/// unprivileged `auth_user` do it.
+pub const DEFAULT_QUERY: &str = "SELECT rolname, CASE WHEN rolvaliduntil < pg_catalog.now() THEN NULL ELSE \
+                                 rolpassword END FROM pg_catalog.pg_authid WHERE rolname = $1 AND rolcanlogin";
 
 /// How the passwords of a database's unlisted users are looked up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,15 +68,15 @@ pub async fn run(
     build::bind_text(&mut out, b"", b"", &[Some(name.as_bytes())]);
     build::execute(&mut out, b"");
     build::sync(&mut out);
-    let rows = server.fetch(&out, limit).await.map_err(LookupError::Server)?;
-    found(&rows)
+    let row = server.fetch_last_row(&out, limit).await.map_err(LookupError::Server)?;
+    found(row.as_ref())
 }
 
-/// Reads a lookup's rows: the first row's second column is the password (PgBouncer's
-/// convention: the first is the user name).
-pub fn found(rows: &[Row]) -> Result<Found, LookupError> {
-    let Some(row) = rows.first() else { return Ok(Found::NoUser) };
-    let Some(password) = row.get(1) else { return Err(LookupError::Columns(row.len())) };
+/// Reads a lookup's answer, as PgBouncer does: two columns, the user name and the
+/// password, and the last row wins.
+pub fn found(last_row: Option<&Row>) -> Result<Found, LookupError> {
+    let Some(row) = last_row else { return Ok(Found::NoUser) };
+    let [_, password] = row.as_slice() else { return Err(LookupError::Columns(row.len())) };
     let secret = password
         .as_deref()
         .filter(|p| !p.is_empty())
@@ -86,9 +88,11 @@ pub fn found(rows: &[Row]) -> Result<Found, LookupError> {
 /// Why a lookup gave no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum LookupError {
+    #[error("auth_query found no server to run on: {0}")]
+    Pool(crate::pool::PoolError),
     #[error("auth_query failed: {0}")]
     Server(ServerError),
-    #[error("auth_query returned {0} column(s); it must return the user name and its password")]
+    #[error("auth_query returned {0} column(s); it must return two: the user name and its password")]
     Columns(usize),
 }
 
@@ -117,16 +121,18 @@ mod tests {
     }
 
     #[test]
-    fn rows_give_the_password_of_the_first() {
+    fn the_password_is_the_second_of_two_columns() {
         let row = |p: Option<&str>| vec![Some(b"u".to_vec()), p.map(|p| p.as_bytes().to_vec())];
-        assert_eq!(found(&[]).unwrap(), Found::NoUser);
+        assert_eq!(found(None).unwrap(), Found::NoUser);
         let hash = md5::password_hash("u", "pw");
-        assert_eq!(found(&[row(Some(&hash)), row(Some("x"))]).unwrap(), Found::User(Some(Secret::Md5(hash))));
-        assert_eq!(found(&[row(Some("plain"))]).unwrap(), Found::User(Some(Secret::Plain("plain".into()))));
+        assert_eq!(found(Some(&row(Some(&hash)))).unwrap(), Found::User(Some(Secret::Md5(hash))));
+        assert_eq!(found(Some(&row(Some("plain")))).unwrap(), Found::User(Some(Secret::Plain("plain".into()))));
         // NULL (expired), empty, or a broken SCRAM secret: a user without a password.
         for p in [None, Some(""), Some("SCRAM-SHA-256$broken")] {
-            assert_eq!(found(&[row(p)]).unwrap(), Found::User(None));
+            assert_eq!(found(Some(&row(p))).unwrap(), Found::User(None));
         }
-        assert!(matches!(found(&[vec![Some(b"u".to_vec())]]), Err(LookupError::Columns(1))));
+        assert!(matches!(found(Some(&vec![Some(b"u".to_vec())])), Err(LookupError::Columns(1))));
+        let three = vec![Some(b"u".to_vec()), None, None];
+        assert!(matches!(found(Some(&three)), Err(LookupError::Columns(3))));
     }
 }

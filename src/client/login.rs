@@ -329,10 +329,13 @@ where
 /// Authenticates the client as `user` per `auth_type`.
 async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, database: &str) -> Result<Proof, Exit> {
     let users = app.users.load_full();
-    let auth_user = match users.get(user) {
-        Some(u) => Some(u.clone()),
+    let (auth_user, candidate) = match users.get(user) {
+        Some(u) => (Some(u.clone()), None),
         // Boxed: only logins of users the config does not list pay for its future.
-        None => Box::pin(super::lookup::looked_up(app, &users, database, user)).await?,
+        None => match Box::pin(super::lookup::looked_up(app, &users, database, user)).await? {
+            Some(c) => (Some(c.user.clone()), Some(c)),
+            None => (None, None),
+        },
     };
     let cert_name = tls::peer_common_name(&conn.stream);
     let method = cfg.general.auth_type;
@@ -355,6 +358,10 @@ async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, 
             warn!(peer = %conn.peer, user, database, client_cn = cn, detail, "login failed: {e}");
             return Ok(Proof::Refused(Exit::fatal(e.sqlstate(), e.to_string())));
         }
+    };
+    let auth_user = match candidate {
+        Some(found) => Some(super::lookup::adopt(app, &users, database, found)),
+        None => auth_user,
     };
     if let (Some(key), Some(u)) = (proven.client_key, &auth_user) {
         u.server.learn_client_key(key);

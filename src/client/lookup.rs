@@ -8,44 +8,58 @@ use std::sync::Arc;
 use tracing::warn;
 
 use super::Exit;
-use super::session::pool_failure;
 use crate::app::App;
 use crate::auth::query::{self, Found, LookupError};
 use crate::auth::{UserAuth, UserStore};
 use crate::pool::{Borrowed, Pool, WaitSlot};
 use crate::protocol::sqlstate;
 
+/// A user a lookup found, to check the client against: entered among the found users
+/// only once the client has logged in as it (`adopt`).
+pub(super) struct Candidate {
+    pub user: Arc<UserAuth>,
+    /// The lookup's number (`FoundUsers::begin`).
+    seq: u64,
+}
+
 /// The user `name` of `database` as a lookup finds it: None when the database has no
 /// lookups or no such user can log in (the client then goes through the exchange of an
-/// unknown user). A lookup that fails (no server, the query's error) refuses the login.
+/// unknown user). A lookup that cannot run (no server, the query's error) refuses the
+/// login with 28000, and the log says why.
 pub(super) async fn looked_up(
     app: &App,
     users: &UserStore,
     database: &str,
     name: &str,
-) -> Result<Option<Arc<UserAuth>>, Exit> {
+) -> Result<Option<Candidate>, Exit> {
     let Some((pool, sql)) = lookup_pool(app, database) else { return Ok(None) };
-    let found = run(&pool, &sql, name).await?;
-    match found {
+    let seq = users.found().begin();
+    match run(&pool, &sql, name).await {
         Ok(Found::NoUser) => {
-            users.forget(database, name);
+            users.found().forget(database, name, seq);
             Ok(None)
         }
-        Ok(Found::User(secret)) => {
-            let (user, changed) = users.remember(database, name, secret);
-            if changed {
-                app.pools.refresh_login(&app.config.load(), &app.users.load(), database, name);
-            }
-            Ok(Some(user))
-        }
+        Ok(Found::User(secret)) => Ok(Some(Candidate { user: Arc::new(UserAuth::found(name, secret)), seq })),
         Err(e) => {
-            warn!(user = name, database, lookup_pool = %format!("{}/{}", pool.key.database, pool.key.user), "login failed: {e}");
+            let pool = format!("{}/{}", pool.key.database, pool.key.user);
+            warn!(user = name, database, lookup_pool = %pool, "login failed: {e}");
             Err(Exit::fatal(
                 sqlstate::INVALID_AUTHORIZATION,
                 format!("could not look up the password of user \"{name}\" (auth_query failed: see the pooler's log)"),
             ))
         }
     }
+}
+
+/// A client logged in as a user a lookup found: the user is entered among the found
+/// ones (or the one entered with the same password kept), and its pool logs in with a
+/// new password from now on. Gives the user entered.
+pub(super) fn adopt(app: &App, users: &UserStore, database: &str, found: Candidate) -> Arc<UserAuth> {
+    let (user, changed) = users.found().adopt(database, found.user, found.seq);
+    if changed {
+        app.pools.refresh_login(&app.config.load(), &app.users.load(), database, &user.name);
+    }
+    user
 }
 
 /// The pool the lookups for `database` run in, and their query, from the config as it
@@ -62,12 +76,11 @@ fn lookup_pool(app: &App, database: &str) -> Option<(Arc<Pool>, String)> {
 }
 
 /// Runs the lookup on a server of `pool` (checked first as for any loan after
-/// `server_check_delay`), bounded by `internal_query_timeout`. The outer error is the
-/// pool's (no server); the inner one the lookup's.
-async fn run(pool: &Arc<Pool>, sql: &str, name: &str) -> Result<Result<Found, LookupError>, Exit> {
+/// `server_check_delay`), bounded by `internal_query_timeout`.
+async fn run(pool: &Arc<Pool>, sql: &str, name: &str) -> Result<Found, LookupError> {
     let (mut since, slot) = (None, WaitSlot::new());
     let server = loop {
-        let server = pool.checkout_since(&mut since, &slot).await.map_err(pool_failure)?;
+        let server = pool.checkout_since(&mut since, &slot).await.map_err(LookupError::Pool)?;
         if !pool.needs_check(&server) {
             break server;
         }
@@ -80,5 +93,5 @@ async fn run(pool: &Arc<Pool>, sql: &str, name: &str) -> Result<Result<Found, Lo
     // A server's ERROR leaves the connection usable; any other failure marked it broken,
     // and the pool closes it.
     server.checkin();
-    Ok(found)
+    found
 }

@@ -60,6 +60,13 @@ pub fn from_pgbouncer_ini(text: &str) -> Result<Converted, String> {
                     socket_dir = value.to_string();
                 }
                 seen.push(key.clone());
+                if key == "auth_user" {
+                    out.notes.push(format!(
+                        "line {}: auth_user = {value}: Sluice logs in as it with the password from auth_file or \
+                         [users]; one the server trusts needs an entry too: [users.\"{value}\"] without a password",
+                        i + 1
+                    ));
+                }
                 match setting(&key, value, known.get(&key)) {
                     Ok(v) => general.push_str(&format!("{key} = {v}\n")),
                     Err(why) => {

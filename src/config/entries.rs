@@ -180,8 +180,13 @@ fn check_lookup(
             format!("user \"{user}\" is not in {known} (Sluice logs in to the server as it to look up passwords)"),
         ));
     }
-    if !query.contains("$1") {
+    // `$1` itself, not `$10`.
+    let takes_1 = query.match_indices("$1").any(|(at, _)| !query[at + 2..].starts_with(|c: char| c.is_ascii_digit()));
+    if !takes_1 {
         return Err(invalid("auth_query", "must take the user name as $1".into()));
+    }
+    if query.contains('\0') {
+        return Err(invalid("auth_query", "must not contain a NUL character".into()));
     }
     if !dbname.is_empty() && !databases.contains_key(dbname) {
         return Err(invalid("auth_dbname", format!("\"{dbname}\" is not a [databases] entry")));

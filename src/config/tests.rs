@@ -249,6 +249,10 @@ fn password_lookups_are_checked_where_they_are_set() {
     assert!(e.starts_with("sluice.toml:2: general.auth_user: user \"nobody\" is not in [users]"), "{e}");
     let e = err(&format!("[general]\nauth_user = \"auth\"\nauth_query = \"SELECT 1, 2\"\n{users}"));
     assert_eq!(e, "sluice.toml:3: general.auth_query: must take the user name as $1");
+    let e = err(&format!("[general]\nauth_user = \"auth\"\nauth_query = \"SELECT $10, $2\"\n{users}"));
+    assert_eq!(e, "sluice.toml:3: general.auth_query: must take the user name as $1");
+    let e = err(&format!("[general]\nauth_user = \"auth\"\nauth_query = \"SELECT $1\\u0000\"\n{users}"));
+    assert_eq!(e, "sluice.toml:3: general.auth_query: must not contain a NUL character");
     let e = err(&format!("[general]\nauth_user = \"auth\"\nauth_dbname = \"elsewhere\"\n[databases.app]\n{users}"));
     assert_eq!(e, "sluice.toml:3: general.auth_dbname: \"elsewhere\" is not a [databases] entry");
     // A database's own settings are reported at its own lines; general ones it uses at

@@ -42,6 +42,8 @@ pub struct Pools {
     /// Admin console PAUSE/DISABLE state, kept per database name so pools created
     /// later (first login, reload) start in it.
     flags: Mutex<DbFlags>,
+    /// The lookups' pools (`lookup_pool`).
+    lookups: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     /// Since when each pool of a fallback-served database has been unused
     /// (`retire_unused_fallback_pools`).
     unused_since: Mutex<HashMap<PoolKey, std::time::Instant>>,
@@ -69,6 +71,7 @@ impl Default for Pools {
             server_tls: Default::default(),
             flags: Default::default(),
             unused_since: Default::default(),
+            lookups: Default::default(),
             room_wanted: Default::default(),
         }
     }
@@ -104,8 +107,10 @@ impl Pools {
     }
 
     /// The pool whose connections run the `auth_query` lookups for clients of a
-    /// database: `auth_user`'s in the lookups' database (also where that database has a
-    /// user of its own); `get_current` otherwise.
+    /// database: `auth_user`'s in the lookups' database, a pool of its own that is never
+    /// lent to a client, so no client's `SET`, `SET ROLE` or `search_path` reaches a
+    /// lookup. Not in `all` (SHOW POOLS, statistics); in `of` (PAUSE, RECONNECT...) and
+    /// `upkeep`.
     pub fn lookup_pool(
         &self,
         seen: u64,
@@ -113,7 +118,25 @@ impl Pools {
         users: &UserStore,
         lookup: &crate::auth::query::Lookup<'_>,
     ) -> Result<Option<Arc<Pool>>, Reloaded> {
-        self.get_or_create(seen, cfg, users, lookup.database, lookup.user)
+        let key = PoolKey { database: lookup.database.to_string(), user: lookup.user.to_string() };
+        if let Some(p) = self.lookups.lock().get(&key) {
+            return Ok(Some(p.clone()));
+        }
+        let Some(settings) = lookup_settings(cfg, users, &self.server_tls.load_full(), &key) else {
+            return Ok(None);
+        };
+        // Reloads are counted under the map's lock (see `get_current`).
+        let _map = self.map.lock();
+        if seen != self.reloads() {
+            return Err(Reloaded);
+        }
+        let mut lookups = self.lookups.lock();
+        if let Some(p) = lookups.get(&key) {
+            return Ok(Some(p.clone()));
+        }
+        let pool = self.new_pool(cfg, key.clone(), settings);
+        lookups.insert(key, pool.clone());
+        Ok(Some(pool))
     }
 
     fn get_or_create(
@@ -140,22 +163,24 @@ impl Pools {
         if let Some(p) = users_of_db.get(&key.user) {
             return Ok(Some(p.clone()));
         }
-        let db_limit = self.limit(&self.db_limits, db, db_max(cfg, db));
+        let user = key.user.clone();
+        let pool = self.new_pool(cfg, key, settings);
+        users_of_db.insert(user, pool.clone());
+        Ok(Some(pool))
+    }
+
+    /// A new pool under its database's and user's shared limits, paused if its database is.
+    fn new_pool(&self, cfg: &Config, key: PoolKey, settings: PoolSettings) -> Arc<Pool> {
+        let db_limit = self.limit(&self.db_limits, &key.database, db_max(cfg, &key.database));
         let user_limit = self.limit(&self.user_limits, &key.user, user_max(cfg, &key.user));
-        let pool = Arc::new(Pool::new(
-            key.clone(),
-            settings,
-            db_limit,
-            user_limit,
-            self.server_ids.clone(),
-            self.room_wanted.clone(),
-        ));
+        let paused = self.is_paused(&key.database);
+        let pool =
+            Arc::new(Pool::new(key, settings, db_limit, user_limit, self.server_ids.clone(), self.room_wanted.clone()));
         pool.join_limits();
-        if self.is_paused(db) {
+        if paused {
             pool.pause();
         }
-        users_of_db.insert(key.user, pool.clone());
-        Ok(Some(pool))
+        pool
     }
 
     /// The shared limit of a database or user, created with `max` on first use; an
@@ -179,10 +204,19 @@ impl Pools {
         }
     }
 
-    /// The pools of one database, or all of them.
+    /// The pools of one database, or all of them, the lookups' included (for PAUSE,
+    /// RESUME, RECONNECT, KILL, WAIT_CLOSE).
     pub fn of(&self, db: Option<&str>) -> Vec<Arc<Pool>> {
-        let mut v = self.all();
+        let mut v = self.upkeep();
         v.retain(|p| db.is_none_or(|d| p.key.database == d));
+        v
+    }
+
+    /// Every pool, the lookups' included (`lookup_pool`): for the janitor, SHOW SERVERS
+    /// and the shutdown.
+    pub fn upkeep(&self) -> Vec<Arc<Pool>> {
+        let mut v = self.all();
+        v.extend(self.lookups.lock().values().cloned());
         v
     }
 
@@ -284,50 +318,53 @@ impl Pools {
             l.set_max(user_max(cfg, name));
         }
         for pools in map.values_mut() {
-            pools.retain(|_, pool| match settings_of(cfg, users, &tls, &pool.key) {
-                Some(s) => {
-                    pool.update(s);
-                    true
-                }
-                None => {
-                    pool.close();
-                    false
-                }
-            });
+            pools.retain(|_, pool| keep_updated(pool, settings_of(cfg, users, &tls, &pool.key)));
         }
         map.retain(|_, pools| !pools.is_empty());
+        self.lookups.lock().retain(|key, pool| keep_updated(pool, lookup_settings(cfg, users, &tls, key)));
     }
 
     /// Drops the pools of databases the fallback entry `*` serves once they have been
     /// unused for `autodb_idle_timeout` (PgBouncer's): no client holds one, and it has no
-    /// server connection, open or being opened, and no queue. Clients may name any
-    /// database there, so their pools would otherwise pile up. Run by the janitor, with
-    /// no other reference to the pools held.
-    pub fn retire_unused_fallback_pools(&self, cfg: &Config) {
-        let Some(limit) = secs(cfg.general.autodb_idle_timeout) else { return };
+    /// server connection, open or being opened, and no queue; the lookups' pools of
+    /// those databases too. Clients may name any database there, so their pools would
+    /// otherwise pile up. Run by the janitor, with no other reference to the pools held.
+    /// Gives the keys of the clients' pools dropped (their found users go too).
+    pub fn retire_unused_fallback_pools(&self, cfg: &Config) -> Vec<PoolKey> {
+        let Some(limit) = secs(cfg.general.autodb_idle_timeout) else { return Vec::new() };
         let now = std::time::Instant::now();
         let mut unused = self.unused_since.lock();
+        // The registry's reference is the only one: a login takes its own under these
+        // locks, so none can come between this look and the removal.
+        let mut retire = |pool: &Arc<Pool>| {
+            let c = pool.counts();
+            if Arc::strong_count(pool) > 1 || c.total > 0 || c.waiting > 0 {
+                unused.remove(&pool.key);
+                return false;
+            }
+            let since = *unused.entry(pool.key.clone()).or_insert(now);
+            if now.duration_since(since) < limit {
+                return false;
+            }
+            tracing::info!(db = %pool.key.database, user = %pool.key.user, "pool of a fallback database unused: dropped");
+            unused.remove(&pool.key);
+            pool.close();
+            true
+        };
+        let mut retired = Vec::new();
         let mut map = self.map.lock();
-        for (db, pools) in map.iter_mut().filter(|(db, _)| cfg.is_fallback_served(db)) {
+        for (_, pools) in map.iter_mut().filter(|(db, _)| cfg.is_fallback_served(db)) {
             pools.retain(|_, pool| {
-                let c = pool.counts();
-                // The map's reference is the only one: a login takes its own under the
-                // map's lock, so none can come between this look and the removal.
-                if Arc::strong_count(pool) > 1 || c.total > 0 || c.waiting > 0 {
-                    unused.remove(&pool.key);
-                    return true;
+                let gone = retire(pool);
+                if gone {
+                    retired.push(pool.key.clone());
                 }
-                let since = *unused.entry(pool.key.clone()).or_insert(now);
-                if now.duration_since(since) < limit {
-                    return true;
-                }
-                tracing::info!(db = %db, user = %pool.key.user, "pool of a fallback database unused: dropped");
-                pool.close();
-                false
+                !gone
             });
         }
         map.retain(|_, pools| !pools.is_empty());
-        unused.retain(|k, _| map.get(&k.database).is_some_and(|p| p.contains_key(&k.user)));
+        self.lookups.lock().retain(|key, pool| !cfg.is_fallback_served(&key.database) || !retire(pool));
+        retired
     }
 
     /// A lookup found a new password for a user of `db`: its pool, if it has one, logs
@@ -363,8 +400,7 @@ fn server_user<'a>(cfg: &'a Config, users: &UserStore, db_name: &str, client_use
 
 /// The server login of the pool `key`; None when the config has no such pool: its
 /// database is gone, or its user is neither the database's own, nor (where the
-/// database has none) a user of the config or one a lookup found, nor the user its
-/// lookups run as.
+/// database has none) a user of the config or one a lookup found.
 fn login_of(cfg: &Config, users: &UserStore, key: &PoolKey) -> Option<Arc<ServerLogin>> {
     let db = cfg.database(&key.database)?;
     match (&db.user, &db.password) {
@@ -375,8 +411,8 @@ fn login_of(cfg: &Config, users: &UserStore, key: &PoolKey) -> Option<Arc<Server
         (Some(forced), None) if *forced == key.user => {
             Some(users.get(forced).map(|u| u.server.clone()).unwrap_or_default())
         }
-        (Some(_), _) if !runs_lookups_of(cfg, &key.user, &key.database) => None,
-        _ => users.find(cfg, &key.database, &key.user).map(|u| u.server.clone()),
+        (Some(_), _) => None,
+        (None, _) => users.find(cfg, &key.database, &key.user).map(|u| u.server.clone()),
     }
 }
 
@@ -391,11 +427,38 @@ fn runs_lookups_of(cfg: &Config, user: &str, db: &str) -> bool {
 
 /// The settings of the pool `key` (see `login_of`).
 fn settings_of(cfg: &Config, users: &UserStore, tls: &Arc<ServerTls>, key: &PoolKey) -> Option<PoolSettings> {
+    settings_with(cfg, tls, key, login_of(cfg, users, key)?)
+}
+
+/// The settings of the lookups' pool `key` (`Pools::lookup_pool`): `auth_user` logs in
+/// as the config has it; None once no database's lookups run there as that user.
+fn lookup_settings(cfg: &Config, users: &UserStore, tls: &Arc<ServerTls>, key: &PoolKey) -> Option<PoolSettings> {
+    if !runs_lookups_of(cfg, &key.user, &key.database) {
+        return None;
+    }
+    settings_with(cfg, tls, key, users.get(&key.user)?.server.clone())
+}
+
+/// A pool kept by a reload takes its new settings; one the new config has no place for
+/// is closed (false).
+fn keep_updated(pool: &Arc<Pool>, settings: Option<PoolSettings>) -> bool {
+    match settings {
+        Some(s) => {
+            pool.update(s);
+            true
+        }
+        None => {
+            pool.close();
+            false
+        }
+    }
+}
+
+fn settings_with(cfg: &Config, tls: &Arc<ServerTls>, key: &PoolKey, login: Arc<ServerLogin>) -> Option<PoolSettings> {
     let db_name = key.database.as_str();
     let db = cfg.database(db_name)?;
     let g = &cfg.general;
     let server_user = key.user.clone();
-    let login = login_of(cfg, users, key)?;
     let user_cfg = cfg.users.get(&server_user).filter(|_| db.user.is_none());
     let size = cfg.pool_size(db, user_cfg);
     let settings = PoolSettings {
@@ -513,6 +576,45 @@ mod tests {
         pools.reload(&cfg(&hash), &users);
         let login = pool.settings().login.clone();
         assert_eq!((login.md5.as_deref(), login.password.as_deref()), (Some(hash.as_str()), None));
+    }
+
+    /// The lookups' pool is one of its own, beside the pool clients of `auth_user` get,
+    /// also in a database with a forced user (where `auth_user` has no client pool); a
+    /// reload that takes the lookups away closes it, and a user a lookup found has a
+    /// pool only in the database it was found in.
+    #[test]
+    fn lookups_have_pools_of_their_own() {
+        use crate::auth::{Secret, UserAuth, query::lookup_for};
+        let text = |lookups: &str| {
+            format!(
+                "[general]\n{lookups}\n[databases.a]\nhost = \"127.0.0.1\"\n[databases.f]\nhost = \"127.0.0.1\"\n\
+                 user = \"owner\"\npassword = \"o\"\n[users.auth]\npassword = \"p\"\n"
+            )
+        };
+        let cfg = Config::parse(&text("auth_user = \"auth\""), Path::new("sluice.toml")).expect("a valid config");
+        let users = UserStore::from_config(&cfg).expect("valid users");
+        let pools = Pools::default();
+        let seen = pools.reloads();
+        let lookup = lookup_for(&cfg, "a").expect("lookups");
+        let for_lookups = pools.lookup_pool(seen, &cfg, &users, &lookup).unwrap().expect("a lookup pool");
+        let for_clients = pools.get(&cfg, &users, "a", "auth").expect("auth's own pool");
+        assert!(!Arc::ptr_eq(&for_lookups, &for_clients));
+        assert!(!pools.all().iter().any(|p| Arc::ptr_eq(p, &for_lookups)), "SHOW POOLS does not list it");
+        assert!(pools.of(Some("a")).iter().any(|p| Arc::ptr_eq(p, &for_lookups)), "PAUSE a reaches it");
+        let forced = lookup_for(&cfg, "f").expect("lookups");
+        let in_forced = pools.lookup_pool(seen, &cfg, &users, &forced).unwrap().expect("a lookup pool");
+        assert_eq!((in_forced.key.database.as_str(), in_forced.key.user.as_str()), ("f", "auth"));
+        assert_eq!(pools.get(&cfg, &users, "f", "auth").expect("the forced pool").key.user, "owner");
+        // A found user: a pool in its database only.
+        let found = Arc::new(UserAuth::found("dyn", Some(Secret::Plain("x".into()))));
+        users.found().adopt("a", found, users.found().begin());
+        assert!(pools.get(&cfg, &users, "a", "dyn").is_some());
+        let no_lookups = Config::parse(&text(""), Path::new("sluice.toml")).expect("a valid config");
+        assert!(pools.get(&no_lookups, &users, "a", "dyn").is_none());
+        // The lookups go with the reload that removes them.
+        pools.reload(&no_lookups, &users);
+        assert_eq!(pools.upkeep().len(), pools.all().len());
+        assert!(!pools.all().iter().any(|p| p.key.user == "dyn"), "the found user's pool is closed");
     }
 
     /// `server_check_delay = 0` checks a server before every loan, as in PgBouncer.

@@ -158,17 +158,22 @@ impl ServerConn {
     }
 
     /// Runs Sluice's own extended-protocol messages (ending with Sync, as an auth_query
-    /// lookup's) and gives the rows they returned; `limit` and failures as for `exec`.
-    pub async fn fetch(&mut self, messages: &[u8], limit: Option<Duration>) -> Result<Vec<Row>, ServerError> {
-        let mut rows = Vec::new();
-        self.round_trip(messages, Some(&mut rows), limit).await?;
-        Ok(rows)
+    /// lookup's) and gives the last row they returned; `limit` and failures as for
+    /// `exec`. (Only the last is kept: a query returning many holds no more memory.)
+    pub async fn fetch_last_row(
+        &mut self,
+        messages: &[u8],
+        limit: Option<Duration>,
+    ) -> Result<Option<Row>, ServerError> {
+        let mut row = None;
+        self.round_trip(messages, Some(&mut row), limit).await?;
+        Ok(row)
     }
 
     async fn round_trip(
         &mut self,
         messages: &[u8],
-        rows: Option<&mut Vec<Row>>,
+        rows: Option<&mut Option<Row>>,
         limit: Option<Duration>,
     ) -> Result<(), ServerError> {
         let r = match limit {
@@ -191,7 +196,7 @@ impl ServerConn {
         r
     }
 
-    async fn exec_drained(&mut self, messages: &[u8], mut rows: Option<&mut Vec<Row>>) -> Result<(), ServerError> {
+    async fn exec_drained(&mut self, messages: &[u8], mut last: Option<&mut Option<Row>>) -> Result<(), ServerError> {
         // A simple query, or Sluice's own Parse, replaces the server's unnamed statement.
         self.prepared.unnamed = 0;
         self.stream.send(messages).await?;
@@ -219,9 +224,9 @@ impl ServerConn {
                     }
                 }
                 be::DATA_ROW => {
-                    if let Some(rows) = rows.as_deref_mut() {
+                    if let Some(last) = last.as_deref_mut() {
                         let row = crate::protocol::fields::data_row(body(&frame))?;
-                        rows.push(row.into_iter().map(|v| v.map(<[u8]>::to_vec)).collect());
+                        *last = Some(row.into_iter().map(|v| v.map(<[u8]>::to_vec)).collect());
                     }
                 }
                 be::ERROR_RESPONSE => {
