@@ -1,4 +1,5 @@
-//! A server connection lent outside the relay, for a login's round trips.
+//! A server connection lent outside the relay, for a login's round trips, and one
+//! being opened, listed while it logs in.
 
 use super::Pool;
 use crate::server::ServerConn;
@@ -50,5 +51,31 @@ impl Drop for Borrowed<'_> {
         if let Some(s) = self.server.take() {
             self.pool.discard(s);
         }
+    }
+}
+
+/// A server connection being opened, listed in its pool's `servers` (SHOW SERVERS, state
+/// `new`): unlisted again when the connect fails or is dropped, unless `keep` says it
+/// logged in.
+pub(super) struct Opening<'a> {
+    pool: &'a Pool,
+    id: u64,
+}
+
+impl<'a> Opening<'a> {
+    pub(super) fn list(pool: &'a Pool, info: std::sync::Arc<crate::stats::ServerInfo>) -> Self {
+        let id = info.id;
+        pool.servers.insert(id, info);
+        Opening { pool, id }
+    }
+
+    pub(super) fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        self.pool.servers.remove(self.id);
     }
 }

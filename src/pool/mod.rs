@@ -29,6 +29,7 @@ use crate::server::{ServerConn, ServerError, ServerTarget, connect};
 use crate::stats::{PoolStats, Registry, ServerInfo, ServerState};
 
 pub use borrowed::Borrowed;
+use borrowed::Opening;
 pub use handoff::{HandoffSlot, WaitSlot};
 use handoff::{Sender, Waiter};
 pub use learned::{Learned, LoginReply};
@@ -480,9 +481,14 @@ impl Pool {
             let settings = self.settings.load_full();
             let id = self.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let started = Instant::now();
+            // Listed (SHOW SERVERS, state `new`) while it logs in; unlisted again if it
+            // fails, or the connect is dropped.
+            let info = Arc::new(ServerInfo::new(id, settings.target.addr.clone()));
+            info.generation.store(generation, std::sync::atomic::Ordering::Relaxed);
+            let listed = Opening::list(self, info.clone());
             // Boxed: opening a connection (TLS, SCRAM) is rare, and its state would
             // otherwise enlarge every client task that may wait for a server.
-            let s = match Box::pin(connect(&settings.target, &settings.login, settings.connect_timeout, id)).await {
+            let s = match Box::pin(connect(&settings.target, &settings.login, settings.connect_timeout, info)).await {
                 Ok(s) => s,
                 Err(e) => {
                     self.stats.server_connect_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -502,8 +508,7 @@ impl Pool {
                 continue;
             }
             s.info.set_state(ServerState::Active, 0);
-            s.info.generation.store(generation, std::sync::atomic::Ordering::Relaxed);
-            self.servers.insert(id, s.info.clone());
+            listed.keep();
             // Not from a connection opened before a reload moved the pool: its server
             // is no longer the pool's.
             if Arc::ptr_eq(&settings, &self.settings.load()) {

@@ -15,6 +15,7 @@ use crate::auth::scram::{self, ScramClient, ScramError};
 use crate::net::{Stream, read_message};
 use crate::protocol::fields::ErrorFields;
 use crate::protocol::{ProtocolError, TxStatus, auth_code, be, body, build, read_i32};
+use crate::stats::ServerInfo;
 use crate::tls::{self, ServerTls};
 
 /// How long forwarding a cancel request may take.
@@ -86,28 +87,33 @@ pub struct ServerTarget {
     pub tls: Arc<ServerTls>,
 }
 
-/// Opens and authenticates a server connection within `timeout`.
+/// Opens and authenticates a server connection within `timeout`; `info` lists it (in
+/// state `new` until the pool lends it).
 pub async fn connect(
     target: &ServerTarget,
     login: &ServerLogin,
     timeout: Option<Duration>,
-    id: u64,
+    info: Arc<ServerInfo>,
 ) -> Result<Box<ServerConn>, ServerError> {
-    let fut = connect_inner(target, login, id);
+    let fut = connect_inner(target, login, info);
     match timeout {
         Some(t) => tokio::time::timeout(t, fut).await.map_err(|_| ServerError::ConnectTimeout)?,
         None => fut.await,
     }
 }
 
-async fn connect_inner(target: &ServerTarget, login: &ServerLogin, id: u64) -> Result<Box<ServerConn>, ServerError> {
+async fn connect_inner(
+    target: &ServerTarget,
+    login: &ServerLogin,
+    info: Arc<ServerInfo>,
+) -> Result<Box<ServerConn>, ServerError> {
     let stream = target.addr.open().await?;
     // A new socket has no keepalive: only turning it on takes a system call.
     if let Some(tcp) = stream.tcp().filter(|_| target.keepalive) {
         crate::net::listener::set_keepalive(socket2::SockRef::from(tcp), true);
     }
     let stream = tls::negotiate(stream, &target.tls, &target.addr.host).await?;
-    let mut conn = Box::new(ServerConn::new(stream, target.addr.clone(), id));
+    let mut conn = Box::new(ServerConn::new(stream, info));
     let mut out = BytesMut::new();
     build::startup_message(&mut out, &[("user", &target.user), ("database", &target.database)]);
     conn.stream.send(&out).await?;
@@ -266,7 +272,8 @@ mod tests {
             tls: Arc::new(Default::default()),
         };
         let login = ServerLogin::plain("secret");
-        let r = connect(&target, &login, Some(Duration::from_secs(10)), 1).await;
+        let info = Arc::new(ServerInfo::new(1, target.addr.clone()));
+        let r = connect(&target, &login, Some(Duration::from_secs(10)), info).await;
         let e = r.expect_err("the impostor was taken for the server");
         assert!(e.to_string().contains("without its SCRAM signature"), "{e}");
         impostor.await.unwrap();

@@ -94,12 +94,13 @@ pub struct ServerConn {
 }
 
 impl ServerConn {
-    pub(crate) fn new(stream: Stream, addr: ServerAddr, id: u64) -> Self {
+    /// A connection on `stream`, listed for SHOW SERVERS by `info` from the start of its
+    /// login.
+    pub(crate) fn new(stream: Stream, info: Arc<crate::stats::ServerInfo>) -> Self {
         let now = CoarseInstant::now();
-        let info = Arc::new(crate::stats::ServerInfo::new(id, addr));
         ServerConn {
+            id: info.id,
             info,
-            id,
             stream,
             buf: BytesMut::with_capacity(16 * 1024),
             reported: Vec::new(),
