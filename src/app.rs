@@ -491,9 +491,8 @@ async fn janitor(app: Arc<App>) {
                 });
             }
         }
-        for key in app.pools.retire_unused_fallback_pools(&app.config.load()) {
-            app.users.load().found().drop_user(&key.database, &key.user);
-        }
+        let seen = app.pools.reloads();
+        app.pools.retire_unused_fallback_pools(seen, &app.config.load(), app.users.load().found());
     }
 }
 

@@ -201,7 +201,7 @@ async fn the_fallback_database_serves_databases_not_listed() {
     let b = Sluice::builder(&pg)
         .without_database("app")
         .database("*", &[])
-        .general("autodb_idle_timeout", "1")
+        .general("autodb_idle_timeout", "3")
         .general("server_idle_timeout", "1")
         .general("admin_users", &format!("[{}]", common::toml_str(Role::SCRAM.name)));
     // The builder gives every entry `dbname = "app"`: the fallback takes the name asked for.
@@ -227,6 +227,10 @@ async fn the_fallback_database_serves_databases_not_listed() {
         let rows = common::console::rows(&console, "SHOW POOLS").await;
         rows.iter().filter_map(|r| r.get("database").map(String::from)).collect::<Vec<_>>()
     };
+    let before = pools().await;
+    assert!(before.contains(&"other".to_string()) && before.contains(&"nope".to_string()), "{before:?}");
+    let e = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "*").await.unwrap_err();
+    assert_eq!(common::console::message(&e), "database \"*\" does not exist");
     let gone = common::eventually(Duration::from_secs(20), || async {
         let p = pools().await;
         !p.contains(&"other".to_string()) && !p.contains(&"nope".to_string())

@@ -380,6 +380,8 @@ fn databases(app: &App, cfg: &Config) -> Table {
     // The config's entries, then the databases the fallback entry `*` serves now (those
     // with a pool), as PgBouncer lists its automatic databases.
     let mut served: Vec<String> = app.pools.all().into_iter().map(|p| p.key.database.clone()).collect();
+    served.extend(app.pools.flagged());
+    served.sort();
     served.dedup();
     let fallback = cfg.databases.get(crate::config::FALLBACK_DATABASE);
     let served = served.into_iter().filter(|d| cfg.is_fallback_served(d)).filter_map(|d| Some((d, fallback?)));

@@ -54,22 +54,21 @@ impl FoundUsers {
     /// longer log in): forgotten, unless a newer lookup found it; its pool closes at the
     /// next reload.
     pub fn forget(&self, database: &str, name: &str, seq: u64) {
-        if let Some(users) = self.by_db.lock().get_mut(database)
+        let mut by_db = self.by_db.lock();
+        if let Some(users) = by_db.get_mut(database)
             && users.get(name).is_some_and(|(at, _)| *at < seq)
         {
-            users.remove(name);
-        }
-    }
-
-    /// Forgets `name` in `database` whatever found it (its pool was dropped).
-    pub fn drop_user(&self, database: &str, name: &str) {
-        let mut by_db = self.by_db.lock();
-        if let Some(users) = by_db.get_mut(database) {
             users.remove(name);
             if users.is_empty() {
                 by_db.remove(database);
             }
         }
+    }
+
+    /// Forgets the users found in `database` (a fallback-served database whose pools
+    /// were all dropped).
+    pub fn drop_database(&self, database: &str) {
+        self.by_db.lock().remove(database);
     }
 
     /// Keeps the users of the databases `keep` accepts (those that still have lookups

@@ -1,5 +1,5 @@
 //! A client's interrupt: the admin console's KILL, or the pooler's shutdown phase
-//! changing. Registered once for the whole session rather than on every wait: a
+//! changing; and the deadline `client_login_timeout` sets its login's steps. Registered once for the whole session rather than on every wait: a
 //! tokio `Notified` takes its lock when registered, when dropped, and on every poll,
 //! and a pooled client waits twice per transaction.
 
@@ -7,6 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Acquire;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::sync::futures::Notified;
 
@@ -73,6 +74,36 @@ impl<'a, 'i> Interrupt<'a, 'i> {
                 self.registered = true;
                 Poll::Pending
             }
+        }
+    }
+}
+
+/// When a login must be through the steps `client_login_timeout` bounds (counted from
+/// the accept): the handshake, TLS and authentication, and a wait for a pool's first
+/// server. None: no limit.
+#[derive(Clone, Copy, Debug)]
+pub struct LoginDeadline(Option<tokio::time::Instant>);
+
+impl LoginDeadline {
+    /// For a step the deadline does not bound.
+    pub(super) const NONE: LoginDeadline = LoginDeadline(None);
+
+    /// The deadline `limit` from now (None: no limit).
+    pub fn after(limit: Option<Duration>) -> Self {
+        LoginDeadline(limit.and_then(|t| tokio::time::Instant::now().checked_add(t)))
+    }
+
+    /// Runs a step of the login until it ends or the deadline passes. The step comes
+    /// pinned by the caller (see `until_shutdown`).
+    pub(super) async fn bound<T, F>(self, step: Pin<&mut F>) -> Result<T, Exit>
+    where
+        F: Future<Output = Result<T, Exit>> + ?Sized,
+    {
+        match self.0 {
+            Some(at) => tokio::time::timeout_at(at, step)
+                .await
+                .unwrap_or_else(|_| Err(Exit::protocol("client_login_timeout: login took too long"))),
+            None => step.await,
         }
     }
 }

@@ -6,7 +6,6 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use rustls::ServerConfig;
@@ -49,35 +48,7 @@ fn current_pool(app: &App, database: &str, user: &str) -> Option<Arc<crate::pool
     }
 }
 
-/// When a login must be through the steps `client_login_timeout` bounds (counted from
-/// the accept): the handshake, TLS and authentication, and a wait for a pool's first
-/// server. None: no limit.
-#[derive(Clone, Copy, Debug)]
-pub struct LoginDeadline(Option<tokio::time::Instant>);
-
-impl LoginDeadline {
-    /// For a step the deadline does not bound.
-    const NONE: LoginDeadline = LoginDeadline(None);
-
-    /// The deadline `limit` from now (None: no limit).
-    pub fn after(limit: Option<Duration>) -> Self {
-        LoginDeadline(limit.and_then(|t| tokio::time::Instant::now().checked_add(t)))
-    }
-
-    /// Runs a step of the login until it ends or the deadline passes. The step comes
-    /// pinned by the caller (see `until_shutdown`).
-    async fn bound<T, F>(self, step: Pin<&mut F>) -> Result<T, Exit>
-    where
-        F: Future<Output = Result<T, Exit>> + ?Sized,
-    {
-        match self.0 {
-            Some(at) => tokio::time::timeout_at(at, step)
-                .await
-                .unwrap_or_else(|_| Err(Exit::protocol("client_login_timeout: login took too long"))),
-            None => step.await,
-        }
-    }
-}
+pub use super::interrupt::LoginDeadline;
 
 /// Runs the login; Ok gives a session ready to serve queries. `deadline` bounds the
 /// handshake and authentication, and the wait for a server only in a pool that has
@@ -663,6 +634,8 @@ fn reply_status(defaults: &ParamList, spelled: &[Spelled<'_>]) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
     use crate::protocol::fields::parameter_status;
     use crate::protocol::{Header, body};
 

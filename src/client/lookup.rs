@@ -33,6 +33,11 @@ pub(super) async fn looked_up(
     name: &str,
 ) -> Result<Option<Candidate>, Exit> {
     let Some((pool, sql)) = lookup_pool(app, database) else { return Ok(None) };
+    if app.pools.is_disabled(&pool.key.database) {
+        // As in PgBouncer: DISABLE of the lookups' database stops the logins that need them.
+        warn!(user = name, database, "login failed: the auth_query database {} is disabled", pool.key.database);
+        return Err(refused(name));
+    }
     let seq = users.found().begin();
     match run(&pool, &sql, name).await {
         Ok(Found::NoUser) => {
@@ -43,12 +48,17 @@ pub(super) async fn looked_up(
         Err(e) => {
             let pool = format!("{}/{}", pool.key.database, pool.key.user);
             warn!(user = name, database, lookup_pool = %pool, "login failed: {e}");
-            Err(Exit::fatal(
-                sqlstate::INVALID_AUTHORIZATION,
-                format!("could not look up the password of user \"{name}\" (auth_query failed: see the pooler's log)"),
-            ))
+            Err(refused(name))
         }
     }
+}
+
+/// What a client whose lookup could not run is told (the log says why).
+fn refused(name: &str) -> Exit {
+    Exit::fatal(
+        sqlstate::INVALID_AUTHORIZATION,
+        format!("could not look up the password of user \"{name}\" (auth_query failed: see the pooler's log)"),
+    )
 }
 
 /// A client logged in as a user a lookup found: the user is entered among the found

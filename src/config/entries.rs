@@ -188,7 +188,9 @@ fn check_lookup(
     if query.contains('\0') {
         return Err(invalid("auth_query", "must not contain a NUL character".into()));
     }
-    if !dbname.is_empty() && !databases.contains_key(dbname) {
+    // One the fallback entry serves will do, as in PgBouncer.
+    let served = databases.contains_key(dbname) || databases.contains_key(super::FALLBACK_DATABASE);
+    if !dbname.is_empty() && (!served || dbname == super::FALLBACK_DATABASE) {
         return Err(invalid("auth_dbname", format!("\"{dbname}\" is not a [databases] entry")));
     }
     Ok(())

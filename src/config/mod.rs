@@ -512,7 +512,11 @@ impl Config {
     /// The `[databases]` entry serving clients of database `name`: its own, else the
     /// fallback entry `*` (PgBouncer's), whose pools reach the server database of the
     /// name the client asked for unless the entry sets `dbname`.
+    /// `*` itself names no database a client can ask for.
     pub fn database(&self, name: &str) -> Option<&Database> {
+        if name == FALLBACK_DATABASE {
+            return None;
+        }
         self.databases.get(name).or_else(|| self.databases.get(FALLBACK_DATABASE))
     }
 

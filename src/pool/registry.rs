@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::{ConnLimit, Pool, PoolSettings};
+use crate::auth::found::FoundUsers;
 use crate::auth::{ServerLogin, UserStore};
 use crate::config::{Config, secs};
 use crate::server::{ServerAddr, ServerTarget};
@@ -46,7 +47,7 @@ pub struct Pools {
     lookups: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     /// Since when each pool of a fallback-served database has been unused
     /// (`retire_unused_fallback_pools`).
-    unused_since: Mutex<HashMap<PoolKey, std::time::Instant>>,
+    unused_since: Mutex<HashMap<(bool, PoolKey), std::time::Instant>>,
     /// Told when a shared limit (`max_db_connections`, `max_user_connections`) keeps a
     /// queued client from connecting: the janitor makes room at once (`rebalance`), as
     /// PgBouncer evicts an idle connection of another pool when it finds the limit full.
@@ -195,7 +196,7 @@ impl Pools {
     /// close wakes the starved queue (`ConnLimit`), as any connection closed under the
     /// limit does at once.
     pub fn rebalance(&self) {
-        let pools = self.all();
+        let pools = self.upkeep();
         for starved in pools.iter().filter(|p| p.is_starved()) {
             // One connection a pass per starved pool: its queue takes it before the
             // next pass looks again.
@@ -263,6 +264,13 @@ impl Pools {
         self.flags.lock().paused_all
     }
 
+    /// The databases paused or disabled one by one (SHOW DATABASES lists those the
+    /// fallback entry serves even when they have no pool).
+    pub fn flagged(&self) -> Vec<String> {
+        let f = self.flags.lock();
+        f.paused.iter().chain(&f.disabled).cloned().collect()
+    }
+
     /// DISABLE / ENABLE: whether new logins to a database are refused.
     pub fn set_disabled(&self, db: &str, disabled: bool) {
         let mut f = self.flags.lock();
@@ -325,46 +333,60 @@ impl Pools {
     }
 
     /// Drops the pools of databases the fallback entry `*` serves once they have been
-    /// unused for `autodb_idle_timeout` (PgBouncer's): no client holds one, and it has no
-    /// server connection, open or being opened, and no queue; the lookups' pools of
-    /// those databases too. Clients may name any database there, so their pools would
-    /// otherwise pile up. Run by the janitor, with no other reference to the pools held.
-    /// Gives the keys of the clients' pools dropped (their found users go too).
-    pub fn retire_unused_fallback_pools(&self, cfg: &Config) -> Vec<PoolKey> {
-        let Some(limit) = secs(cfg.general.autodb_idle_timeout) else { return Vec::new() };
+    /// unused for `autodb_idle_timeout` (PgBouncer's): no server connection open or being
+    /// opened and no queue for that long, and no client holding the pool; the lookups'
+    /// pools of those databases too, and, once a database has no pool left, the users
+    /// lookups found there. A paused database keeps its pools (as in PgBouncer). Clients
+    /// may name any database there, so their pools would otherwise pile up. Run by the
+    /// janitor with the config it read after `reloads()` gave `seen`: nothing is dropped
+    /// if a reload came since.
+    pub fn retire_unused_fallback_pools(&self, seen: u64, cfg: &Config, found: &FoundUsers) {
+        let Some(limit) = secs(cfg.general.autodb_idle_timeout) else { return };
         let now = std::time::Instant::now();
+        let mut map = self.map.lock();
+        if seen != self.reloads() {
+            return;
+        }
+        let mut lookups = self.lookups.lock();
         let mut unused = self.unused_since.lock();
-        // The registry's reference is the only one: a login takes its own under these
-        // locks, so none can come between this look and the removal.
-        let mut retire = |pool: &Arc<Pool>| {
+        // (lookups' pool, key) → since when. A login or a lookup takes its reference on
+        // a pool under these locks, so none can come between the look and the removal.
+        let mut retire = |lookup: bool, pool: &Arc<Pool>| {
             let c = pool.counts();
-            if Arc::strong_count(pool) > 1 || c.total > 0 || c.waiting > 0 {
-                unused.remove(&pool.key);
+            let at = (lookup, pool.key.clone());
+            if c.total > 0 || c.waiting > 0 {
+                unused.remove(&at);
                 return false;
             }
-            let since = *unused.entry(pool.key.clone()).or_insert(now);
-            if now.duration_since(since) < limit {
+            let since = *unused.entry(at.clone()).or_insert(now);
+            // Held elsewhere: a client, or a passing look (statistics, SHOW), which
+            // does not restart the count.
+            if Arc::strong_count(pool) > 1 || now.duration_since(since) < limit {
                 return false;
             }
-            tracing::info!(db = %pool.key.database, user = %pool.key.user, "pool of a fallback database unused: dropped");
-            unused.remove(&pool.key);
+            tracing::info!(db = %pool.key.database, user = %pool.key.user, lookups = lookup, "unused pool of a fallback database dropped");
+            unused.remove(&at);
             pool.close();
             true
         };
-        let mut retired = Vec::new();
-        let mut map = self.map.lock();
-        for (_, pools) in map.iter_mut().filter(|(db, _)| cfg.is_fallback_served(db)) {
-            pools.retain(|_, pool| {
-                let gone = retire(pool);
-                if gone {
-                    retired.push(pool.key.clone());
-                }
-                !gone
-            });
+        let served = |db: &str| cfg.is_fallback_served(db) && !self.is_paused(db);
+        for (_, pools) in map.iter_mut().filter(|(db, _)| served(db)) {
+            pools.retain(|_, pool| !retire(false, pool));
         }
-        map.retain(|_, pools| !pools.is_empty());
-        self.lookups.lock().retain(|key, pool| !cfg.is_fallback_served(&key.database) || !retire(pool));
-        retired
+        lookups.retain(|key, pool| !served(&key.database) || !retire(true, pool));
+        map.retain(|db, pools| {
+            if pools.is_empty() {
+                found.drop_database(db);
+            }
+            !pools.is_empty()
+        });
+        unused.retain(|(lookup, k), _| match lookup {
+            true => lookups.contains_key(k),
+            false => map.get(&k.database).is_some_and(|p| p.contains_key(&k.user)),
+        });
+        // Limits no pool uses any more (those of the databases dropped).
+        self.db_limits.lock().retain(|_, l| Arc::strong_count(l) > 1);
+        self.user_limits.lock().retain(|_, l| Arc::strong_count(l) > 1);
     }
 
     /// A lookup found a new password for a user of `db`: its pool, if it has one, logs
@@ -436,7 +458,9 @@ fn lookup_settings(cfg: &Config, users: &UserStore, tls: &Arc<ServerTls>, key: &
     if !runs_lookups_of(cfg, &key.user, &key.database) {
         return None;
     }
-    settings_with(cfg, tls, key, users.get(&key.user)?.server.clone())
+    // No connections kept open for lookups: they are opened when a login needs one.
+    let s = settings_with(cfg, tls, key, users.get(&key.user)?.server.clone())?;
+    Some(PoolSettings { kept_open: 0, ..s })
 }
 
 /// A pool kept by a reload takes its new settings; one the new config has no place for
@@ -474,7 +498,13 @@ fn settings_with(cfg: &Config, tls: &Arc<ServerTls>, key: &PoolKey, login: Arc<S
         size,
         // None with `server_lifetime = 0`: each connection is used once, so one opened
         // to be kept would be closed unused, and opened again, every second.
-        kept_open: if g.server_lifetime == 0.0 { 0 } else { db.min_pool_size.unwrap_or(g.min_pool_size).min(size) },
+        // Not for the databases the fallback entry serves: their pools go when unused
+        // (`autodb_idle_timeout`), and kept connections would hold them.
+        kept_open: if g.server_lifetime == 0.0 || cfg.is_fallback_served(db_name) {
+            0
+        } else {
+            db.min_pool_size.unwrap_or(g.min_pool_size).min(size)
+        },
         // 0: each connection used once, then closed (PgBouncer's meaning).
         lifetime: Duration::from_secs_f64(g.server_lifetime),
         idle_timeout: secs(g.server_idle_timeout),
@@ -615,6 +645,47 @@ mod tests {
         pools.reload(&no_lookups, &users);
         assert_eq!(pools.upkeep().len(), pools.all().len());
         assert!(!pools.all().iter().any(|p| p.key.user == "dyn"), "the found user's pool is closed");
+    }
+
+    /// The pools of databases the fallback entry serves go once unused, with their
+    /// lookups' pools, the users found there and their limits; one a client holds stays
+    /// until it lets go, and a paused database keeps its pools.
+    #[test]
+    fn unused_fallback_pools_go_unless_held_or_paused() {
+        use crate::auth::{Secret, UserAuth, query::lookup_for};
+        let text = "[general]\nautodb_idle_timeout = 0.001\nauth_user = \"auth\"\n[databases.\"*\"]\n\
+                    host = \"127.0.0.1\"\n[users.auth]\npassword = \"p\"\n[users.u]\npassword = \"p\"\n";
+        let cfg = Config::parse(text, Path::new("sluice.toml")).expect("a valid config");
+        let users = UserStore::from_config(&cfg).expect("valid users");
+        let pools = Pools::default();
+        let held = pools.get(&cfg, &users, "x", "u").expect("a pool of x");
+        drop(pools.get(&cfg, &users, "y", "u").expect("a pool of y"));
+        drop(pools.get(&cfg, &users, "w", "u").expect("a pool of w"));
+        pools.pause(Some("w"));
+        let lookup = lookup_for(&cfg, "z").expect("lookups");
+        drop(pools.lookup_pool(pools.reloads(), &cfg, &users, &lookup).unwrap().expect("a lookup pool"));
+        let found = Arc::new(UserAuth::found("dyn", Some(Secret::Plain("x".into()))));
+        users.found().adopt("y", found, users.found().begin());
+        let retire_until = |done: &dyn Fn() -> bool| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while !done() && std::time::Instant::now() < deadline {
+                pools.retire_unused_fallback_pools(pools.reloads(), &cfg, users.found());
+            }
+            done()
+        };
+        let dbs = || pools.upkeep().iter().map(|p| p.key.database.clone()).collect::<Vec<_>>();
+        assert!(retire_until(&|| !dbs().contains(&"y".to_string())), "{:?}", dbs());
+        assert!(retire_until(&|| !dbs().contains(&"z".to_string())), "the lookups' pool stays: {:?}", dbs());
+        assert!(dbs().contains(&"x".to_string()) && dbs().contains(&"w".to_string()), "{:?}", dbs());
+        assert!(users.found().get("y", "dyn").is_none(), "the user found in y stays");
+        assert!(!pools.db_limits.lock().contains_key("y"), "y's limit stays");
+        // A reload since the janitor read its config: nothing goes in that pass.
+        drop(held);
+        pools.reload(&cfg, &users);
+        pools.retire_unused_fallback_pools(0, &cfg, users.found());
+        assert!(dbs().contains(&"x".to_string()));
+        assert!(retire_until(&|| !dbs().contains(&"x".to_string())), "{:?}", dbs());
+        assert!(dbs().contains(&"w".to_string()), "a paused database lost its pool");
     }
 
     /// `server_check_delay = 0` checks a server before every loan, as in PgBouncer.
