@@ -341,7 +341,8 @@ impl Pools {
     /// janitor with the config it read after `reloads()` gave `seen`: nothing is dropped
     /// if a reload came since.
     pub fn retire_unused_fallback_pools(&self, seen: u64, cfg: &Config, found: &FoundUsers) {
-        let Some(limit) = secs(cfg.general.autodb_idle_timeout) else { return };
+        let fallback = cfg.databases.contains_key(crate::config::FALLBACK_DATABASE);
+        let Some(limit) = secs(cfg.general.autodb_idle_timeout).filter(|_| fallback) else { return };
         let now = std::time::Instant::now();
         let mut map = self.map.lock();
         if seen != self.reloads() {
