@@ -491,9 +491,21 @@ async fn janitor(app: Arc<App>) {
                 });
             }
         }
-        let seen = app.pools.reloads();
-        app.pools.retire_unused_fallback_pools(seen, &app.config.load(), app.users.load().found());
+        retire_unused_fallback_pools(&app);
     }
+}
+
+/// The janitor's pass over the pools of databases the fallback entry serves, told which
+/// databases have clients (only when the config has a fallback entry).
+fn retire_unused_fallback_pools(app: &App) {
+    let seen = app.pools.reloads();
+    let cfg = app.config.load();
+    let clients = match cfg.databases.contains_key(crate::config::FALLBACK_DATABASE) {
+        true => app.client_infos.list(),
+        false => Vec::new(),
+    };
+    let busy: std::collections::HashSet<&str> = clients.iter().map(|c| c.database.as_str()).collect();
+    app.pools.retire_unused_fallback_pools(seen, &cfg, app.users.load().found(), &|db| busy.contains(db));
 }
 
 /// Raises the open-files limit to its hard maximum (10,000 clients need 10,000 fds).

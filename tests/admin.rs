@@ -630,29 +630,3 @@ fn a_huge_console_query_is_answered_at_the_clients_pace() {
     assert_eq!(first.0, b'T', "{first:?}");
     drop(c);
 }
-
-/// A server connection being opened is listed by SHOW SERVERS in state `new` (as in
-/// PgBouncer) while its login lasts, and goes from the list when the login fails.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn show_servers_lists_connections_being_opened() {
-    let pg = PgCluster::start();
-    // A "server" that accepts and never answers: the login waits for it.
-    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let silent_port = silent.local_addr().unwrap().port();
-    let s = with_console(Sluice::builder(&pg))
-        .database("silent", &[("port", &silent_port.to_string())])
-        .general("server_connect_timeout", "3")
-        .start();
-    let port = s.port;
-    let client = tokio::spawn(async move { try_connect(port, "u_scram", "pw_scram", "silent").await.map(|_| ()) });
-    let a = admin(s.port).await;
-    let listed = eventually(Duration::from_secs(10), || async {
-        cell(&a, "SHOW SERVERS", "database", "silent", "state").await.as_deref() == Some("new")
-    })
-    .await;
-    let states = rows(&a, "SHOW SERVERS").await.iter().map(|r| r.get("state").map(String::from)).collect::<Vec<_>>();
-    assert!(listed, "{states:?}");
-    let e = client.await.unwrap().expect_err("the silent server let the client in");
-    assert!(message(&e).contains("timed out connecting to the server"), "{}", message(&e));
-    assert_eq!(cell(&a, "SHOW SERVERS", "database", "silent", "state").await, None, "the failed login is still listed");
-}

@@ -82,6 +82,7 @@ async fn a_failing_lookup_refuses_with_28000_and_a_database_may_have_its_own() {
     );
     let s = Sluice::builder(&pg)
         .general("auth_user", &common::toml_str(Role::SCRAM.name))
+        .general("admin_users", &format!("[{}]", common::toml_str(Role::SCRAM.name)))
         .database(
             "looked_up",
             &[
@@ -104,6 +105,15 @@ async fn a_failing_lookup_refuses_with_28000_and_a_database_may_have_its_own() {
     assert_eq!(value(&found, "select current_user").await, "u_found");
     let e = try_connect(s.port, "u_found", "wrong", "looked_up").await.unwrap_err();
     assert_eq!(common::code(&e), "28P01", "{e}");
+    // DISABLE of the lookups' database refuses the logins that need a lookup there.
+    let console = common::console::admin(s.port).await;
+    console.simple_query("DISABLE app").await.unwrap();
+    let e = try_connect(s.port, "u_found", "pw_found", "looked_up").await.unwrap_err();
+    assert_eq!(common::code(&e), "28000", "{e}");
+    assert!(s.wait_log("the auth_query database app is disabled", Duration::from_secs(10)), "{}", s.log());
+    console.simple_query("ENABLE app").await.unwrap();
+    let found = connect(s.port, "u_found", "pw_found", "looked_up").await;
+    assert_eq!(value(&found, "select current_user").await, "u_found");
 }
 
 /// A lookup runs on connections of its own, never lent to a client: a client of the

@@ -250,14 +250,18 @@ pub const HELP: &str = "Console usage
 \tSHUTDOWN [WAIT_FOR_SERVERS|WAIT_FOR_CLIENTS]
 \tWAIT_CLOSE [<db>]";
 
-/// Checks that a named database is configured.
+/// Checks that a named database is configured: an entry of its own, or one the fallback
+/// entry serves now (with a pool, or paused or disabled by name), as PgBouncer takes
+/// only the automatic databases it has made.
 fn known(app: &App, db: &Option<String>) -> Result<(), AdminError> {
-    match db {
-        Some(d) if app.config.load().database(d).is_none() => {
-            Err(AdminError::new(sqlstate::UNDEFINED_OBJECT, format!("no such database: {d}")))
-        }
-        _ => Ok(()),
+    let Some(d) = db else { return Ok(()) };
+    let cfg = app.config.load();
+    let served = || !app.pools.of(Some(d)).is_empty() || app.pools.flagged().contains(d);
+    let listed = cfg.databases.contains_key(d) && d != crate::config::FALLBACK_DATABASE;
+    if listed || (cfg.is_fallback_served(d) && served()) {
+        return Ok(());
     }
+    Err(AdminError::new(sqlstate::UNDEFINED_OBJECT, format!("no such database: {d}")))
 }
 
 /// Runs a command that is not a SHOW. Waiting commands (PAUSE, WAIT_CLOSE) return

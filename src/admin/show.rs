@@ -298,8 +298,7 @@ fn servers(app: &App) -> Table {
                 text(match s.state() {
                     ServerState::Active => "active",
                     ServerState::Idle => "idle",
-                    // Not listed while opened (inserted once logged in); PgBouncer's
-                    // name for that state.
+                    // Being opened and logging in: PgBouncer's name for that state.
                     ServerState::Login => "new",
                 }),
                 text(&*s.addr.host),
@@ -378,8 +377,9 @@ fn databases(app: &App, cfg: &Config) -> Table {
     }
     t.push(admin);
     // The config's entries, then the databases the fallback entry `*` serves now (those
-    // with a pool), as PgBouncer lists its automatic databases.
-    let mut served: Vec<String> = app.pools.all().into_iter().map(|p| p.key.database.clone()).collect();
+    // with a pool, the lookups' included, or paused or disabled by name), as PgBouncer
+    // lists its automatic databases.
+    let mut served: Vec<String> = app.pools.upkeep().into_iter().map(|p| p.key.database.clone()).collect();
     served.extend(app.pools.flagged());
     served.sort();
     served.dedup();
@@ -394,7 +394,8 @@ fn databases(app: &App, cfg: &Config) -> Table {
             text(db.dbname.as_deref().unwrap_or(name)),
             text(db.user.as_deref().unwrap_or("")),
             int(db.pool_size.unwrap_or(g.default_pool_size)),
-            int(db.min_pool_size.unwrap_or(g.min_pool_size)),
+            // Not kept for the databases the fallback serves.
+            int(if cfg.databases.contains_key(name) { db.min_pool_size.unwrap_or(g.min_pool_size) } else { 0 }),
             int(db.reserve_pool_size.unwrap_or(g.reserve_pool_size)),
             int(lifetime),
             text(db.pool_mode.unwrap_or(g.pool_mode).as_str()),

@@ -15,11 +15,18 @@ use super::UserAuth;
 #[derive(Debug, Default)]
 pub struct FoundUsers {
     begun: AtomicU64,
-    /// database → user name → (number of the lookup that found it, user).
     by_db: Mutex<foldhash::HashMap<String, UsersOfDb>>,
 }
 
-type UsersOfDb = foldhash::HashMap<String, (u64, Arc<UserAuth>)>;
+/// The users found in one database.
+#[derive(Debug)]
+struct UsersOfDb {
+    /// user name → (number of the lookup that found it, user).
+    users: foldhash::HashMap<String, (u64, Arc<UserAuth>)>,
+    /// When a client last logged in as one of them (`drop_database` spares users that
+    /// a login entered after its pools went unused).
+    adopted: std::time::Instant,
+}
 
 impl FoundUsers {
     /// Numbers a lookup as it starts.
@@ -28,7 +35,7 @@ impl FoundUsers {
     }
 
     pub fn get(&self, database: &str, name: &str) -> Option<Arc<UserAuth>> {
-        self.by_db.lock().get(database)?.get(name).map(|(_, u)| u.clone())
+        self.by_db.lock().get(database)?.users.get(name).map(|(_, u)| u.clone())
     }
 
     /// Enters `user`, found by lookup `seq`, that a client logged in as. Gives the user
@@ -37,7 +44,11 @@ impl FoundUsers {
     /// cached; one a newer lookup entered stays too.
     pub fn adopt(&self, database: &str, user: Arc<UserAuth>, seq: u64) -> (Arc<UserAuth>, bool) {
         let mut by_db = self.by_db.lock();
-        let users = by_db.entry(database.to_string()).or_default();
+        let now = std::time::Instant::now();
+        let of_db =
+            by_db.entry(database.to_string()).or_insert_with(|| UsersOfDb { users: Default::default(), adopted: now });
+        of_db.adopted = now;
+        let users = &mut of_db.users;
         match users.get_mut(&user.name) {
             Some((at, known)) if known.secret == user.secret => {
                 *at = (*at).max(seq);
@@ -55,20 +66,24 @@ impl FoundUsers {
     /// next reload.
     pub fn forget(&self, database: &str, name: &str, seq: u64) {
         let mut by_db = self.by_db.lock();
-        if let Some(users) = by_db.get_mut(database)
-            && users.get(name).is_some_and(|(at, _)| *at < seq)
+        if let Some(of_db) = by_db.get_mut(database)
+            && of_db.users.get(name).is_some_and(|(at, _)| *at < seq)
         {
-            users.remove(name);
-            if users.is_empty() {
+            of_db.users.remove(name);
+            if of_db.users.is_empty() {
                 by_db.remove(database);
             }
         }
     }
 
     /// Forgets the users found in `database` (a fallback-served database whose pools
-    /// were all dropped).
-    pub fn drop_database(&self, database: &str) {
-        self.by_db.lock().remove(database);
+    /// were all dropped as unused since `unused_since`), unless a login entered one
+    /// after that (it is about to make the database's pool again).
+    pub fn drop_database(&self, database: &str, unused_since: std::time::Instant) {
+        let mut by_db = self.by_db.lock();
+        if by_db.get(database).is_some_and(|of_db| of_db.adopted < unused_since) {
+            by_db.remove(database);
+        }
     }
 
     /// Keeps the users of the databases `keep` accepts (those that still have lookups
@@ -81,7 +96,7 @@ impl FoundUsers {
     pub fn names(&self, keep: impl Fn(&str) -> bool) -> Vec<String> {
         let by_db = self.by_db.lock();
         let names: std::collections::BTreeSet<&String> =
-            by_db.iter().filter(|(db, _)| keep(db)).flat_map(|(_, users)| users.keys()).collect();
+            by_db.iter().filter(|(db, _)| keep(db)).flat_map(|(_, of_db)| of_db.users.keys()).collect();
         names.into_iter().cloned().collect()
     }
 }
@@ -117,6 +132,14 @@ mod tests {
         assert!(found.get("other", "u").is_none());
         assert_eq!(found.names(|d| d == "db"), vec!["u".to_string()]);
         assert!(found.names(|d| d == "other").is_empty());
+        // Dropped with its database's pools, unless a login entered it since they went
+        // unused.
+        let before = std::time::Instant::now();
+        found.drop_database("db", before.checked_sub(std::time::Duration::from_secs(1)).expect("a second of uptime"));
+        assert!(found.get("db", "u").is_some());
+        found.drop_database("db", std::time::Instant::now());
+        assert!(found.get("db", "u").is_none());
+        found.adopt("db", user("x"), found.begin());
         found.retain_databases(|d| d != "db");
         assert!(found.get("db", "u").is_none());
     }

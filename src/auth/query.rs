@@ -31,7 +31,12 @@ pub struct Lookup<'a> {
 /// The lookup for clients of `database` (a `[databases]` entry), if it has one: its own
 /// `auth_user`, `auth_query` and `auth_dbname`, else `[general]`'s.
 pub fn lookup_for<'a>(cfg: &'a Config, database: &'a str) -> Option<Lookup<'a>> {
-    let db = cfg.database(database)?;
+    lookup_with(cfg, cfg.database(database)?, database)
+}
+
+/// The lookup the entry `db` gives clients of `database` (the entry's own name, or a
+/// name the fallback entry serves).
+pub fn lookup_with<'a>(cfg: &'a Config, db: &'a crate::config::Database, database: &'a str) -> Option<Lookup<'a>> {
     let g = &cfg.general;
     let user = db.auth_user.as_deref().unwrap_or(&g.auth_user);
     if user.is_empty() {

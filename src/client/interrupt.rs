@@ -1,7 +1,8 @@
 //! A client's interrupt: the admin console's KILL, or the pooler's shutdown phase
-//! changing; and the deadline `client_login_timeout` sets its login's steps. Registered once for the whole session rather than on every wait: a
-//! tokio `Notified` takes its lock when registered, when dropped, and on every poll,
-//! and a pooled client waits twice per transaction.
+//! changing, registered once for the whole session rather than on every wait (a tokio
+//! `Notified` takes its lock when registered, when dropped, and on every poll, and a
+//! pooled client waits twice per transaction); and the deadline `client_login_timeout`
+//! sets the steps of its login.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -32,12 +32,16 @@ pub(super) async fn looked_up(
     database: &str,
     name: &str,
 ) -> Result<Option<Candidate>, Exit> {
-    let Some((pool, sql)) = lookup_pool(app, database) else { return Ok(None) };
-    if app.pools.is_disabled(&pool.key.database) {
-        // As in PgBouncer: DISABLE of the lookups' database stops the logins that need them.
-        warn!(user = name, database, "login failed: the auth_query database {} is disabled", pool.key.database);
-        return Err(refused(name));
-    }
+    let (pool, sql) = match lookup_pool(app, database) {
+        None => return Ok(None),
+        Some(Ok(found)) => found,
+        Some(Err(disabled)) => {
+            // As in PgBouncer: DISABLE of the lookups' database stops the logins that
+            // need them.
+            warn!(user = name, database, "login failed: the auth_query database {disabled} is disabled");
+            return Err(refused(name));
+        }
+    };
     let seq = users.found().begin();
     match run(&pool, &sql, name).await {
         Ok(Found::NoUser) => {
@@ -73,14 +77,18 @@ pub(super) fn adopt(app: &App, users: &UserStore, database: &str, found: Candida
 }
 
 /// The pool the lookups for `database` run in, and their query, from the config as it
-/// is now (as the client's own pool is found).
-fn lookup_pool(app: &App, database: &str) -> Option<(Arc<Pool>, String)> {
+/// is now (as the client's own pool is found); Err names the lookups' database when it
+/// is disabled (no pool is made for it then).
+fn lookup_pool(app: &App, database: &str) -> Option<Result<(Arc<Pool>, String), String>> {
     loop {
         let seen = app.pools.reloads();
         let (cfg, users) = (app.config.load(), app.users.load());
         let lookup = query::lookup_for(&cfg, database)?;
+        if app.pools.is_disabled(lookup.database) {
+            return Some(Err(lookup.database.to_string()));
+        }
         if let Ok(pool) = app.pools.lookup_pool(seen, &cfg, &users, &lookup) {
-            return pool.map(|p| (p, lookup.query.to_string()));
+            return pool.map(|p| Ok((p, lookup.query.to_string())));
         }
     }
 }

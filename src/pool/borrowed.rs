@@ -77,5 +77,7 @@ impl<'a> Opening<'a> {
 impl Drop for Opening<'_> {
     fn drop(&mut self) {
         self.pool.servers.remove(self.id);
+        // WAIT_CLOSE counts a connection being opened when RECONNECT marked it.
+        self.pool.notify_changed();
     }
 }

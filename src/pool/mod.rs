@@ -500,10 +500,9 @@ impl Pool {
             self.stats.connect_hist.observe(started.elapsed());
             if generation != self.generation.load(std::sync::atomic::Ordering::Acquire) {
                 // A RECONNECT, KILL or reload moving the pool came while it connected:
-                // not lent even once (WAIT_CLOSE, which counts the marked connections
-                // it can see, did not see this one). Opened again, to the pool's server
-                // (after a KILL, which pauses the pool, that one is closed when given
-                // back: one connect more, in a rare race).
+                // not lent even once (its listing goes, which tells WAIT_CLOSE). Opened
+                // again, to the pool's server (after a KILL, which pauses the pool, that
+                // one is closed when given back: one connect more, in a rare race).
                 s.close();
                 continue;
             }

@@ -1,6 +1,8 @@
 //! All pools by (database, server user), created on first login and updated or
 //! closed on reload, plus the shared per-database and per-user connection limits.
 
+mod fallback;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +12,6 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::{ConnLimit, Pool, PoolSettings};
-use crate::auth::found::FoundUsers;
 use crate::auth::{ServerLogin, UserStore};
 use crate::config::{Config, secs};
 use crate::server::{ServerAddr, ServerTarget};
@@ -332,64 +333,6 @@ impl Pools {
         self.lookups.lock().retain(|key, pool| keep_updated(pool, lookup_settings(cfg, users, &tls, key)));
     }
 
-    /// Drops the pools of databases the fallback entry `*` serves once they have been
-    /// unused for `autodb_idle_timeout` (PgBouncer's): no server connection open or being
-    /// opened and no queue for that long, and no client holding the pool; the lookups'
-    /// pools of those databases too, and, once a database has no pool left, the users
-    /// lookups found there. A paused database keeps its pools (as in PgBouncer). Clients
-    /// may name any database there, so their pools would otherwise pile up. Run by the
-    /// janitor with the config it read after `reloads()` gave `seen`: nothing is dropped
-    /// if a reload came since.
-    pub fn retire_unused_fallback_pools(&self, seen: u64, cfg: &Config, found: &FoundUsers) {
-        let fallback = cfg.databases.contains_key(crate::config::FALLBACK_DATABASE);
-        let Some(limit) = secs(cfg.general.autodb_idle_timeout).filter(|_| fallback) else { return };
-        let now = std::time::Instant::now();
-        let mut map = self.map.lock();
-        if seen != self.reloads() {
-            return;
-        }
-        let mut lookups = self.lookups.lock();
-        let mut unused = self.unused_since.lock();
-        // (lookups' pool, key) → since when. A login or a lookup takes its reference on
-        // a pool under these locks, so none can come between the look and the removal.
-        let mut retire = |lookup: bool, pool: &Arc<Pool>| {
-            let c = pool.counts();
-            let at = (lookup, pool.key.clone());
-            if c.total > 0 || c.waiting > 0 {
-                unused.remove(&at);
-                return false;
-            }
-            let since = *unused.entry(at.clone()).or_insert(now);
-            // Held elsewhere: a client, or a passing look (statistics, SHOW), which
-            // does not restart the count.
-            if Arc::strong_count(pool) > 1 || now.duration_since(since) < limit {
-                return false;
-            }
-            tracing::info!(db = %pool.key.database, user = %pool.key.user, lookups = lookup, "unused pool of a fallback database dropped");
-            unused.remove(&at);
-            pool.close();
-            true
-        };
-        let served = |db: &str| cfg.is_fallback_served(db) && !self.is_paused(db);
-        for (_, pools) in map.iter_mut().filter(|(db, _)| served(db)) {
-            pools.retain(|_, pool| !retire(false, pool));
-        }
-        lookups.retain(|key, pool| !served(&key.database) || !retire(true, pool));
-        map.retain(|db, pools| {
-            if pools.is_empty() {
-                found.drop_database(db);
-            }
-            !pools.is_empty()
-        });
-        unused.retain(|(lookup, k), _| match lookup {
-            true => lookups.contains_key(k),
-            false => map.get(&k.database).is_some_and(|p| p.contains_key(&k.user)),
-        });
-        // Limits no pool uses any more (those of the databases dropped).
-        self.db_limits.lock().retain(|_, l| Arc::strong_count(l) > 1);
-        self.user_limits.lock().retain(|_, l| Arc::strong_count(l) > 1);
-    }
-
     /// A lookup found a new password for a user of `db`: its pool, if it has one, logs
     /// in with it from now on (connections already open stay, as in PostgreSQL).
     pub fn refresh_login(&self, cfg: &Config, users: &UserStore, db: &str, user: &str) {
@@ -442,10 +385,11 @@ fn login_of(cfg: &Config, users: &UserStore, key: &PoolKey) -> Option<Arc<Server
 /// Whether `user` is the one lookups run as in `db`, for the clients of `db` itself or
 /// of another database.
 fn runs_lookups_of(cfg: &Config, user: &str, db: &str) -> bool {
-    std::iter::once(db)
-        .chain(cfg.databases.keys().map(String::as_str))
-        .filter_map(|d| crate::auth::query::lookup_for(cfg, d))
-        .any(|l| l.user == user && l.database == db)
+    use crate::auth::query::{lookup_for, lookup_with};
+    // Each entry's own (the fallback's too, whose `auth_dbname` may name another
+    // database), and `db`'s, which the fallback may serve.
+    let entries = cfg.databases.iter().filter_map(|(name, entry)| lookup_with(cfg, entry, name));
+    entries.chain(lookup_for(cfg, db)).any(|l| l.user == user && l.database == db)
 }
 
 /// The settings of the pool `key` (see `login_of`).
@@ -648,6 +592,24 @@ mod tests {
         assert!(!pools.all().iter().any(|p| p.key.user == "dyn"), "the found user's pool is closed");
     }
 
+    /// The fallback entry's own lookups (its `auth_user` and `auth_dbname`) have their
+    /// pool, for the databases it serves.
+    #[test]
+    fn the_fallback_entrys_own_lookups_have_a_pool() {
+        use crate::auth::query::lookup_for;
+        let text = "[databases.\"*\"]\nhost = \"127.0.0.1\"\nauth_user = \"fb\"\nauth_dbname = \"meta\"\n\
+                    [databases.meta]\nhost = \"127.0.0.1\"\n[users.fb]\npassword = \"p\"\n";
+        let cfg = Config::parse(text, Path::new("sluice.toml")).expect("a valid config");
+        let users = UserStore::from_config(&cfg).expect("valid users");
+        let pools = Pools::default();
+        let lookup = lookup_for(&cfg, "anything").expect("the fallback's lookups");
+        assert_eq!((lookup.user, lookup.database), ("fb", "meta"));
+        let pool = pools.lookup_pool(pools.reloads(), &cfg, &users, &lookup).unwrap();
+        assert_eq!(pool.map(|p| p.key.database.clone()).as_deref(), Some("meta"));
+        pools.reload(&cfg, &users);
+        assert_eq!(pools.upkeep().len(), 1, "a reload closed the lookups' pool");
+    }
+
     /// The pools of databases the fallback entry serves go once unused, with their
     /// lookups' pools, the users found there and their limits; one a client holds stays
     /// until it lets go, and a paused database keeps its pools.
@@ -663,6 +625,8 @@ mod tests {
         drop(pools.get(&cfg, &users, "y", "u").expect("a pool of y"));
         drop(pools.get(&cfg, &users, "w", "u").expect("a pool of w"));
         pools.pause(Some("w"));
+        // A database with a client connected (`busy`) keeps its pool.
+        drop(pools.get(&cfg, &users, "v", "u").expect("a pool of v"));
         let lookup = lookup_for(&cfg, "z").expect("lookups");
         drop(pools.lookup_pool(pools.reloads(), &cfg, &users, &lookup).unwrap().expect("a lookup pool"));
         let found = Arc::new(UserAuth::found("dyn", Some(Secret::Plain("x".into()))));
@@ -670,20 +634,21 @@ mod tests {
         let retire_until = |done: &dyn Fn() -> bool| {
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
             while !done() && std::time::Instant::now() < deadline {
-                pools.retire_unused_fallback_pools(pools.reloads(), &cfg, users.found());
+                pools.retire_unused_fallback_pools(pools.reloads(), &cfg, users.found(), &|db| db == "v");
             }
             done()
         };
         let dbs = || pools.upkeep().iter().map(|p| p.key.database.clone()).collect::<Vec<_>>();
         assert!(retire_until(&|| !dbs().contains(&"y".to_string())), "{:?}", dbs());
         assert!(retire_until(&|| !dbs().contains(&"z".to_string())), "the lookups' pool stays: {:?}", dbs());
-        assert!(dbs().contains(&"x".to_string()) && dbs().contains(&"w".to_string()), "{:?}", dbs());
+        let kept = ["x", "w", "v"].map(String::from);
+        assert!(kept.iter().all(|d| dbs().contains(d)), "{:?}", dbs());
         assert!(users.found().get("y", "dyn").is_none(), "the user found in y stays");
         assert!(!pools.db_limits.lock().contains_key("y"), "y's limit stays");
         // A reload since the janitor read its config: nothing goes in that pass.
         drop(held);
         pools.reload(&cfg, &users);
-        pools.retire_unused_fallback_pools(0, &cfg, users.found());
+        pools.retire_unused_fallback_pools(0, &cfg, users.found(), &|_| false);
         assert!(dbs().contains(&"x".to_string()));
         assert!(retire_until(&|| !dbs().contains(&"x".to_string())), "{:?}", dbs());
         assert!(dbs().contains(&"w".to_string()), "a paused database lost its pool");
