@@ -500,12 +500,16 @@ async fn janitor(app: Arc<App>) {
 fn retire_unused_fallback_pools(app: &App) {
     let seen = app.pools.reloads();
     let cfg = app.config.load();
+    // Before the clients are listed: a login listed later that entered a found user
+    // keeps it (`FoundUsers::drop_database`).
+    let listed_at = std::time::Instant::now();
     let clients = match cfg.databases.contains_key(crate::config::FALLBACK_DATABASE) {
         true => app.client_infos.list(),
         false => Vec::new(),
     };
     let busy: std::collections::HashSet<&str> = clients.iter().map(|c| c.database.as_str()).collect();
-    app.pools.retire_unused_fallback_pools(seen, &cfg, app.users.load().found(), &|db| busy.contains(db));
+    let users = app.users.load();
+    app.pools.retire_unused_fallback_pools(seen, &cfg, users.found(), &|db| busy.contains(db), listed_at);
 }
 
 /// Raises the open-files limit to its hard maximum (10,000 clients need 10,000 fds).

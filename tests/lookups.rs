@@ -212,6 +212,8 @@ async fn the_fallback_database_serves_databases_not_listed() {
         .without_database("app")
         .database("*", &[])
         .general("autodb_idle_timeout", "3")
+        .general("auth_user", &common::toml_str(Role::ADMIN.name))
+        .user(Role::ADMIN.name, &[("password", &common::toml_str(Role::ADMIN.password))])
         .general("server_idle_timeout", "1")
         .general("admin_users", &format!("[{}]", common::toml_str(Role::SCRAM.name)));
     // The builder gives every entry `dbname = "app"`: the fallback takes the name asked for.
@@ -241,6 +243,10 @@ async fn the_fallback_database_serves_databases_not_listed() {
     assert!(before.contains(&"other".to_string()) && before.contains(&"nope".to_string()), "{before:?}");
     let e = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "*").await.unwrap_err();
     assert_eq!(common::console::message(&e), "database \"*\" does not exist");
+    // The console's name is not one the fallback serves: no lookup for its logins (the
+    // server has no such database: a lookup there would refuse with 28000).
+    let e = try_connect(s.port, "u_trust", "guess", "pgbouncer").await.unwrap_err();
+    assert_eq!(common::code(&e), "28P01", "{e}");
     let gone = common::eventually(Duration::from_secs(20), || async {
         let p = pools().await;
         !p.contains(&"other".to_string()) && !p.contains(&"nope".to_string())

@@ -302,6 +302,9 @@ async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, 
     let users = app.users.load_full();
     let (auth_user, candidate) = match users.get(user) {
         Some(u) => (Some(u.clone()), None),
+        // The console's users are the config's (`admin_users`, `stats_users`): no lookup
+        // (the fallback entry would otherwise serve the console's name).
+        None if admin::is_admin_database(cfg, database) => (None, None),
         // Boxed: only logins of users the config does not list pay for its future.
         None => match Box::pin(super::lookup::looked_up(app, &users, database, user)).await? {
             Some(c) => (Some(c.user.clone()), Some(c)),

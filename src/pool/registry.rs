@@ -634,7 +634,8 @@ mod tests {
         let retire_until = |done: &dyn Fn() -> bool| {
             let deadline = std::time::Instant::now() + Duration::from_secs(5);
             while !done() && std::time::Instant::now() < deadline {
-                pools.retire_unused_fallback_pools(pools.reloads(), &cfg, users.found(), &|db| db == "v");
+                let now = std::time::Instant::now();
+                pools.retire_unused_fallback_pools(pools.reloads(), &cfg, users.found(), &|db| db == "v", now);
             }
             done()
         };
@@ -648,7 +649,7 @@ mod tests {
         // A reload since the janitor read its config: nothing goes in that pass.
         drop(held);
         pools.reload(&cfg, &users);
-        pools.retire_unused_fallback_pools(0, &cfg, users.found(), &|_| false);
+        pools.retire_unused_fallback_pools(0, &cfg, users.found(), &|_| false, std::time::Instant::now());
         assert!(dbs().contains(&"x".to_string()));
         assert!(retire_until(&|| !dbs().contains(&"x".to_string())), "{:?}", dbs());
         assert!(dbs().contains(&"w".to_string()), "a paused database lost its pool");

@@ -18,13 +18,15 @@ impl Pools {
     /// such a database go the same way; once it has no pool left, so do the users
     /// lookups found there and the limits no pool uses. A paused database keeps its
     /// pools (as in PgBouncer). Run by the janitor with the config it read after
-    /// `reloads()` gave `seen`: nothing is dropped if a reload came since.
+    /// `reloads()` gave `seen` (nothing is dropped if a reload came since), and `busy`
+    /// worked out from the clients listed at `listed_at` or later.
     pub fn retire_unused_fallback_pools(
         &self,
         seen: u64,
         cfg: &Config,
         found: &FoundUsers,
         busy: &dyn Fn(&str) -> bool,
+        listed_at: Instant,
     ) {
         let fallback = cfg.databases.contains_key(FALLBACK_DATABASE);
         let Some(limit) = secs(cfg.general.autodb_idle_timeout).filter(|_| fallback) else {
@@ -64,11 +66,11 @@ impl Pools {
         }
         lookups.retain(|key, pool| !served(&key.database) || !retire(true, pool));
         // The users found in a database left with no pool, unless a login entered one
-        // within the timeout (it is making the database's pool again).
-        let unused_from = now.checked_sub(limit).unwrap_or(now);
+        // after the clients were listed (it is making the database's pool again; one
+        // that entered one before and is still there made the database busy).
         map.retain(|db, pools| {
             if pools.is_empty() {
-                found.drop_database(db, unused_from);
+                found.drop_database(db, listed_at);
             }
             !pools.is_empty()
         });
