@@ -226,39 +226,30 @@ async fn read_password<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut BytesMut)
 mod tests {
     use super::*;
     use crate::auth::scram::{ClientKeys, ScramClient};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+    use tokio::io::DuplexStream;
 
-    async fn read(s: &mut DuplexStream) -> (u8, Vec<u8>) {
-        let tag = s.read_u8().await.unwrap();
-        let len = usize::try_from(s.read_i32().await.unwrap()).unwrap();
-        let mut body = vec![0; len - 4];
-        s.read_exact(&mut body).await.unwrap();
-        (tag, body)
-    }
-
-    async fn write(s: &mut DuplexStream, tag: u8, body: &[u8]) {
-        let mut m = vec![tag];
-        m.extend_from_slice(&i32::try_from(body.len() + 4).unwrap().to_be_bytes());
-        m.extend_from_slice(body);
-        s.write_all(&m).await.unwrap();
+    /// The next message the server sent: its type and body.
+    async fn read(s: &mut DuplexStream, buf: &mut BytesMut) -> (u8, Vec<u8>) {
+        let frame = read_message(s, buf).await.unwrap();
+        (frame[0], body(&frame).to_vec())
     }
 
     /// The client's side of a SCRAM login with a wrong password: what it was told (the
     /// AuthenticationSASL message, the salt and the iteration count).
     async fn wrong_password(mut client: DuplexStream) -> (Vec<u8>, Vec<u8>, u32) {
-        let (tag, sasl) = read(&mut client).await;
+        let (mut buf, mut out) = (BytesMut::new(), BytesMut::new());
+        let (tag, sasl) = read(&mut client, &mut buf).await;
         assert_eq!(tag, b'R');
         let mut scram = ScramClient::new(scram::nonce());
-        let first = scram.client_first();
-        let mut initial = b"SCRAM-SHA-256\0".to_vec();
-        initial.extend_from_slice(&i32::try_from(first.len()).unwrap().to_be_bytes());
-        initial.extend_from_slice(&first);
-        write(&mut client, b'p', &initial).await;
-        let (tag, cont) = read(&mut client).await;
+        build::sasl_initial_response(&mut out, scram::SCRAM_SHA_256, &scram.client_first());
+        crate::net::send(&mut client, &out).await.unwrap();
+        let (tag, cont) = read(&mut client, &mut buf).await;
         assert_eq!(tag, b'R');
         let (salt, iterations) = scram.server_first_params(&cont[4..]).unwrap();
         let last = scram.handle_server_first(&cont[4..], |s, i| Ok(ClientKeys::derive("guess", s, i))).unwrap();
-        write(&mut client, b'p', &last).await;
+        out.clear();
+        build::sasl_response(&mut out, &last);
+        crate::net::send(&mut client, &out).await.unwrap();
         (sasl, salt, iterations)
     }
 

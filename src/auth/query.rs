@@ -1,7 +1,7 @@
 //! Password lookups for users the config does not list (PgBouncer's `auth_user` and
 //! `auth_query`): which lookup a database uses, the messages that run it on a server
 //! connection, and what its rows say. The login runs it (`client::lookup`); the users
-//! it finds are kept in the `UserStore` (`UserStore::remember`).
+//! clients log in as are kept in the `UserStore` (`found::FoundUsers::adopt`).
 
 use bytes::BytesMut;
 
@@ -28,8 +28,9 @@ pub struct Lookup<'a> {
     pub database: &'a str,
 }
 
-/// The lookup for clients of `database` (a `[databases]` entry), if it has one: its own
-/// `auth_user`, `auth_query` and `auth_dbname`, else `[general]`'s.
+/// The lookup for clients of `database` (a `[databases]` entry, or a name the fallback
+/// entry serves), if it has one: the entry's `auth_user`, `auth_query` and
+/// `auth_dbname`, else `[general]`'s.
 pub fn lookup_for<'a>(cfg: &'a Config, database: &'a str) -> Option<Lookup<'a>> {
     lookup_with(cfg, cfg.database(database)?, database)
 }

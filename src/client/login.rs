@@ -208,20 +208,7 @@ async fn login_checkout<'p>(
 ) -> Result<Borrowed<'p>, Exit> {
     info.set_state(ClientState::Waiting);
     // Checked before the loan as a transaction's server is (`server_check_delay`).
-    let waiting = async {
-        // One clock for the whole wait (`query_wait_timeout`): a server that fails its
-        // check does not start it again.
-        let (mut since, slot) = (None, crate::pool::WaitSlot::new());
-        loop {
-            let server = pool.checkout_since(&mut since, &slot).await.map_err(pool_failure)?;
-            if !pool.needs_check(&server) {
-                return Ok(server);
-            }
-            if let Some(server) = Box::pin(pool.checked(server)).await {
-                return Ok(server);
-            }
-        }
-    };
+    let waiting = async { pool.checkout_checked().await.map_err(pool_failure) };
     let checkout = async {
         tokio::pin!(waiting);
         loop {

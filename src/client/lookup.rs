@@ -11,7 +11,7 @@ use super::Exit;
 use crate::app::App;
 use crate::auth::query::{self, Found, LookupError};
 use crate::auth::{UserAuth, UserStore};
-use crate::pool::{Borrowed, Pool, WaitSlot};
+use crate::pool::{Borrowed, Pool};
 use crate::protocol::sqlstate;
 
 /// A user a lookup found, to check the client against: entered among the found users
@@ -96,16 +96,7 @@ fn lookup_pool(app: &App, database: &str) -> Option<Result<(Arc<Pool>, String), 
 /// Runs the lookup on a server of `pool` (checked first as for any loan after
 /// `server_check_delay`), bounded by `internal_query_timeout`.
 async fn run(pool: &Arc<Pool>, sql: &str, name: &str) -> Result<Found, LookupError> {
-    let (mut since, slot) = (None, WaitSlot::new());
-    let server = loop {
-        let server = pool.checkout_since(&mut since, &slot).await.map_err(LookupError::Pool)?;
-        if !pool.needs_check(&server) {
-            break server;
-        }
-        if let Some(server) = Box::pin(pool.checked(server)).await {
-            break server;
-        }
-    };
+    let server = pool.checkout_checked().await.map_err(LookupError::Pool)?;
     let mut server = Borrowed::new(pool, server);
     let found = query::run(&mut server, sql, name, pool.internal_timeout()).await;
     // A server's ERROR leaves the connection usable; any other failure marked it broken,

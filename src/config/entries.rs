@@ -91,6 +91,14 @@ pub(super) fn md5_under_scram(user: &User, g: &General) -> bool {
     g.auth_type == AuthType::ScramSha256 && user.password.as_deref().is_some_and(crate::auth::md5::is_md5_hash)
 }
 
+/// Where the config's users come from, for errors naming a user that is not there.
+fn where_users_are(g: &General) -> &'static str {
+    if g.auth_file.is_empty() { "[users]" } else { "[users] or the auth_file" }
+}
+
+/// The admin console keys: users must be users of the config, `[users]` or the
+/// `auth_file` (`users` holds both; for their passwords), the virtual database must not
+/// shadow a real one.
 pub(super) fn validate_admin(
     g: &General,
     databases: &BTreeMap<String, Database>,
@@ -105,8 +113,7 @@ pub(super) fn validate_admin(
     }
     for (key, list) in [("admin_users", &g.admin_users), ("stats_users", &g.stats_users)] {
         if let Some(u) = list.iter().find(|u| !users.contains_key(*u)) {
-            let known = if g.auth_file.is_empty() { "[users]" } else { "[users] or the auth_file" };
-            return Err(invalid(key, format!("user \"{u}\" is not in {known}")));
+            return Err(invalid(key, format!("user \"{u}\" is not in {}", where_users_are(g))));
         }
     }
     if !g.stats_period.is_finite() || !(1.0..=86_400.0).contains(&g.stats_period) {
@@ -174,7 +181,7 @@ fn check_lookup(
         return Ok(());
     }
     if !users.contains_key(user) {
-        let known = if g.auth_file.is_empty() { "[users]" } else { "[users] or the auth_file" };
+        let known = where_users_are(g);
         return Err(invalid(
             "auth_user",
             format!("user \"{user}\" is not in {known} (Sluice logs in to the server as it to look up passwords)"),

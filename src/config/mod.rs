@@ -673,9 +673,6 @@ fn validate_tls(g: &General, invalid: Invalid) -> Result<(), ConfigError> {
     }
 }
 
-/// The admin console keys: users must be users of the config, `[users]` or the
-/// `auth_file` (`users` holds both; for their passwords), the virtual database must not
-/// shadow a real one.
 /// A validation error outside the file (admin SET, a reload's second look): no line.
 fn unplaced(key: &str, message: String) -> ConfigError {
     ConfigError::Invalid { file: String::new(), line: 0, key: key.to_string(), message }

@@ -4,6 +4,7 @@
 //! step that retires old connections and keeps `min_pool_size` open.
 
 mod borrowed;
+mod check;
 mod control;
 mod handoff;
 mod learned;
@@ -680,19 +681,5 @@ impl Pool {
     /// The limit for Sluice's own queries on this pool's servers.
     pub fn internal_timeout(&self) -> Option<Duration> {
         self.settings.load().internal_timeout
-    }
-
-    /// Whether `s` must pass a check before it is lent: idle for `server_check_delay`.
-    pub fn needs_check(&self, s: &ServerConn) -> bool {
-        s.last_used.elapsed() >= self.settings.load().check_delay
-    }
-
-    /// The check before a loan: `server` back once an empty query shows it alive; None
-    /// when it fails, and the server is closed (also when the caller is dropped during
-    /// the round trip: its slot is freed).
-    pub async fn checked(&self, server: Box<ServerConn>) -> Option<Box<ServerConn>> {
-        let mut held = Borrowed::new(self, server);
-        held.exec("", self.internal_timeout()).await.ok()?;
-        Some(held.take())
     }
 }

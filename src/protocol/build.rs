@@ -194,18 +194,22 @@ pub fn row_description(buf: &mut BytesMut, columns: &[(&str, u32, i16, i16)]) {
 
 /// DataRow; None is NULL.
 pub fn data_row(buf: &mut BytesMut, values: &[Option<&[u8]>]) {
-    frame(buf, be::DATA_ROW, |b| {
-        b.put_u16(values.len() as u16);
-        for v in values {
-            match v {
-                Some(v) => {
-                    b.put_i32(v.len() as i32);
-                    b.put_slice(v);
-                }
-                None => b.put_i32(-1),
+    frame(buf, be::DATA_ROW, |b| values_with_lengths(b, values));
+}
+
+/// A count of values, then each as its length and bytes (-1 and none for NULL): a
+/// DataRow's columns, a Bind's parameters.
+fn values_with_lengths(b: &mut BytesMut, values: &[Option<&[u8]>]) {
+    b.put_u16(values.len() as u16);
+    for v in values {
+        match v {
+            Some(v) => {
+                b.put_i32(v.len() as i32);
+                b.put_slice(v);
             }
+            None => b.put_i32(-1),
         }
-    });
+    }
 }
 
 // ---- frontend messages Sluice sends to servers ----
@@ -309,16 +313,7 @@ pub fn bind_text(buf: &mut BytesMut, portal: &[u8], statement: &[u8], params: &[
         cstr(b, portal);
         cstr(b, statement);
         b.put_u16(0); // parameter formats: all text
-        b.put_u16(params.len() as u16);
-        for p in params {
-            match p {
-                Some(v) => {
-                    b.put_i32(v.len() as i32);
-                    b.put_slice(v);
-                }
-                None => b.put_i32(-1),
-            }
-        }
+        values_with_lengths(b, params);
         b.put_u16(0); // result formats: all text
     });
 }
