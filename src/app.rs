@@ -68,8 +68,9 @@ pub struct App {
     /// Notified (`notify_waiters`) when the phase changes: connections not yet listed in
     /// `client_infos` (still before their startup packet) wait on it.
     pub phase_changed: Notify,
-    /// Key for deterministic fake SCRAM salts of unknown users.
-    pub mock_key: [u8; 32],
+    /// What logins are checked with: the key of unknown users' mock secrets, the bound on
+    /// clear-text logins' PBKDF2 runs.
+    pub checks: crate::auth::client::Checks,
     /// Clients from their startup packet on (logging in, logged in), for the admin
     /// console, KILL and the shutdown.
     pub client_infos: crate::stats::Registry<crate::stats::ClientInfo>,
@@ -117,7 +118,7 @@ impl App {
             config_writes: parking_lot::Mutex::new(()),
             phase_now: std::sync::atomic::AtomicU8::new(Phase::Running as u8),
             phase_changed: Notify::new(),
-            mock_key: rand::random(),
+            checks: crate::auth::client::Checks::new(rand::random()),
             client_infos: Default::default(),
             next_client_id: std::sync::atomic::AtomicU64::new(1),
             monitor: Default::default(),
@@ -185,6 +186,11 @@ impl App {
         let old = self.config.load();
         let kept = cfg.keep_start_up(&old);
         let (client_tls, server_tls) = self.reload_tls(&mut cfg, &old.general);
+        // A running `hba` kept in place of a new `cert` (its TLS files unusable) keeps
+        // its rules: the new config read no auth_hba_file.
+        if cfg.general.auth_type == crate::config::AuthType::Hba && cfg.hba.is_none() {
+            cfg.hba.clone_from(&old.hba);
+        }
         // A running auth_type kept (the new `cert` needed the client TLS files) must still
         // fit the new users' secrets.
         cfg.check_users().map_err(|e| failed(&e))?;

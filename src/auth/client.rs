@@ -1,15 +1,28 @@
-//! Sluice checking a connecting client: trust, md5, SCRAM-SHA-256 or the TLS client
-//! certificate. Unknown users go through the same exchange with a mock secret, so they
+//! Sluice checking a connecting client: trust, md5, SCRAM-SHA-256, a clear-text
+//! password, the TLS client certificate or the Unix socket peer's OS user. Unknown users go through the same exchange with a mock secret, so they
 //! fail the same way, at the same step, after the same delay as a wrong password.
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use super::scram::{self, ScramError, ScramSecret, ScramServer};
-use super::{Secret, UserAuth, md5};
-use crate::config::AuthType;
+use super::{Secret, UserAuth, ct_eq, md5};
 use crate::net::{ReadError, read_message};
 use crate::protocol::{body, build, fe, read_cstr, read_i32, sqlstate};
+
+/// How a client proves who it is: the `auth_type`, or under `auth_type = "hba"` the
+/// `auth_hba_file` line that fits its login.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    Trust,
+    Md5,
+    /// The password in clear text (`auth_type = "plain"`, `password` lines).
+    Password,
+    ScramSha256,
+    Cert,
+    /// The Unix socket peer's OS user name must be the user's (`local` lines).
+    Peer,
+}
 
 /// Why a client login failed; each maps to the FATAL the client receives.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +39,8 @@ pub enum AuthFailure {
     CertMismatch(String),
     #[error("connection requires a valid client certificate")]
     NoCertificate,
+    #[error("Peer authentication failed for user \"{0}\"")]
+    PeerMismatch(String),
     #[error("{0}")]
     Protocol(String),
     #[error("client closed the connection during authentication")]
@@ -38,9 +53,10 @@ impl AuthFailure {
     pub fn sqlstate(&self) -> &'static str {
         match self {
             AuthFailure::BadPassword(_) | AuthFailure::NoScramSecret { .. } => sqlstate::INVALID_PASSWORD,
-            AuthFailure::NoUser(_) | AuthFailure::CertMismatch(_) | AuthFailure::NoCertificate => {
-                sqlstate::INVALID_AUTHORIZATION
-            }
+            AuthFailure::NoUser(_)
+            | AuthFailure::CertMismatch(_)
+            | AuthFailure::NoCertificate
+            | AuthFailure::PeerMismatch(_) => sqlstate::INVALID_AUTHORIZATION,
             _ => sqlstate::PROTOCOL_VIOLATION,
         }
     }
@@ -74,37 +90,123 @@ pub struct Proven {
     pub greeting: BytesMut,
 }
 
+/// What the connection itself shows of the client.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Shown<'a> {
+    /// The common name of the client's verified TLS certificate, if it presented one.
+    pub cert_name: Option<&'a str>,
+    /// On the Unix socket, the name of the peer process's OS user.
+    pub os_user: Option<&'a str>,
+}
+
+/// What every login is checked with: the key unknown users' mock secrets derive from,
+/// and the bound on clear-text logins deriving SCRAM keys at once.
+#[derive(Debug)]
+pub struct Checks {
+    pub mock_key: [u8; 32],
+    /// Permits for PBKDF2 runs of clear-text logins (each on a blocking thread, so the
+    /// runtime's threads keep serving clients; bounded, as anyone who can connect can
+    /// make one run).
+    derivations: tokio::sync::Semaphore,
+}
+
+/// PBKDF2 runs of clear-text logins at once (`Checks`).
+const DERIVATIONS_AT_ONCE: usize = 2;
+
+impl Checks {
+    pub fn new(mock_key: [u8; 32]) -> Self {
+        Checks { mock_key, derivations: tokio::sync::Semaphore::new(DERIVATIONS_AT_ONCE) }
+    }
+
+    /// The SCRAM keys `password` derives with `secret`'s salt and iterations, on a
+    /// blocking thread, once a permit is free.
+    async fn derive(&self, password: &[u8], secret: &ScramSecret) -> std::io::Result<super::scram::ClientKeys> {
+        let _permit = self.derivations.acquire().await.map_err(std::io::Error::other)?;
+        let password = String::from_utf8_lossy(password).into_owned();
+        let (salt, iterations) = (secret.salt.clone(), secret.iterations);
+        let derive = move || super::scram::ClientKeys::derive(&password, &salt, iterations);
+        tokio::task::spawn_blocking(derive).await.map_err(std::io::Error::other)
+    }
+}
+
 /// Runs the authentication exchange. Sends neither SCRAM's last message nor
 /// AuthenticationOk: the caller batches them (`Proven::greeting`) with the rest of the
-/// login reply. `cert_name` is the common name of the
-/// client's verified TLS certificate, if it presented one.
+/// login reply.
 pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
-    method: AuthType,
+    method: Method,
     name: &str,
     user: Option<&UserAuth>,
-    mock_key: &[u8],
-    cert_name: Option<&str>,
+    checks: &Checks,
+    shown: Shown<'_>,
 ) -> Result<Proven, AuthFailure> {
+    let mock_key = &checks.mock_key;
+    // Who the connection shows the client to be, where the method asks (cert, peer).
+    let shown_as = |shown: Option<&str>, mismatch: fn(String) -> AuthFailure, missing| match (shown, user) {
+        (None, _) => Err(missing),
+        (Some(n), _) if n != name => Err(mismatch(name.to_string())),
+        (Some(_), None) => Err(AuthFailure::NoUser(name.to_string())),
+        (Some(_), Some(_)) => Ok(Proven::default()),
+    };
     match method {
-        AuthType::Cert => match (cert_name, user) {
-            (None, _) => Err(AuthFailure::NoCertificate),
-            (Some(cn), _) if cn != name => Err(AuthFailure::CertMismatch(name.to_string())),
-            (Some(_), None) => Err(AuthFailure::NoUser(name.to_string())),
-            (Some(_), Some(_)) => Ok(Proven::default()),
-        },
-        AuthType::Trust => match user {
+        Method::Cert => shown_as(shown.cert_name, AuthFailure::CertMismatch, AuthFailure::NoCertificate),
+        Method::Peer => shown_as(shown.os_user, AuthFailure::PeerMismatch, AuthFailure::PeerMismatch(name.to_string())),
+        Method::Trust => match user {
             Some(_) => Ok(Proven::default()),
             None => Err(AuthFailure::NoUser(name.to_string())),
         },
         // A SCRAM secret cannot check an md5 response: that user does SCRAM instead, as
         // in PgBouncer and PostgreSQL.
-        AuthType::Md5 if user.is_some_and(|u| matches!(u.secret, Some(Secret::Scram(_)))) => {
+        Method::Md5 if user.is_some_and(|u| matches!(u.secret, Some(Secret::Scram(_)))) => {
             scram_login(stream, buf, name, user, mock_key).await
         }
-        AuthType::Md5 => md5_exchange(stream, buf, name, user).await,
-        AuthType::ScramSha256 => scram_login(stream, buf, name, user, mock_key).await,
+        Method::Md5 => md5_exchange(stream, buf, name, user).await,
+        Method::ScramSha256 => scram_login(stream, buf, name, user, mock_key).await,
+        Method::Password => password_exchange(stream, buf, name, user, checks).await,
+    }
+}
+
+/// The password in clear text, checked against whatever the user's password is: equal
+/// to a plain one, hashing to an md5 one, or deriving a SCRAM secret's StoredKey (PBKDF2
+/// per login, as PostgreSQL runs it for `password` lines; its ClientKey then serves the
+/// server login by pass-through). An unknown user, one without a password, or a
+/// password that is not UTF-8 goes through PBKDF2 against a mock secret, so it is
+/// refused after as long as a wrong password of a user with a SCRAM secret.
+async fn password_exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    name: &str,
+    user: Option<&UserAuth>,
+    checks: &Checks,
+) -> Result<Proven, AuthFailure> {
+    let mut out = BytesMut::new();
+    build::auth_cleartext(&mut out);
+    crate::net::send(stream, &out).await?;
+    let frame = read_password(stream, buf).await?;
+    let password = match read_cstr(body(&frame)) {
+        Some((p, [])) => p,
+        _ => return Err(AuthFailure::Protocol("malformed password message".into())),
+    };
+    let refused = || Err(AuthFailure::BadPassword(name.to_string()));
+    let secret = match (user.and_then(|u| u.secret.as_ref()), std::str::from_utf8(password)) {
+        (Some(Secret::Plain(p)), Ok(given)) => {
+            return if ct_eq(p.as_bytes(), given.as_bytes()) { Ok(Proven::default()) } else { refused() };
+        }
+        (Some(Secret::Md5(h)), Ok(given)) => {
+            let ok = ct_eq(h.as_bytes(), md5::password_hash(name, given).as_bytes());
+            return if ok { Ok(Proven::default()) } else { refused() };
+        }
+        (Some(Secret::Scram(secret)), Ok(_)) => Some(secret),
+        _ => None,
+    };
+    let mock = ScramSecret::mock(name, &checks.mock_key);
+    let keys = checks.derive(password, secret.unwrap_or(&mock)).await.map_err(AuthFailure::Io)?;
+    match secret {
+        Some(secret) if secret.owns_client_key(&keys.client_key) => {
+            Ok(Proven { client_key: Some(keys.client_key), ..Proven::default() })
+        }
+        _ => refused(),
     }
 }
 
@@ -259,7 +361,8 @@ mod tests {
         let (client, mut server) = tokio::io::duplex(1 << 16);
         let client = tokio::spawn(wrong_password(client));
         let mut buf = BytesMut::new();
-        let refused = authenticate(&mut server, &mut buf, AuthType::ScramSha256, name, user, b"mock key", None);
+        let checks = Checks::new(*b"a fixed mock key for these tests");
+        let refused = authenticate(&mut server, &mut buf, Method::ScramSha256, name, user, &checks, Shown::default());
         let e = refused.await.expect_err("a wrong password");
         let told = tokio::time::timeout(std::time::Duration::from_secs(10), client)
             .await

@@ -17,7 +17,7 @@ use super::session::{Session, pool_failure};
 use super::{ClientConn, Exit, WAITING_INPUT_LIMIT};
 use crate::admin::{self, AdminSession};
 use crate::app::{App, Phase};
-use crate::auth::client::{AuthFailure, authenticate};
+use crate::auth::client::{AuthFailure, Method, Shown, authenticate};
 use crate::config::{Config, PoolMode, secs};
 use crate::net::listener::Peer;
 use crate::net::{ReadError, Stream, read_startup};
@@ -284,8 +284,12 @@ where
     }
 }
 
-/// Authenticates the client as `user` per `auth_type`.
+/// Authenticates the client as `user` per `auth_type` (or the `auth_hba_file`).
 async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, database: &str) -> Result<Proof, Exit> {
+    let method = match super::method::login_method(cfg, conn, user, database) {
+        Ok(method) => method,
+        Err(refused) => return Ok(Proof::Refused(refused)),
+    };
     let users = app.users.load_full();
     let (auth_user, candidate) = match users.get(user) {
         Some(u) => (Some(u.clone()), None),
@@ -299,24 +303,17 @@ async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, 
         },
     };
     let cert_name = tls::peer_common_name(&conn.stream);
-    let method = cfg.general.auth_type;
-    let proven = authenticate(
-        &mut conn.stream,
-        &mut conn.buf,
-        method,
-        user,
-        auth_user.as_deref(),
-        &app.mock_key,
-        cert_name.as_deref(),
-    )
-    .await;
+    let os_user = if method == Method::Peer { super::method::os_user(&conn.stream).await } else { None };
+    let shown = Shown { cert_name: cert_name.as_deref(), os_user: os_user.as_deref() };
+    let proven = authenticate(&mut conn.stream, &mut conn.buf, method, user, auth_user.as_deref(), &app.checks, shown);
+    let proven = proven.await;
     let proven = match proven {
         Ok(p) => p,
         Err(AuthFailure::Closed) => return Err(Exit::Closed),
         Err(e) => {
             // Logged before the delay (`listed_and_proven`).
-            let (cn, detail) = (cert_name.as_deref(), e.detail());
-            warn!(peer = %conn.peer, user, database, client_cn = cn, detail, "login failed: {e}");
+            let (cn, os_user, detail) = (cert_name.as_deref(), os_user.as_deref(), e.detail());
+            warn!(peer = %conn.peer, user, database, client_cn = cn, os_user, detail, "login failed: {e}");
             return Ok(Proof::Refused(Exit::fatal(e.sqlstate(), e.to_string())));
         }
     };

@@ -10,6 +10,7 @@ mod extended;
 mod interrupt;
 mod login;
 mod lookup;
+mod method;
 mod relay;
 mod seen;
 mod session;

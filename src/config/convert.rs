@@ -23,7 +23,9 @@ fn unsupported_why(key: &str) -> &'static str {
         "logfile" | "syslog" | "syslog_ident" | "syslog_facility" => "Sluice logs to stderr",
         "pidfile" | "user" => "Sluice runs in the foreground under a service manager",
         "ignore_startup_parameters" => "not needed: Sluice applies every startup parameter",
-        "auth_hba_file" | "auth_ident_file" => "no hba in Sluice: client authentication follows auth_type",
+        "auth_ident_file" => {
+            "no user name maps in Sluice: peer and cert logins need the OS or certificate name to be the user's"
+        }
         _ => "no such setting in Sluice",
     }
 }
@@ -119,8 +121,8 @@ fn setting(key: &str, value: &str, default: Option<&Value>) -> Result<Value, Str
             let items = value.split(',').map(str::trim).filter(|s| !s.is_empty());
             Value::Array(items.map(|s| Value::String(s.to_string())).collect())
         }
-        _ if key == "auth_type" && !["md5", "scram-sha-256", "trust", "cert"].contains(&value) => {
-            return Err("Sluice supports md5, scram-sha-256, trust and cert".into());
+        _ if key == "auth_type" && !["md5", "scram-sha-256", "trust", "cert", "plain", "hba"].contains(&value) => {
+            return Err("Sluice supports md5, scram-sha-256, trust, cert, plain and hba".into());
         }
         _ => Value::String(value.to_string()),
     })
@@ -315,7 +317,16 @@ client_tls_protocols = secure
         let c = from_pgbouncer_ini("[pgbouncer]\nlisten_addr = *\n").unwrap();
         let cfg = super::super::Config::parse(&c.toml, std::path::Path::new("x.toml")).unwrap();
         assert_eq!(cfg.general.auth_type, super::super::AuthType::Md5);
-        let bad = from_pgbouncer_ini("[pgbouncer]\nauth_type = hba\nmax_client_conn = many\n").unwrap();
+        let bad = from_pgbouncer_ini("[pgbouncer]\nauth_type = pam\nmax_client_conn = many\n").unwrap();
         assert_eq!(bad.notes.len(), 2, "{:?}", bad.notes);
+    }
+
+    #[test]
+    fn an_hba_setup_is_kept() {
+        let ini = "[pgbouncer]\nauth_type = hba\nauth_hba_file = /etc/pgbouncer/hba.conf\nauth_ident_file = x\n";
+        let c = from_pgbouncer_ini(ini).unwrap();
+        assert!(c.toml.contains("auth_type = \"hba\"\nauth_hba_file = \"/etc/pgbouncer/hba.conf\""), "{}", c.toml);
+        assert_eq!(c.notes.len(), 1, "only auth_ident_file has no place: {:?}", c.notes);
+        assert!(c.notes[0].contains("auth_ident_file"), "{:?}", c.notes);
     }
 }

@@ -1,9 +1,9 @@
 //! Checks of the `[databases]` and `[users]` entries, and of the passwords and secrets
-//! they hold, against `[general]`.
+//! they hold, against `[general]`; of the TLS keys.
 
 use std::collections::BTreeMap;
 
-use super::{AuthType, ConfigError, Database, General, Invalid, User};
+use super::{AuthType, ClientTlsMode, ConfigError, Database, General, Invalid, ServerTlsMode, TLS_PROTOCOLS, User};
 
 pub(super) fn validate_database(name: &str, db: &Database, g: &General, invalid: Invalid) -> Result<(), ConfigError> {
     if name.is_empty() || name.len() > 63 {
@@ -201,4 +201,43 @@ fn check_lookup(
         return Err(invalid("auth_dbname", format!("\"{dbname}\" is not a [databases] entry")));
     }
     Ok(())
+}
+
+/// Checks that each TLS mode has the files it needs; the files themselves are read by
+/// `tls::load`, at start-up and on each reload.
+pub(super) fn validate_tls(g: &General, invalid: Invalid) -> Result<(), ConfigError> {
+    let mode = g.client_tls_sslmode;
+    let client_files = [
+        ("client_tls_cert_file", &g.client_tls_cert_file, mode != ClientTlsMode::Disable),
+        ("client_tls_key_file", &g.client_tls_key_file, mode != ClientTlsMode::Disable),
+        ("client_tls_ca_file", &g.client_tls_ca_file, mode.verifies_client()),
+    ];
+    if let Some((file, _, _)) = client_files.iter().find(|(_, value, needed)| *needed && value.is_empty()) {
+        return Err(invalid("client_tls_sslmode", format!("\"{}\" needs {file}", mode.as_str())));
+    }
+    if g.auth_type == AuthType::Cert && !mode.verifies_client() {
+        return Err(invalid(
+            "auth_type",
+            "\"cert\" needs client_tls_sslmode = \"verify-ca\" or \"verify-full\" (clients must present a certificate)"
+                .into(),
+        ));
+    }
+    if g.client_tls_protocols.is_empty() {
+        return Err(invalid("client_tls_protocols", "must list at least one of \"tlsv1.2\", \"tlsv1.3\"".into()));
+    }
+    if let Some(p) = g.client_tls_protocols.iter().find(|p| !TLS_PROTOCOLS.contains(&p.as_str())) {
+        return Err(invalid(
+            "client_tls_protocols",
+            format!("\"{p}\" is not supported; use \"tlsv1.2\" and/or \"tlsv1.3\""),
+        ));
+    }
+    let server = g.server_tls_sslmode;
+    if server >= ServerTlsMode::VerifyCa && g.server_tls_ca_file.is_empty() {
+        return Err(invalid("server_tls_sslmode", format!("\"{}\" needs server_tls_ca_file", server.as_str())));
+    }
+    match (g.server_tls_cert_file.is_empty(), g.server_tls_key_file.is_empty()) {
+        (false, true) => Err(invalid("server_tls_cert_file", "needs server_tls_key_file too".into())),
+        (true, false) => Err(invalid("server_tls_key_file", "needs server_tls_cert_file too".into())),
+        _ => Ok(()),
+    }
 }

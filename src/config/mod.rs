@@ -3,6 +3,7 @@
 
 pub mod convert;
 mod entries;
+pub mod hba;
 mod keep;
 mod locate;
 pub mod reference;
@@ -16,7 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use entries::{validate_admin, validate_auth_lookups, validate_database, validate_user};
+use entries::{validate_admin, validate_auth_lookups, validate_database, validate_tls, validate_user};
 pub use locate::locate_key;
 
 #[derive(Debug, Error)]
@@ -62,6 +63,27 @@ pub enum AuthType {
     /// The client's TLS certificate proves the user: its common name must equal the user name.
     #[serde(rename = "cert")]
     Cert,
+    /// The password in clear text (PgBouncer's `plain`; deprecated there too).
+    #[serde(rename = "plain")]
+    Plain,
+    /// The method is the `auth_hba_file`'s line that fits the login.
+    #[serde(rename = "hba")]
+    Hba,
+}
+
+impl AuthType {
+    /// The method every login uses; `None` for `hba`, where the file decides.
+    pub fn method(self) -> Option<crate::auth::client::Method> {
+        use crate::auth::client::Method;
+        Some(match self {
+            AuthType::Trust => Method::Trust,
+            AuthType::Md5 => Method::Md5,
+            AuthType::ScramSha256 => Method::ScramSha256,
+            AuthType::Cert => Method::Cert,
+            AuthType::Plain => Method::Password,
+            AuthType::Hba => return None,
+        })
+    }
 }
 
 /// TLS towards clients (PgBouncer's `client_tls_sslmode`).
@@ -154,6 +176,8 @@ pub struct General {
     pub auth_type: AuthType,
     /// PgBouncer's userlist.txt, read for users' passwords ("" = none).
     pub auth_file: String,
+    /// The pg_hba.conf-style file `auth_type = "hba"` reads ("" = none).
+    pub auth_hba_file: String,
     /// The user whose server connection looks up the passwords of users Sluice does not
     /// know (`auth_query`); "" = no lookups.
     pub auth_user: String,
@@ -234,6 +258,7 @@ impl Default for General {
             workers: 0,
             auth_type: AuthType::ScramSha256,
             auth_file: String::new(),
+            auth_hba_file: String::new(),
             auth_user: String::new(),
             auth_query: crate::auth::query::DEFAULT_QUERY.into(),
             auth_dbname: String::new(),
@@ -376,6 +401,8 @@ pub struct Config {
     pub users: BTreeMap<String, User>,
     /// The users whose password is the `auth_file`'s, with its line there.
     from_auth_file: BTreeMap<String, usize>,
+    /// The `auth_hba_file`'s rules, under `auth_type = "hba"`.
+    pub hba: Option<std::sync::Arc<hba::Hba>>,
     /// Listen addresses parsed from `general.listen_addr`.
     pub listen: Vec<IpAddr>,
 }
@@ -429,8 +456,9 @@ impl Config {
         }
         validate_admin(&raw.general, &raw.databases, &users, &|k, m| invalid(&["general"], k, m))?;
         validate_auth_lookups(&raw.general, &raw.databases, &users, &|section, k, m| invalid(section, k, m))?;
+        let hba = hba::for_config(&raw.general, path, &|k, m| invalid(&["general"], k, m))?;
         let (general, databases) = (raw.general, raw.databases);
-        Ok(Config { path: path.to_path_buf(), general, databases, users, from_auth_file, listen })
+        Ok(Config { path: path.to_path_buf(), general, databases, users, from_auth_file, hba, listen })
     }
 
     /// This configuration with another `[general]` section, validated as at load (for
@@ -440,6 +468,9 @@ impl Config {
         validate_admin(&general, &self.databases, &self.users, &unplaced).map_err(|e| keyed("", e))?;
         let placed = |section: &[&str], k: &str, m| unplaced(&[section, &[k]].concat().join("."), m);
         validate_auth_lookups(&general, &self.databases, &self.users, &placed).map_err(|e| keyed("", e))?;
+        if let Some(rules) = &self.hba {
+            hba::check_certificates(&general, rules).map_err(|e| e.to_string())?;
+        }
         for (name, db) in &self.databases {
             // Named as in the file: which database the new value does not fit.
             validate_database(name, db, &general, &unplaced).map_err(|e| keyed(&format!("databases.{name}."), e))?;
@@ -632,45 +663,6 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
     }
     validate_tls(g, invalid)?;
     Ok(listen)
-}
-
-/// Checks that each TLS mode has the files it needs; the files themselves are read by
-/// `tls::load`, at start-up and on each reload.
-fn validate_tls(g: &General, invalid: Invalid) -> Result<(), ConfigError> {
-    let mode = g.client_tls_sslmode;
-    let client_files = [
-        ("client_tls_cert_file", &g.client_tls_cert_file, mode != ClientTlsMode::Disable),
-        ("client_tls_key_file", &g.client_tls_key_file, mode != ClientTlsMode::Disable),
-        ("client_tls_ca_file", &g.client_tls_ca_file, mode.verifies_client()),
-    ];
-    if let Some((file, _, _)) = client_files.iter().find(|(_, value, needed)| *needed && value.is_empty()) {
-        return Err(invalid("client_tls_sslmode", format!("\"{}\" needs {file}", mode.as_str())));
-    }
-    if g.auth_type == AuthType::Cert && !mode.verifies_client() {
-        return Err(invalid(
-            "auth_type",
-            "\"cert\" needs client_tls_sslmode = \"verify-ca\" or \"verify-full\" (clients must present a certificate)"
-                .into(),
-        ));
-    }
-    if g.client_tls_protocols.is_empty() {
-        return Err(invalid("client_tls_protocols", "must list at least one of \"tlsv1.2\", \"tlsv1.3\"".into()));
-    }
-    if let Some(p) = g.client_tls_protocols.iter().find(|p| !TLS_PROTOCOLS.contains(&p.as_str())) {
-        return Err(invalid(
-            "client_tls_protocols",
-            format!("\"{p}\" is not supported; use \"tlsv1.2\" and/or \"tlsv1.3\""),
-        ));
-    }
-    let server = g.server_tls_sslmode;
-    if server >= ServerTlsMode::VerifyCa && g.server_tls_ca_file.is_empty() {
-        return Err(invalid("server_tls_sslmode", format!("\"{}\" needs server_tls_ca_file", server.as_str())));
-    }
-    match (g.server_tls_cert_file.is_empty(), g.server_tls_key_file.is_empty()) {
-        (false, true) => Err(invalid("server_tls_cert_file", "needs server_tls_key_file too".into())),
-        (true, false) => Err(invalid("server_tls_key_file", "needs server_tls_cert_file too".into())),
-        _ => Ok(()),
-    }
 }
 
 /// A validation error outside the file (admin SET, a reload's second look): no line.

@@ -270,3 +270,33 @@ fn password_lookups_are_checked_where_they_are_set() {
     let e = c.with_general(g).unwrap_err();
     assert!(e.starts_with("general.auth_user: user \"nobody\""), "{e}");
 }
+
+#[test]
+fn hba_reads_its_file_beside_the_config_and_checks_cert_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sluice.toml");
+    let load = |text: &str| Config::parse(text, &config);
+    let e = load("[general]\nauth_type = \"hba\"\n").unwrap_err().to_string();
+    assert!(e.contains(":1: general.auth_hba_file: auth_type = \"hba\" needs an auth_hba_file"), "{e}");
+    std::fs::write(dir.path().join("hba.conf"), "local all all peer\nhostssl all all all cert\n").unwrap();
+    let text = "[general]\nauth_type = \"hba\"\nauth_hba_file = \"hba.conf\"\n";
+    let e = load(text).unwrap_err().to_string();
+    assert!(e.ends_with("hba.conf:2: method: cert needs client TLS (client_tls_sslmode) and client_tls_ca_file to check certificates"), "{e}");
+    std::fs::write(dir.path().join("hba.conf"), "local all all peer\nhost all all 127.0.0.1/32 md5\n").unwrap();
+    let cfg = load(text).unwrap();
+    assert_eq!(cfg.hba.as_ref().map(|h| h.file.clone()), Some(dir.path().join("hba.conf")));
+    // Other auth types do not read it (PgBouncer's rule), even when it is missing.
+    let cfg = load("[general]\nauth_type = \"md5\"\nauth_hba_file = \"missing.conf\"\n").unwrap();
+    assert!(cfg.hba.is_none());
+    let e = load("[general]\nauth_type = \"hba\"\nauth_hba_file = \"missing.conf\"\n").unwrap_err().to_string();
+    assert!(e.contains("missing.conf: cannot read"), "{e}");
+    // With client TLS and a CA, cert lines load; SET cannot take the CA away from them.
+    std::fs::write(dir.path().join("hba.conf"), "hostssl all all all cert\n").unwrap();
+    let tls = "client_tls_sslmode = \"allow\"\nclient_tls_cert_file = \"s.crt\"\nclient_tls_key_file = \"s.key\"\n";
+    let cfg = load(&format!("{text}{tls}client_tls_ca_file = \"ca.crt\"\n")).unwrap();
+    let general = General { client_tls_ca_file: String::new(), ..cfg.general.clone() };
+    let e = cfg.with_general(general).unwrap_err();
+    assert!(e.contains("hba.conf:1: method: cert needs client TLS"), "{e}");
+    let plain = load("[general]\nauth_type = \"plain\"\n").unwrap();
+    assert_eq!(plain.general.auth_type.method(), Some(crate::auth::client::Method::Password));
+}

@@ -111,11 +111,17 @@ fn server_config(cfg: &Config) -> Result<ServerConfig, TlsError> {
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&versions)
         .map_err(|e| error("client_tls_protocols")(e.to_string()))?;
-    let builder = if g.client_tls_sslmode.verifies_client() {
+    // `auth_hba_file` `cert` lines ask for certificates where the mode does not: then
+    // a client may present one (checked against the CA, as PostgreSQL checks one when
+    // it has `ssl_ca_file`), and the other lines' clients need none.
+    let optional = cfg.hba.as_ref().is_some_and(|h| h.uses(crate::auth::client::Method::Cert));
+    let builder = if g.client_tls_sslmode.verifies_client() || optional {
         let roots = files::roots(&cfg.resolve(&g.client_tls_ca_file)).map_err(error("client_tls_ca_file"))?;
-        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-            .build()
-            .map_err(|e| error("client_tls_ca_file")(e.to_string()))?;
+        let mut verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+        if !g.client_tls_sslmode.verifies_client() {
+            verifier = verifier.allow_unauthenticated();
+        }
+        let verifier = verifier.build().map_err(|e| error("client_tls_ca_file")(e.to_string()))?;
         builder.with_client_cert_verifier(verifier)
     } else {
         builder.with_no_client_auth()

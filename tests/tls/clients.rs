@@ -130,3 +130,49 @@ fn verify_ca_demands_a_certificate_and_still_checks_passwords() {
     let line = "client disconnected: TLS handshake failed: peer sent no certificates";
     assert!(s.wait_log(line, Duration::from_secs(10)), "no {line:?} in the log:\n{}", s.log());
 }
+
+/// Under `auth_type = "hba"`, `hostssl` and `hostnossl` lines tell TLS logins from
+/// plaintext ones, and a `cert` line takes a client certificate that the mode (`allow`)
+/// does not demand: the certificate logs u_scram in without a password, while others
+/// log in over TLS with no certificate, or with one, and their passwords.
+#[test]
+fn hba_lines_tell_tls_from_plaintext_and_cert_lines_take_certificates() {
+    let certs = TestCerts::generate();
+    let pg = PgCluster::start();
+    let dir = tempfile::tempdir().unwrap();
+    let hba = dir.path().join("hba.conf");
+    let rules = "hostssl app u_scram 127.0.0.1/32 cert\n\
+                 hostssl app all 127.0.0.1/32 scram-sha-256\n\
+                 hostnossl app all 127.0.0.1/32 reject\n";
+    std::fs::write(&hba, rules).unwrap();
+    let b = Sluice::builder(&pg).general("auth_type", "\"hba\"").general("auth_hba_file", &crate::path_str(&hba));
+    let s = client_tls(b, "allow", &certs.server, &certs).start();
+    let tls = |role| psql_tls(s.port, "localhost", role, "verify-full", &certs);
+
+    let r = run_sql(with_cert(tls(NO_PASSWORD), &certs.client), "select current_user");
+    assert_eq!(r.stdout, "u_scram", "CN=u_scram logs in as u_scram: {}", r.stderr);
+    let r = run_sql(tls(NO_PASSWORD), "select 1");
+    assert!(r.stderr.contains("FATAL:  connection requires a valid client certificate"), "{}", r.stderr);
+    let r = run_sql(with_cert(tls(NO_PASSWORD), &certs.client_md5), "select 1");
+    assert!(r.stderr.contains("certificate authentication failed for user \"u_scram\""), "{}", r.stderr);
+
+    let r = run_sql(tls(Role::MD5), "select current_user");
+    assert_eq!(r.stdout, "u_md5", "no certificate is asked of a scram-sha-256 line: {}", r.stderr);
+    let r = run_sql(with_cert(tls(Role::MD5), &certs.client_md5), "select current_user");
+    assert_eq!(r.stdout, "u_md5", "{}", r.stderr);
+    let wrong = Role { name: "u_md5", password: "wrong" };
+    let r = run_sql(tls(wrong), "select 1");
+    assert!(r.stderr.contains("password authentication failed for user \"u_md5\""), "{}", r.stderr);
+    // A certificate from a CA nobody trusts fails the handshake, as with PostgreSQL.
+    let r = run_sql(with_cert(tls(Role::MD5), &certs.untrusted_client), "select 1");
+    assert!(!r.ok && r.stderr.contains("unknown ca"), "{}", r.stderr);
+
+    for role in [Role::MD5, Role::SCRAM] {
+        let r = run_sql(psql_cmd(s.port, "127.0.0.1", role.name, role.password, "app"), "select 1");
+        let want = format!(
+            "FATAL:  pg_hba.conf rejects connection for host \"127.0.0.1\", user \"{}\", database \"app\", no encryption",
+            role.name
+        );
+        assert!(r.stderr.contains(&want), "{}", r.stderr);
+    }
+}

@@ -165,3 +165,39 @@ fn unusable_tls_files_stop_start_up_and_check_naming_file_line_and_key() {
     std::fs::write(&path, config(&certs.server.cert.display().to_string())).unwrap();
     assert_eq!(sluice(&["--check"]).0, Some(0));
 }
+
+/// A reload to `auth_type = "cert"` whose client TLS files cannot be used keeps the
+/// running `hba` with its rules (the new config read no auth_hba_file): logins go on.
+#[test]
+fn a_kept_hba_auth_type_keeps_its_rules() {
+    let certs = TestCerts::generate();
+    let pg = PgCluster::start();
+    let live = CertFiles { cert: certs.dir().join("live.crt"), key: certs.dir().join("live.key") };
+    install(&certs.server, &live);
+    let hba = certs.dir().join("hba.conf");
+    std::fs::write(&hba, "hostssl all u_trust all trust\nhost all all all reject\n").unwrap();
+    let b = Sluice::builder(&pg)
+        .general("auth_type", "\"hba\"")
+        .general("auth_hba_file", &path_str(&hba))
+        .user("u_trust", &[]);
+    let s = client_tls(b, "require", &live, &certs).start();
+    let config = client::config(&certs.ca, &PG_ALPN);
+    let login = || {
+        let mut sock = client::negotiated(s.port, &config).expect("handshake");
+        client::login(&mut sock, "u_trust").map(|_| client::query_value(&mut sock, "select current_user"))
+    };
+    assert_eq!(login().as_deref(), Ok("u_trust"));
+
+    std::fs::write(&live.cert, "not a certificate\n").unwrap();
+    let changed = s
+        .config()
+        .replace(r#"client_tls_sslmode = "require""#, r#"client_tls_sslmode = "verify-ca""#)
+        .replace(r#"auth_type = "hba""#, r#"auth_type = "cert""#);
+    assert!(changed.contains(r#"auth_type = "cert""#), "{changed}");
+    s.write_config(&changed);
+    let before = reloads(&s);
+    s.reload();
+    assert!(wait_until(Duration::from_secs(10), || reloads(&s) > before), "{}", s.log());
+    assert!(s.log().contains("keeping the running client TLS setup"), "{}", s.log());
+    assert_eq!(login().as_deref(), Ok("u_trust"), "the running hba rules still decide");
+}

@@ -1,0 +1,99 @@
+//! Which authentication method a login gets: `auth_type`'s, or under `auth_type =
+//! "hba"` the first `auth_hba_file` line that fits the connection, database and user
+//! (a `reject` line, or no fitting line, refuses it before any exchange, as PostgreSQL
+//! does); and the Unix socket peer's OS user for `peer` lines.
+
+use std::ffi::CStr;
+
+use tracing::warn;
+
+use super::{ClientConn, Exit};
+use crate::auth::client::Method;
+use crate::config::Config;
+use crate::config::hba::{Action, Login};
+use crate::net::Stream;
+use crate::net::listener::Peer;
+use crate::protocol::sqlstate;
+
+/// The method `user`'s login to `database` authenticates with, or the refusal (logged)
+/// when an `auth_hba_file` line rejects it or none fits. The refusals are PostgreSQL's
+/// words, which operators and tools know.
+pub(super) fn login_method(cfg: &Config, conn: &ClientConn, user: &str, database: &str) -> Result<Method, Exit> {
+    if let Some(method) = cfg.general.auth_type.method() {
+        return Ok(method);
+    }
+    let addr = match &conn.peer {
+        Peer::Tcp(a) => Some(a.ip()),
+        Peer::Unix => None,
+    };
+    let tls = conn.stream.is_tls();
+    // `Config` reads the file whenever auth_type is hba; without rules, none fits.
+    let decided = cfg.hba.as_ref().and_then(|hba| hba.rule_for(&Login { addr, tls, database, user }));
+    let (what, line) = match decided {
+        Some(rule) => match rule.action {
+            Action::Authenticate(method) => return Ok(method),
+            Action::Reject => ("rejects connection", Some(rule.line)),
+        },
+        None => ("entry", None),
+    };
+    let host = addr.map_or_else(|| "[local]".to_string(), |a| a.to_canonical().to_string());
+    let encryption = if tls { "SSL encryption" } else { "no encryption" };
+    let message = match line {
+        Some(_) => {
+            format!("pg_hba.conf {what} for host \"{host}\", user \"{user}\", database \"{database}\", {encryption}")
+        }
+        None => {
+            format!("no pg_hba.conf {what} for host \"{host}\", user \"{user}\", database \"{database}\", {encryption}")
+        }
+    };
+    let file = cfg.hba.as_ref().map(|h| h.file.display().to_string()).unwrap_or_default();
+    warn!(peer = %conn.peer, user, database, hba_file = file, hba_line = line, "login refused: {message}");
+    Err(Exit::fatal(sqlstate::INVALID_AUTHORIZATION, message))
+}
+
+/// The name of the OS user of the process at the other end of a Unix socket (for
+/// `peer`), read from the socket's credentials and the system's user database (on a
+/// blocking thread: the database may be remote, LDAP or sssd).
+pub(super) async fn os_user(stream: &Stream) -> Option<String> {
+    let Stream::Unix(socket) = stream else { return None };
+    let uid = socket.peer_cred().ok()?.uid();
+    tokio::task::spawn_blocking(move || user_name(uid)).await.ok().flatten()
+}
+
+/// The name of OS user `uid` (`getpwuid_r`); `None` for none, or one that is not UTF-8.
+fn user_name(uid: u32) -> Option<String> {
+    let mut buf = vec![0u8; 1024];
+    loop {
+        // SAFETY: `pwd` and `found` are valid out-pointers, `buf` is a writable buffer
+        // of the length given; on success `pw_name` points into `buf`, read before it
+        // is dropped.
+        unsafe {
+            let mut pwd: libc::passwd = std::mem::zeroed();
+            let mut found: *mut libc::passwd = std::ptr::null_mut();
+            let rc = libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr().cast(), buf.len(), &mut found);
+            if rc == libc::ERANGE && buf.len() < 1 << 20 {
+                buf.resize(buf.len() * 2, 0);
+                continue;
+            }
+            if rc != 0 || found.is_null() || pwd.pw_name.is_null() {
+                return None;
+            }
+            return CStr::from_ptr(pwd.pw_name).to_str().ok().map(String::from);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_os_user_of_this_process_is_named() {
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        let id = std::process::Command::new("id").arg("-un").output().expect("id runs");
+        let expected = String::from_utf8(id.stdout).unwrap();
+        assert_eq!(user_name(uid).as_deref(), Some(expected.trim()));
+        assert_eq!(user_name(u32::MAX - 7), None, "no such user");
+    }
+}

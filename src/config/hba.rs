@@ -1,0 +1,435 @@
+//! `auth_hba_file`: which authentication method a login gets, read from a file in
+//! PostgreSQL's pg_hba.conf format (the part PgBouncer reads, and a little more), for
+//! `auth_type = "hba"`. The first line whose connection type, database, user and client
+//! address fit the login decides; no fitting line refuses it.
+//!
+//! Read: `local`, `host`, `hostssl`, `hostnossl` (and `hostgssenc`, which fits nothing
+//! as Sluice has no GSSAPI encryption, `hostnogssenc`, which is `host`); databases `all`,
+//! `sameuser`, `replication` (fits nothing: Sluice serves no replication connections),
+//! names, `@file`; users `all`, names, `@file`; addresses `all`, CIDR ranges, an address
+//! and a netmask; methods `trust`, `reject`, `md5`, `password`, `scram-sha-256`, `cert`
+//! (on `hostssl` lines) and `peer` (on `local` lines). Lists are comma-separated, double
+//! quotes keep a keyword as a name, `#` starts a comment, a line ending with `\` goes on
+//! on the next. What Sluice cannot honour (`+group`, regular expressions, host names,
+//! `samehost`, `include`, options such as `map=`, other methods) is an error naming the
+//! file and line, never a line silently skipped.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use std::sync::Arc;
+
+use super::{AuthType, ClientTlsMode, ConfigError, General, Invalid};
+use crate::auth::client::Method;
+
+/// The rules of an `auth_hba_file`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hba {
+    pub file: PathBuf,
+    rules: Vec<Rule>,
+}
+
+/// One line of the file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// Its line in the file (the first, for a line continued with `\`).
+    pub line: usize,
+    kind: Kind,
+    databases: Vec<Name>,
+    users: Vec<Name>,
+    /// `None`: every address (and `local` lines, which have none).
+    net: Option<(IpAddr, u8)>,
+    pub action: Action,
+}
+
+/// What a line tells a login to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Authenticate(Method),
+    Reject,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Local,
+    Host,
+    HostSsl,
+    HostNoSsl,
+    /// `hostgssenc`: GSSAPI-encrypted connections, which Sluice does not take.
+    Never,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Name {
+    All,
+    SameUser,
+    /// `replication`: physical replication connections, which Sluice does not take.
+    Replication,
+    Is(String),
+}
+
+/// A login as the file's lines see it.
+#[derive(Debug, Clone, Copy)]
+pub struct Login<'a> {
+    /// The client's address; `None` on the Unix socket.
+    pub addr: Option<IpAddr>,
+    pub tls: bool,
+    pub database: &'a str,
+    pub user: &'a str,
+}
+
+/// A token of a line: its text, and whether any of it was in double quotes.
+#[derive(Debug)]
+struct Token {
+    text: String,
+    quoted: bool,
+}
+
+/// How deep `@file` inclusions may nest.
+const MAX_INCLUDE_DEPTH: usize = 10;
+
+/// The `auth_hba_file` `g` names, read under `auth_type = "hba"` (relative to the config
+/// at `config`); `None` for the other auth types, which do not read it (PgBouncer's rule).
+pub(super) fn for_config(g: &General, config: &Path, invalid: Invalid) -> Result<Option<Arc<Hba>>, ConfigError> {
+    if g.auth_type != AuthType::Hba {
+        return Ok(None);
+    }
+    if g.auth_hba_file.is_empty() {
+        return Err(invalid("auth_hba_file", "auth_type = \"hba\" needs an auth_hba_file".into()));
+    }
+    let hba = Hba::load(&super::resolve_from(config, &g.auth_hba_file))?;
+    check_certificates(g, &hba)?;
+    Ok(Some(Arc::new(hba)))
+}
+
+/// Whether `g` lets `hba`'s `cert` lines check certificates (at load, and for SET).
+pub(super) fn check_certificates(g: &General, hba: &Hba) -> Result<(), ConfigError> {
+    let no_certificates = g.client_tls_sslmode == ClientTlsMode::Disable || g.client_tls_ca_file.is_empty();
+    match hba.rules.iter().find(|r| r.action == Action::Authenticate(Method::Cert)) {
+        Some(cert) if no_certificates => Err(ConfigError::Invalid {
+            file: hba.file.display().to_string(),
+            line: cert.line,
+            key: "method".into(),
+            message: "cert needs client TLS (client_tls_sslmode) and client_tls_ca_file to check certificates".into(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+impl Hba {
+    pub fn load(file: &Path) -> Result<Hba, ConfigError> {
+        let name = file.display().to_string();
+        let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Io { file: name, source })?;
+        Self::parse(&text, file)
+    }
+
+    /// The rules of `text`, read from `file` (`@file` names are relative to its
+    /// directory).
+    pub fn parse(text: &str, file: &Path) -> Result<Hba, ConfigError> {
+        let mut rules = Vec::new();
+        for (line, fields) in logical_lines(text) {
+            let at = |(key, message): (&str, String)| ConfigError::Invalid {
+                file: file.display().to_string(),
+                line,
+                key: key.to_string(),
+                message,
+            };
+            let fields = split(&fields).map_err(|m| at(("-", m)))?;
+            if fields.is_empty() {
+                continue;
+            }
+            rules.push(rule(line, fields, file).map_err(at)?);
+        }
+        Ok(Hba { file: file.to_path_buf(), rules })
+    }
+
+    /// The line that decides `login`, if one fits it.
+    pub fn rule_for(&self, login: &Login<'_>) -> Option<&Rule> {
+        self.rules.iter().find(|r| r.fits(login))
+    }
+
+    /// Whether some line authenticates with `method`.
+    pub fn uses(&self, method: Method) -> bool {
+        self.rules.iter().any(|r| r.action == Action::Authenticate(method))
+    }
+}
+
+impl Rule {
+    fn fits(&self, login: &Login<'_>) -> bool {
+        let kind = match (self.kind, login.addr) {
+            (Kind::Local, addr) => addr.is_none(),
+            (Kind::Never, _) | (_, None) => false,
+            (Kind::Host, Some(_)) => true,
+            (Kind::HostSsl, Some(_)) => login.tls,
+            (Kind::HostNoSsl, Some(_)) => !login.tls,
+        };
+        let net = match (self.net, login.addr) {
+            (Some((net, prefix)), Some(addr)) => in_net(addr.to_canonical(), net, prefix),
+            _ => true,
+        };
+        let database = self.databases.iter().any(|d| match d {
+            Name::All => true,
+            Name::SameUser => login.database == login.user,
+            Name::Replication => false,
+            Name::Is(n) => n == login.database,
+        });
+        let user = self.users.iter().any(|u| matches!(u, Name::All) || matches!(u, Name::Is(n) if n == login.user));
+        kind && net && database && user
+    }
+}
+
+/// Whether `addr` is inside `net`/`prefix` (of the same family).
+fn in_net(addr: IpAddr, net: IpAddr, prefix: u8) -> bool {
+    match (addr, net) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            u32::from(a) & mask == u32::from(n) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            u128::from(a) & mask == u128::from(n) & mask
+        }
+        _ => false,
+    }
+}
+
+/// The file's lines with their line numbers, a line ending with `\` joined with the next.
+fn logical_lines(text: &str) -> Vec<(usize, String)> {
+    let mut out: Vec<(usize, String)> = Vec::new();
+    let mut open = false;
+    for (i, line) in text.lines().enumerate() {
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        let (body, continued) = match line.strip_suffix('\\') {
+            Some(body) => (body, true),
+            None => (line, false),
+        };
+        match out.last_mut() {
+            Some((_, joined)) if open => joined.push_str(body),
+            _ => out.push((i + 1, body.to_string())),
+        }
+        open = continued;
+    }
+    out
+}
+
+/// A line's fields, each a comma-separated list of tokens; a comment ends it. As in
+/// PostgreSQL, a token that starts with a double quote is a name, never a keyword, and
+/// two double quotes inside quotes stand for one.
+fn split(line: &str) -> Result<Vec<Vec<Token>>, String> {
+    let mut fields = Vec::new();
+    let mut field: Vec<Token> = Vec::new();
+    let mut text = String::new();
+    let (mut quoted, mut started, mut in_quotes, mut after_comma) = (false, false, false, false);
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if in_quotes {
+            match c {
+                '"' if chars.next_if_eq(&'"').is_some() => text.push('"'),
+                '"' => in_quotes = false,
+                c => text.push(c),
+            }
+            continue;
+        }
+        match c {
+            '#' => break,
+            '"' => (in_quotes, quoted, started, after_comma) = (true, quoted || !started, true, false),
+            ',' if !started => return Err("a name is missing in a comma-separated list".into()),
+            ',' => {
+                field.push(Token { text: std::mem::take(&mut text), quoted });
+                (quoted, started, after_comma) = (false, false, true);
+            }
+            c if c.is_whitespace() => {
+                if started {
+                    field.push(Token { text: std::mem::take(&mut text), quoted });
+                    (quoted, started) = (false, false);
+                }
+                if !after_comma && !field.is_empty() {
+                    fields.push(std::mem::take(&mut field));
+                }
+            }
+            c => {
+                text.push(c);
+                (started, after_comma) = (true, false);
+            }
+        }
+    }
+    if in_quotes {
+        return Err("a double quote is not closed".into());
+    }
+    if started {
+        field.push(Token { text, quoted });
+    } else if after_comma {
+        return Err("a comma-separated list ends with a comma".into());
+    }
+    if !field.is_empty() {
+        fields.push(field);
+    }
+    Ok(fields)
+}
+
+type Failure = (&'static str, String);
+
+/// One line's rule from its fields.
+fn rule(line: usize, fields: Vec<Vec<Token>>, file: &Path) -> Result<Rule, Failure> {
+    let mut fields = fields.into_iter();
+    let kind = single(fields.next(), "connection type")?.text;
+    let kind = match kind.as_str() {
+        "local" => Kind::Local,
+        "host" | "hostnogssenc" => Kind::Host,
+        "hostssl" => Kind::HostSsl,
+        "hostnossl" => Kind::HostNoSsl,
+        "hostgssenc" => Kind::Never,
+        "include" | "include_if_exists" | "include_dir" => {
+            return Err(("connection type", format!("\"{kind}\" is not supported: list the lines in this file")));
+        }
+        other => return Err(("connection type", format!("unknown connection type \"{other}\""))),
+    };
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let databases = names(fields.next(), "database", dir)?;
+    let users = names(fields.next(), "user", dir)?;
+    let net = if kind == Kind::Local { None } else { address(&mut fields)? };
+    let action = method(&single(fields.next(), "method")?.text, kind)?;
+    if let Some(option) = fields.next() {
+        let option = option.iter().map(|t| t.text.as_str()).collect::<Vec<_>>().join(",");
+        return Err(("method", format!("options are not supported (\"{option}\")")));
+    }
+    Ok(Rule { line, kind, databases, users, net, action })
+}
+
+/// A field that must be one word.
+fn single(field: Option<Vec<Token>>, what: &'static str) -> Result<Token, Failure> {
+    let mut field = field.ok_or((what, format!("the line ends before its {what}")))?;
+    if field.len() != 1 {
+        return Err((what, format!("the {what} must be a single word")));
+    }
+    Ok(field.remove(0))
+}
+
+/// The database or user field.
+fn names(field: Option<Vec<Token>>, what: &'static str, dir: &Path) -> Result<Vec<Name>, Failure> {
+    let field = field.ok_or((what, format!("the line ends before its {what}")))?;
+    let mut out = Vec::new();
+    for token in field {
+        expand(token, what, dir, 0, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// One name of a database or user field into `out` (an `@file`'s names, read).
+fn expand(token: Token, what: &'static str, dir: &Path, depth: usize, out: &mut Vec<Name>) -> Result<(), Failure> {
+    let database = what == "database";
+    let name = match token.text.as_str() {
+        _ if token.quoted => Name::Is(token.text),
+        "all" => Name::All,
+        "sameuser" if database => Name::SameUser,
+        "replication" if database => Name::Replication,
+        "samerole" | "samegroup" if database => {
+            return Err((what, format!("\"{}\" is not supported (Sluice does not read role memberships)", token.text)));
+        }
+        t if t.starts_with('+') && !database => {
+            return Err((what, format!("groups (\"{t}\") are not supported: list the users")));
+        }
+        t if t.starts_with('/') => return Err((what, format!("regular expressions (\"{t}\") are not supported"))),
+        t if t.starts_with('@') && t.len() > 1 => return include(&t[1..], what, dir, depth, out),
+        _ => Name::Is(token.text),
+    };
+    out.push(name);
+    Ok(())
+}
+
+/// The names listed in the file `@name` refers to (relative to the including file).
+fn include(name: &str, what: &'static str, dir: &Path, depth: usize, out: &mut Vec<Name>) -> Result<(), Failure> {
+    if depth == MAX_INCLUDE_DEPTH {
+        return Err((what, format!("@{name}: files included more than {MAX_INCLUDE_DEPTH} deep")));
+    }
+    let path = dir.join(name);
+    let text = std::fs::read_to_string(&path).map_err(|e| (what, format!("cannot read {}: {e}", path.display())))?;
+    let inner = path.parent().unwrap_or(dir);
+    for (line, body) in logical_lines(&text) {
+        let fields = split(&body).map_err(|m| (what, format!("{}:{line}: {m}", path.display())))?;
+        for token in fields.into_iter().flatten() {
+            expand(token, what, inner, depth + 1, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// The address field of a `host*` line (and the netmask field after an address).
+fn address(fields: &mut impl Iterator<Item = Vec<Token>>) -> Result<Option<(IpAddr, u8)>, Failure> {
+    const WHAT: &str = "address";
+    let Token { text, quoted } = single(fields.next(), WHAT)?;
+    if quoted {
+        // A name, as PostgreSQL reads a quoted keyword there too.
+        return Err((WHAT, format!("host names (\"{text}\") are not supported: give an address range")));
+    }
+    if text == "all" {
+        return Ok(None);
+    }
+    if text == "samehost" || text == "samenet" {
+        return Err((WHAT, format!("\"{text}\" is not supported: give an address range")));
+    }
+    let bad_range = || (WHAT, format!("\"{text}\" is not an address range (such as 10.0.0.0/8 or ::1/128)"));
+    if let Some((addr, prefix)) = text.split_once('/') {
+        let addr: IpAddr = addr.parse().map_err(|_| bad_range())?;
+        let prefix: u8 = prefix.parse().map_err(|_| bad_range())?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        return if prefix <= max { Ok(Some(as_ipv4(addr, prefix))) } else { Err(bad_range()) };
+    }
+    let Ok(addr) = text.parse::<IpAddr>() else {
+        return Err((WHAT, format!("host names (\"{text}\") are not supported: give an address range")));
+    };
+    let mask = single(fields.next(), "netmask")?.text;
+    let prefix = match (addr, mask.parse::<IpAddr>()) {
+        (IpAddr::V4(_), Ok(IpAddr::V4(m))) => prefix_of(u128::from(u32::from(m)) << 96),
+        (IpAddr::V6(_), Ok(IpAddr::V6(m))) => prefix_of(u128::from(m)),
+        _ => None,
+    };
+    let prefix = prefix.ok_or((
+        "netmask",
+        format!("\"{mask}\" is not a netmask for {text} (or give the range in CIDR notation, {text}/32)"),
+    ))?;
+    Ok(Some(as_ipv4(addr, prefix)))
+}
+
+/// An IPv4-mapped IPv6 range (`::ffff:10.0.0.0/104`) as the IPv4 range it is: clients
+/// are matched by their IPv4 address (`Rule::fits`).
+fn as_ipv4(addr: IpAddr, prefix: u8) -> (IpAddr, u8) {
+    match addr {
+        IpAddr::V6(v6) if prefix >= 96 => match v6.to_ipv4_mapped() {
+            Some(v4) => (IpAddr::V4(v4), prefix - 96),
+            None => (addr, prefix),
+        },
+        _ => (addr, prefix),
+    }
+}
+
+/// The prefix length of a contiguous mask (its bits from the top).
+fn prefix_of(mask: u128) -> Option<u8> {
+    let ones = mask.leading_ones();
+    (mask.checked_shl(ones).unwrap_or(0) == 0).then_some(ones as u8)
+}
+
+fn method(name: &str, kind: Kind) -> Result<Action, Failure> {
+    const WHAT: &str = "method";
+    let method = match name {
+        "reject" => return Ok(Action::Reject),
+        "trust" => Method::Trust,
+        "md5" => Method::Md5,
+        "password" => Method::Password,
+        "scram-sha-256" => Method::ScramSha256,
+        "cert" if kind != Kind::HostSsl => {
+            return Err((WHAT, "cert authentication is only supported on hostssl lines".into()));
+        }
+        "cert" => Method::Cert,
+        "peer" if kind != Kind::Local => {
+            return Err((WHAT, "peer authentication is only supported on local lines".into()));
+        }
+        "peer" => Method::Peer,
+        other => return Err((WHAT, format!("authentication method \"{other}\" is not supported"))),
+    };
+    Ok(Action::Authenticate(method))
+}
+
+#[cfg(test)]
+#[path = "hba_tests.rs"]
+mod tests;

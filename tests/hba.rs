@@ -1,0 +1,152 @@
+//! `auth_type = "hba"`: each login's method from the `auth_hba_file` line that fits its
+//! connection type, database, user and address, against a real PostgreSQL.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{PgCluster, Role, Sluice, connect, toml_str, try_connect, value};
+
+/// The name of the OS user running the tests (what `peer` compares).
+fn os_user() -> String {
+    let out = std::process::Command::new("id").arg("-un").output().expect("run id -un");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// A login over the Unix socket (no password), its error kept.
+async fn try_unix(
+    dir: &Path,
+    port: u16,
+    user: &str,
+    db: &str,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let mut config = tokio_postgres::Config::new();
+    config.host_path(dir).port(port).user(user).dbname(db).connect_timeout(Duration::from_secs(10));
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(client)
+}
+
+/// The SQLSTATE and message of a refused login.
+fn refusal(e: &tokio_postgres::Error) -> (String, String) {
+    (common::code(e), common::console::message(e))
+}
+
+const RULES: &str = "\
+# TYPE  DATABASE   USER     ADDRESS        METHOD
+local   peerdb     all                     peer
+host    app        u_scram  127.0.0.1/32   scram-sha-256
+host    app        u_md5    127.0.0.1/32   md5
+host    app        u_plain  127.0.0.1/32   password
+host    app        blocked  127.0.0.1/32   reject
+host    other      u_scram  127.0.0.1/32   password
+host    other      u_md5    127.0.0.1/32   scram-sha-256
+host    other      nobody   127.0.0.1/32   password
+host    pgbouncer  u_admin  127.0.0.1/32   scram-sha-256
+host    all        u_trust  127.0.0.1/32   trust
+";
+
+/// Each line's method is the one a login gets: SCRAM, md5 (with an md5 hash that could
+/// not check SCRAM), clear text (against a plain password, and against a SCRAM secret,
+/// whose derived key then logs in to PostgreSQL by pass-through), trust, peer on the
+/// Unix socket; `reject` and no fitting line refuse with 28000 and PostgreSQL's words;
+/// the console goes through the file too. A reload takes a changed file, and a broken
+/// one keeps the running rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fitting_line_decides_each_logins_method() {
+    let pg = PgCluster::start();
+    let dir = tempfile::tempdir().unwrap();
+    let hba = dir.path().join("hba.conf");
+    std::fs::write(&hba, RULES).unwrap();
+    let me = os_user();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"hba\"")
+        .general("auth_hba_file", &toml_str(&hba.display().to_string()))
+        .general("admin_users", "[\"u_admin\"]")
+        .user("u_scram", &[("password", &toml_str(&pg.scram_secret("u_scram")))])
+        .user("u_md5", &[("password", &toml_str(&common::md5_secret("u_md5", "pw_md5")))])
+        .user("u_admin", &[("password", "\"pw_admin\"")])
+        .user("u_trust", &[])
+        .user(&me, &[])
+        .database("other", &[])
+        .database("peerdb", &[("user", "\"u_plain\""), ("password", "\"pw_plain\"")])
+        .start();
+
+    // u_scram to `other` first: its clear-text password's derived key is the first
+    // u_scram's server logins get for pass-through.
+    for (role, db) in [(Role::SCRAM, "other"), (Role::SCRAM, "app"), (Role::MD5, "app"), (Role::PLAIN, "app")] {
+        let c = connect(s.port, role.name, role.password, db).await;
+        assert_eq!(value(&c, "select current_user").await, role.name, "{} to {db}", role.name);
+        let wrong = try_connect(s.port, role.name, "wrong", db).await.unwrap_err();
+        assert_eq!(common::code(&wrong), "28P01", "{} to {db} with a wrong password: {wrong}", role.name);
+    }
+    // The md5 hash cannot check SCRAM: the `other` line's method is the one used.
+    let e = try_connect(s.port, Role::MD5.name, Role::MD5.password, "other").await.unwrap_err();
+    assert_eq!(common::code(&e), "28P01", "{e}");
+    assert!(s.wait_log("its password is an md5 hash", Duration::from_secs(10)), "{}", s.log());
+    // An unknown user on a clear-text line: a wrong password's refusal (after PBKDF2
+    // against a mock secret).
+    let e = try_connect(s.port, "nobody", "pw", "other").await.unwrap_err();
+    let want = "password authentication failed for user \"nobody\"";
+    assert_eq!(refusal(&e), ("28P01".to_string(), want.to_string()));
+    let trusted = connect(s.port, "u_trust", "", "app").await;
+    assert_eq!(value(&trusted, "select current_user").await, "u_trust");
+    let console = connect(s.port, "u_admin", "pw_admin", "pgbouncer").await;
+    assert!(!common::console::rows(&console, "SHOW POOLS").await.is_empty());
+
+    let e = try_connect(s.port, "blocked", "pw", "app").await.unwrap_err();
+    let want =
+        "pg_hba.conf rejects connection for host \"127.0.0.1\", user \"blocked\", database \"app\", no encryption";
+    assert_eq!(refusal(&e), ("28000".to_string(), want.to_string()));
+    assert!(s.wait_log("hba_line=6", Duration::from_secs(10)), "the log names the line:\n{}", s.log());
+    let e = try_connect(s.port, "u_plain", "pw_plain", "other").await.unwrap_err();
+    let want = "no pg_hba.conf entry for host \"127.0.0.1\", user \"u_plain\", database \"other\", no encryption";
+    assert_eq!(refusal(&e), ("28000".to_string(), want.to_string()));
+
+    // peer: the socket's OS user must be the user asked for; no line for TCP.
+    let peer = try_unix(&s.socket_dir, s.port, &me, "peerdb").await.expect("peer login as the OS user");
+    assert_eq!(value(&peer, "select current_user").await, "u_plain");
+    let e = try_unix(&s.socket_dir, s.port, "u_scram", "peerdb").await.unwrap_err();
+    let want = "Peer authentication failed for user \"u_scram\"";
+    assert_eq!(refusal(&e), ("28000".to_string(), want.to_string()));
+    let e = try_unix(&s.socket_dir, s.port, &me, "app").await.unwrap_err();
+    let want = format!("no pg_hba.conf entry for host \"[local]\", user \"{me}\", database \"app\", no encryption");
+    assert_eq!(refusal(&e), ("28000".to_string(), want));
+
+    // A reload takes the changed file; connected clients stay.
+    std::fs::write(&hba, format!("host app u_scram 127.0.0.1/32 reject\n{RULES}")).unwrap();
+    s.reload();
+    assert!(s.wait_log("configuration reloaded", Duration::from_secs(10)), "{}", s.log());
+    let e = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await.unwrap_err();
+    assert_eq!(common::code(&e), "28000", "{e}");
+    assert_eq!(value(&trusted, "select 1").await, "1");
+    // A broken file: the reload fails naming its line, and the running rules stay.
+    std::fs::write(&hba, format!("{RULES}host all all all ldap\n")).unwrap();
+    s.reload();
+    let line = "hba.conf:12: method: authentication method \"ldap\" is not supported";
+    assert!(s.wait_log(line, Duration::from_secs(10)), "{}", s.log());
+    let e = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await.unwrap_err();
+    assert_eq!(common::code(&e), "28000", "still the reloaded rules: {e}");
+    let c = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
+    assert_eq!(value(&c, "select 1").await, "1");
+}
+
+/// A file Sluice cannot honour stops start-up with its file, line and field named.
+#[test]
+fn a_broken_file_stops_start_up_naming_its_line() {
+    let pg = PgCluster::start();
+    let dir = tempfile::tempdir().unwrap();
+    let hba = dir.path().join("hba.conf");
+    std::fs::write(&hba, "local all all peer\nhost all +admins 10.0.0.0/8 md5\n").unwrap();
+    let e = Sluice::builder(&pg)
+        .general("auth_type", "\"hba\"")
+        .general("auth_hba_file", &toml_str(&hba.display().to_string()))
+        .try_start()
+        .err()
+        .expect("start-up must fail");
+    let want = format!("{}:2: user: groups (\"+admins\") are not supported", hba.display());
+    assert!(e.contains(&want), "{e}");
+}
