@@ -194,6 +194,9 @@ impl App {
         // A running auth_type kept (the new `cert` needed the client TLS files) must still
         // fit the new users' secrets.
         cfg.check_users().map_err(|e| failed(&e))?;
+        // The new auth_hba_file's lines against the TLS settings in force (the running
+        // ones, when the new client TLS files could not be used).
+        cfg.check_hba().map_err(|e| failed(&e))?;
         cfg.warnings().iter().for_each(|w| warn!("{w}"));
         for key in kept {
             warn!(

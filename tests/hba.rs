@@ -53,7 +53,7 @@ host    all        u_trust  127.0.0.1/32   trust
 /// not check SCRAM), clear text (against a plain password, and against a SCRAM secret,
 /// whose derived key then logs in to PostgreSQL by pass-through), trust, peer on the
 /// Unix socket; `reject` and no fitting line refuse with 28000 and PostgreSQL's words;
-/// the console goes through the file too. A reload takes a changed file, and a broken
+/// the console goes through the file too, by either of its names. A reload takes a changed file, and a broken
 /// one keeps the running rules.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fitting_line_decides_each_logins_method() {
@@ -96,6 +96,11 @@ async fn the_fitting_line_decides_each_logins_method() {
     assert_eq!(value(&trusted, "select current_user").await, "u_trust");
     let console = connect(s.port, "u_admin", "pw_admin", "pgbouncer").await;
     assert!(!common::console::rows(&console, "SHOW POOLS").await.is_empty());
+    // The console's alias is matched as its name: the `pgbouncer` line decides there too.
+    let e = try_connect(s.port, "u_admin", "wrong", "sluice").await.unwrap_err();
+    assert_eq!(common::code(&e), "28P01", "{e}");
+    let aliased = connect(s.port, "u_admin", "pw_admin", "sluice").await;
+    assert!(!common::console::rows(&aliased, "SHOW POOLS").await.is_empty());
 
     let e = try_connect(s.port, "blocked", "pw", "app").await.unwrap_err();
     let want =

@@ -41,6 +41,9 @@ pub enum AuthFailure {
     NoCertificate,
     #[error("Peer authentication failed for user \"{0}\"")]
     PeerMismatch(String),
+    /// Sluice could not run the check (its reason is for the log only).
+    #[error("internal error during authentication")]
+    Internal(String),
     #[error("{0}")]
     Protocol(String),
     #[error("client closed the connection during authentication")]
@@ -57,6 +60,7 @@ impl AuthFailure {
             | AuthFailure::CertMismatch(_)
             | AuthFailure::NoCertificate
             | AuthFailure::PeerMismatch(_) => sqlstate::INVALID_AUTHORIZATION,
+            AuthFailure::Internal(_) => sqlstate::INTERNAL_ERROR,
             _ => sqlstate::PROTOCOL_VIOLATION,
         }
     }
@@ -106,8 +110,8 @@ pub struct Checks {
     pub mock_key: [u8; 32],
     /// Permits for PBKDF2 runs of clear-text logins (each on a blocking thread, so the
     /// runtime's threads keep serving clients; bounded, as anyone who can connect can
-    /// make one run).
-    derivations: tokio::sync::Semaphore,
+    /// make one run). A run holds its permit to its end, even when its login is gone.
+    derivations: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 /// PBKDF2 runs of clear-text logins at once (`Checks`).
@@ -115,17 +119,22 @@ const DERIVATIONS_AT_ONCE: usize = 2;
 
 impl Checks {
     pub fn new(mock_key: [u8; 32]) -> Self {
-        Checks { mock_key, derivations: tokio::sync::Semaphore::new(DERIVATIONS_AT_ONCE) }
+        let derivations = std::sync::Arc::new(tokio::sync::Semaphore::new(DERIVATIONS_AT_ONCE));
+        Checks { mock_key, derivations }
     }
 
     /// The SCRAM keys `password` derives with `secret`'s salt and iterations, on a
     /// blocking thread, once a permit is free.
-    async fn derive(&self, password: &[u8], secret: &ScramSecret) -> std::io::Result<super::scram::ClientKeys> {
-        let _permit = self.derivations.acquire().await.map_err(std::io::Error::other)?;
+    async fn derive(&self, password: &[u8], secret: &ScramSecret) -> Result<super::scram::ClientKeys, AuthFailure> {
+        let internal = |e: &dyn std::fmt::Display| AuthFailure::Internal(e.to_string());
+        let permit = self.derivations.clone().acquire_owned().await.map_err(|e| internal(&e))?;
         let password = String::from_utf8_lossy(password).into_owned();
         let (salt, iterations) = (secret.salt.clone(), secret.iterations);
-        let derive = move || super::scram::ClientKeys::derive(&password, &salt, iterations);
-        tokio::task::spawn_blocking(derive).await.map_err(std::io::Error::other)
+        let derive = move || {
+            let _permit = permit;
+            super::scram::ClientKeys::derive(&password, &salt, iterations)
+        };
+        tokio::task::spawn_blocking(derive).await.map_err(|e| internal(&e))
     }
 }
 
@@ -170,9 +179,10 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
 /// The password in clear text, checked against whatever the user's password is: equal
 /// to a plain one, hashing to an md5 one, or deriving a SCRAM secret's StoredKey (PBKDF2
 /// per login, as PostgreSQL runs it for `password` lines; its ClientKey then serves the
-/// server login by pass-through). An unknown user, one without a password, or a
-/// password that is not UTF-8 goes through PBKDF2 against a mock secret, so it is
-/// refused after as long as a wrong password of a user with a SCRAM secret.
+/// server login by pass-through). Every refusal (a wrong password of any kind, an
+/// unknown user, one without a password, a password that is not UTF-8) comes after
+/// PBKDF2 (against a mock secret where the user has no SCRAM one), so it takes as long
+/// whether the user exists or not.
 async fn password_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
@@ -188,25 +198,21 @@ async fn password_exchange<S: AsyncRead + AsyncWrite + Unpin>(
         Some((p, [])) => p,
         _ => return Err(AuthFailure::Protocol("malformed password message".into())),
     };
-    let refused = || Err(AuthFailure::BadPassword(name.to_string()));
     let secret = match (user.and_then(|u| u.secret.as_ref()), std::str::from_utf8(password)) {
-        (Some(Secret::Plain(p)), Ok(given)) => {
-            return if ct_eq(p.as_bytes(), given.as_bytes()) { Ok(Proven::default()) } else { refused() };
-        }
-        (Some(Secret::Md5(h)), Ok(given)) => {
-            let ok = ct_eq(h.as_bytes(), md5::password_hash(name, given).as_bytes());
-            return if ok { Ok(Proven::default()) } else { refused() };
+        (Some(Secret::Plain(p)), Ok(given)) if ct_eq(p.as_bytes(), given.as_bytes()) => return Ok(Proven::default()),
+        (Some(Secret::Md5(h)), Ok(given)) if ct_eq(h.as_bytes(), md5::password_hash(name, given).as_bytes()) => {
+            return Ok(Proven::default());
         }
         (Some(Secret::Scram(secret)), Ok(_)) => Some(secret),
         _ => None,
     };
     let mock = ScramSecret::mock(name, &checks.mock_key);
-    let keys = checks.derive(password, secret.unwrap_or(&mock)).await.map_err(AuthFailure::Io)?;
+    let keys = checks.derive(password, secret.unwrap_or(&mock)).await?;
     match secret {
         Some(secret) if secret.owns_client_key(&keys.client_key) => {
             Ok(Proven { client_key: Some(keys.client_key), ..Proven::default() })
         }
-        _ => refused(),
+        _ => Err(AuthFailure::BadPassword(name.to_string())),
     }
 }
 

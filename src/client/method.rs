@@ -8,6 +8,7 @@ use std::ffi::CStr;
 use tracing::warn;
 
 use super::{ClientConn, Exit};
+use crate::admin;
 use crate::auth::client::Method;
 use crate::config::Config;
 use crate::config::hba::{Action, Login};
@@ -27,25 +28,21 @@ pub(super) fn login_method(cfg: &Config, conn: &ClientConn, user: &str, database
         Peer::Unix => None,
     };
     let tls = conn.stream.is_tls();
+    // The console by either of its names is matched as `admin_database`: lines written
+    // for it cannot be passed by its alias.
+    let matched = if admin::is_admin_database(cfg, database) { cfg.general.admin_database.as_str() } else { database };
     // `Config` reads the file whenever auth_type is hba; without rules, none fits.
-    let decided = cfg.hba.as_ref().and_then(|hba| hba.rule_for(&Login { addr, tls, database, user }));
+    let decided = cfg.hba.as_ref().and_then(|hba| hba.rule_for(&Login { addr, tls, database: matched, user }));
     let (what, line) = match decided {
         Some(rule) => match rule.action {
             Action::Authenticate(method) => return Ok(method),
-            Action::Reject => ("rejects connection", Some(rule.line)),
+            Action::Reject => ("pg_hba.conf rejects connection", Some(rule.line)),
         },
-        None => ("entry", None),
+        None => ("no pg_hba.conf entry", None),
     };
     let host = addr.map_or_else(|| "[local]".to_string(), |a| a.to_canonical().to_string());
     let encryption = if tls { "SSL encryption" } else { "no encryption" };
-    let message = match line {
-        Some(_) => {
-            format!("pg_hba.conf {what} for host \"{host}\", user \"{user}\", database \"{database}\", {encryption}")
-        }
-        None => {
-            format!("no pg_hba.conf {what} for host \"{host}\", user \"{user}\", database \"{database}\", {encryption}")
-        }
-    };
+    let message = format!("{what} for host \"{host}\", user \"{user}\", database \"{database}\", {encryption}");
     let file = cfg.hba.as_ref().map(|h| h.file.display().to_string()).unwrap_or_default();
     warn!(peer = %conn.peer, user, database, hba_file = file, hba_line = line, "login refused: {message}");
     Err(Exit::fatal(sqlstate::INVALID_AUTHORIZATION, message))

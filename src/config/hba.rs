@@ -78,7 +78,8 @@ pub struct Login<'a> {
     pub user: &'a str,
 }
 
-/// A token of a line: its text, and whether any of it was in double quotes.
+/// A token of a line: its text, and whether it starts with a double quote (a name,
+/// never a keyword).
 #[derive(Debug)]
 struct Token {
     text: String,
@@ -98,22 +99,62 @@ pub(super) fn for_config(g: &General, config: &Path, invalid: Invalid) -> Result
         return Err(invalid("auth_hba_file", "auth_type = \"hba\" needs an auth_hba_file".into()));
     }
     let hba = Hba::load(&super::resolve_from(config, &g.auth_hba_file))?;
-    check_certificates(g, &hba)?;
+    if hba.rules.is_empty() {
+        // As PostgreSQL refuses a pg_hba.conf without entries: every login would be.
+        let message = "the file has no rules: every login would be refused".to_string();
+        return Err(ConfigError::Invalid { file: hba.file.display().to_string(), line: 1, key: "-".into(), message });
+    }
+    check_tls(g, &hba)?;
     Ok(Some(Arc::new(hba)))
 }
 
-/// Whether `g` lets `hba`'s `cert` lines check certificates (at load, and for SET).
-pub(super) fn check_certificates(g: &General, hba: &Hba) -> Result<(), ConfigError> {
-    let no_certificates = g.client_tls_sslmode == ClientTlsMode::Disable || g.client_tls_ca_file.is_empty();
+/// Whether `g`'s client TLS lets `hba`'s lines fit: `hostssl` lines need TLS on (as
+/// PostgreSQL refuses them with `ssl = off`), `cert` lines a CA to check certificates
+/// with (at load, for SET, and for a reload that kept the running TLS keys).
+pub fn check_tls(g: &General, hba: &Hba) -> Result<(), ConfigError> {
+    let at = |rule: &Rule, key: &str, message: &str| ConfigError::Invalid {
+        file: hba.file.display().to_string(),
+        line: rule.line,
+        key: key.to_string(),
+        message: message.to_string(),
+    };
+    if let Some(r) =
+        hba.rules.iter().find(|r| r.kind == Kind::HostSsl).filter(|_| g.client_tls_sslmode == ClientTlsMode::Disable)
+    {
+        return Err(at(r, "connection type", "hostssl cannot fit a login: client_tls_sslmode is \"disable\""));
+    }
     match hba.rules.iter().find(|r| r.action == Action::Authenticate(Method::Cert)) {
-        Some(cert) if no_certificates => Err(ConfigError::Invalid {
-            file: hba.file.display().to_string(),
-            line: cert.line,
-            key: "method".into(),
-            message: "cert needs client TLS (client_tls_sslmode) and client_tls_ca_file to check certificates".into(),
-        }),
+        Some(r) if g.client_tls_ca_file.is_empty() => {
+            Err(at(r, "method", "cert needs client_tls_ca_file to check certificates"))
+        }
         _ => Ok(()),
     }
+}
+
+/// What in `hba` fits no login under `g` though it loads: `hostnossl` lines when TLS is
+/// required (plaintext is refused before the file is read), `local` lines without a
+/// Unix socket; and users whose md5 hash cannot check the file's `scram-sha-256` lines.
+pub(super) fn warnings(g: &General, hba: &Hba, md5_users: &[&str]) -> Vec<String> {
+    let file = hba.file.display();
+    let mut out = Vec::new();
+    for r in &hba.rules {
+        let never = match r.kind {
+            Kind::HostNoSsl if g.client_tls_sslmode.requires_tls() => "client_tls_sslmode refuses plaintext TCP logins",
+            Kind::Local if g.unix_socket_dir.is_empty() => "unix_socket_dir is empty (no Unix socket)",
+            _ => continue,
+        };
+        out.push(format!("{file}:{}: this line fits no login: {never}", r.line));
+    }
+    if let (Some(r), false) =
+        (hba.rules.iter().find(|r| r.action == Action::Authenticate(Method::ScramSha256)), md5_users.is_empty())
+    {
+        out.push(format!(
+            "{file}:{}: an md5 hash cannot check SCRAM logins: the logins of {} on scram-sha-256 lines are refused",
+            r.line,
+            md5_users.join(", ")
+        ));
+    }
+    out
 }
 
 impl Hba {
@@ -373,7 +414,7 @@ fn address(fields: &mut impl Iterator<Item = Vec<Token>>) -> Result<Option<(IpAd
         let addr: IpAddr = addr.parse().map_err(|_| bad_range())?;
         let prefix: u8 = prefix.parse().map_err(|_| bad_range())?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
-        return if prefix <= max { Ok(Some(as_ipv4(addr, prefix))) } else { Err(bad_range()) };
+        return if prefix <= max { range(addr, prefix).map(Some) } else { Err(bad_range()) };
     }
     let Ok(addr) = text.parse::<IpAddr>() else {
         return Err((WHAT, format!("host names (\"{text}\") are not supported: give an address range")));
@@ -388,18 +429,20 @@ fn address(fields: &mut impl Iterator<Item = Vec<Token>>) -> Result<Option<(IpAd
         "netmask",
         format!("\"{mask}\" is not a netmask for {text} (or give the range in CIDR notation, {text}/32)"),
     ))?;
-    Ok(Some(as_ipv4(addr, prefix)))
+    range(addr, prefix).map(Some)
 }
 
-/// An IPv4-mapped IPv6 range (`::ffff:10.0.0.0/104`) as the IPv4 range it is: clients
-/// are matched by their IPv4 address (`Rule::fits`).
-fn as_ipv4(addr: IpAddr, prefix: u8) -> (IpAddr, u8) {
+/// A range, refused when it is IPv4-mapped IPv6 (`::ffff:10.0.0.0/104`): PostgreSQL's
+/// IPv6 sockets never see IPv4 clients, so there such a line fits none, while Sluice
+/// matches an IPv4 client on a dual-stack socket by its IPv4 address (`Rule::fits`).
+/// Either reading would surprise someone: the line must say which it means.
+fn range(addr: IpAddr, prefix: u8) -> Result<(IpAddr, u8), Failure> {
     match addr {
-        IpAddr::V6(v6) if prefix >= 96 => match v6.to_ipv4_mapped() {
-            Some(v4) => (IpAddr::V4(v4), prefix - 96),
-            None => (addr, prefix),
-        },
-        _ => (addr, prefix),
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some() => Err((
+            "address",
+            format!("IPv4-mapped ranges (\"{addr}/{prefix}\") are not supported: write the IPv4 range"),
+        )),
+        _ => Ok((addr, prefix)),
     }
 }
 

@@ -468,14 +468,19 @@ impl Config {
         validate_admin(&general, &self.databases, &self.users, &unplaced).map_err(|e| keyed("", e))?;
         let placed = |section: &[&str], k: &str, m| unplaced(&[section, &[k]].concat().join("."), m);
         validate_auth_lookups(&general, &self.databases, &self.users, &placed).map_err(|e| keyed("", e))?;
-        if let Some(rules) = &self.hba {
-            hba::check_certificates(&general, rules).map_err(|e| e.to_string())?;
-        }
         for (name, db) in &self.databases {
             // Named as in the file: which database the new value does not fit.
             validate_database(name, db, &general, &unplaced).map_err(|e| keyed(&format!("databases.{name}."), e))?;
         }
-        Ok(Config { general, listen, ..self.clone() })
+        let config = Config { general, listen, ..self.clone() };
+        config.check_hba()?;
+        Ok(config)
+    }
+
+    /// Whether the client TLS settings let the `auth_hba_file`'s lines fit (as at load;
+    /// for SET, and for a reload that kept the running TLS keys).
+    pub fn check_hba(&self) -> Result<(), String> {
+        self.hba.as_ref().map_or(Ok(()), |h| hba::check_tls(&self.general, h).map_err(|e| e.to_string()))
     }
 
     /// Whether every user's secrets can check logins under this configuration's

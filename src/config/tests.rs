@@ -281,7 +281,10 @@ fn hba_reads_its_file_beside_the_config_and_checks_cert_lines() {
     std::fs::write(dir.path().join("hba.conf"), "local all all peer\nhostssl all all all cert\n").unwrap();
     let text = "[general]\nauth_type = \"hba\"\nauth_hba_file = \"hba.conf\"\n";
     let e = load(text).unwrap_err().to_string();
-    assert!(e.ends_with("hba.conf:2: method: cert needs client TLS (client_tls_sslmode) and client_tls_ca_file to check certificates"), "{e}");
+    assert!(
+        e.ends_with("hba.conf:2: connection type: hostssl cannot fit a login: client_tls_sslmode is \"disable\""),
+        "{e}"
+    );
     std::fs::write(dir.path().join("hba.conf"), "local all all peer\nhost all all 127.0.0.1/32 md5\n").unwrap();
     let cfg = load(text).unwrap();
     assert_eq!(cfg.hba.as_ref().map(|h| h.file.clone()), Some(dir.path().join("hba.conf")));
@@ -296,7 +299,36 @@ fn hba_reads_its_file_beside_the_config_and_checks_cert_lines() {
     let cfg = load(&format!("{text}{tls}client_tls_ca_file = \"ca.crt\"\n")).unwrap();
     let general = General { client_tls_ca_file: String::new(), ..cfg.general.clone() };
     let e = cfg.with_general(general).unwrap_err();
-    assert!(e.contains("hba.conf:1: method: cert needs client TLS"), "{e}");
+    assert!(e.contains("hba.conf:1: method: cert needs client_tls_ca_file"), "{e}");
+    let general = General { client_tls_sslmode: ClientTlsMode::Disable, ..cfg.general.clone() };
+    assert!(cfg.with_general(general).unwrap_err().contains("hba.conf:1: connection type: hostssl cannot fit"));
+    std::fs::write(dir.path().join("hba.conf"), "# nothing\n\n").unwrap();
+    let e = load(text).unwrap_err().to_string();
+    assert!(e.ends_with("hba.conf:1: -: the file has no rules: every login would be refused"), "{e}");
     let plain = load("[general]\nauth_type = \"plain\"\n").unwrap();
     assert_eq!(plain.general.auth_type.method(), Some(crate::auth::client::Method::Password));
+}
+
+#[test]
+fn hba_lines_that_fit_no_login_are_warned_about() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("sluice.toml");
+    let rules = "local all all peer\nhostnossl all all all md5\nhost all all all scram-sha-256\n";
+    std::fs::write(dir.path().join("hba.conf"), rules).unwrap();
+    let tls = "client_tls_sslmode = \"require\"\nclient_tls_cert_file = \"s.crt\"\nclient_tls_key_file = \"s.key\"\n";
+    let text = format!(
+        "[general]\nauth_type = \"hba\"\nauth_hba_file = \"hba.conf\"\nunix_socket_dir = \"\"\n{tls}\n\
+         [users.old]\npassword = \"{}\"\n[users.new]\npassword = \"pw\"\n",
+        crate::auth::md5::password_hash("old", "pw")
+    );
+    let warnings = Config::parse(&text, &config).unwrap().warnings();
+    let file = dir.path().join("hba.conf").display().to_string();
+    let want = [
+        format!("{file}:1: this line fits no login: unix_socket_dir is empty (no Unix socket)"),
+        format!("{file}:2: this line fits no login: client_tls_sslmode refuses plaintext TCP logins"),
+        format!(
+            "{file}:3: an md5 hash cannot check SCRAM logins: the logins of old on scram-sha-256 lines are refused"
+        ),
+    ];
+    assert_eq!(warnings, want);
 }

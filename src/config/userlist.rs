@@ -85,11 +85,12 @@ pub fn merge(
 impl Config {
     /// What loads but cannot work, for the log: each `auth_file` user whose md5 hash
     /// cannot check logins under `scram-sha-256` (that user's logins are refused, as
-    /// with a wrong password), named with the file's line.
+    /// with a wrong password), named with the file's line; `auth_hba_file` lines that
+    /// fit no login, and md5 hashes its `scram-sha-256` lines cannot check.
     pub fn warnings(&self) -> Vec<String> {
         let file = self.resolve(&self.general.auth_file);
         let md5 = |name: &String| self.users.get(name).is_some_and(|u| md5_under_scram(u, &self.general));
-        (self.from_auth_file.iter().filter(|(name, _)| md5(name)))
+        let mut out: Vec<String> = (self.from_auth_file.iter().filter(|(name, _)| md5(name)))
             .map(|(name, line)| {
                 format!(
                     "{}:{line}: {name}: an md5 hash cannot check SCRAM logins (auth_type = \"scram-sha-256\"): \
@@ -97,7 +98,13 @@ impl Config {
                     file.display()
                 )
             })
-            .collect()
+            .collect();
+        if let Some(hba) = &self.hba {
+            let is_md5 = |u: &&User| u.password.as_deref().is_some_and(crate::auth::md5::is_md5_hash);
+            let md5_users: Vec<&str> = self.users.iter().filter(|(_, u)| is_md5(u)).map(|(n, _)| n.as_str()).collect();
+            out.extend(super::hba::warnings(&self.general, hba, &md5_users));
+        }
+        out
     }
 }
 
