@@ -11,8 +11,8 @@
 //! (on `hostssl` lines) and `peer` (on `local` lines). Lists are comma-separated, double
 //! quotes keep a keyword as a name, `#` starts a comment, a line ending with `\` goes on
 //! on the next. What Sluice cannot honour (`+group`, regular expressions, host names,
-//! `samehost`, `include`, options such as `map=`, other methods) is an error naming the
-//! file and line, never a line silently skipped.
+//! `samehost`, IPv4-mapped ranges, `include`, options such as `map=`, other methods) is
+//! an error naming the file and line, never a line silently skipped.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
