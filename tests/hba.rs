@@ -38,6 +38,7 @@ fn refusal(e: &tokio_postgres::Error) -> (String, String) {
 const RULES: &str = "\
 # TYPE  DATABASE   USER     ADDRESS        METHOD
 local   peerdb     all                     peer
+local   mapped     all                     peer  map=omap
 host    app        u_scram  127.0.0.1/32   scram-sha-256
 host    app        u_md5    127.0.0.1/32   md5
 host    app        u_plain  127.0.0.1/32   password
@@ -52,7 +53,7 @@ host    all        u_trust  127.0.0.1/32   trust
 /// Each line's method is the one a login gets: SCRAM, md5 (with an md5 hash that could
 /// not check SCRAM), clear text (against a plain password, and against a SCRAM secret,
 /// whose derived key then logs in to PostgreSQL by pass-through), trust, peer on the
-/// Unix socket; `reject` and no fitting line refuse with 28000 and PostgreSQL's words;
+/// Unix socket (as itself, or as the users an `auth_ident_file` map lists); `reject` and no fitting line refuse with 28000 and PostgreSQL's words;
 /// the console goes through the file too, by either of its names. A reload takes a changed file, and a broken
 /// one keeps the running rules.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -62,9 +63,12 @@ async fn the_fitting_line_decides_each_logins_method() {
     let hba = dir.path().join("hba.conf");
     std::fs::write(&hba, RULES).unwrap();
     let me = os_user();
+    let ident = dir.path().join("ident.conf");
+    std::fs::write(&ident, format!("# MAP SYSTEM USER\nomap {me} u_md5\n")).unwrap();
     let s = Sluice::builder(&pg)
         .general("auth_type", "\"hba\"")
         .general("auth_hba_file", &toml_str(&hba.display().to_string()))
+        .general("auth_ident_file", &toml_str(&ident.display().to_string()))
         .general("admin_users", "[\"u_admin\"]")
         .user("u_scram", &[("password", &toml_str(&pg.scram_secret("u_scram")))])
         .user("u_md5", &[("password", &toml_str(&common::md5_secret("u_md5", "pw_md5")))])
@@ -73,6 +77,7 @@ async fn the_fitting_line_decides_each_logins_method() {
         .user(&me, &[])
         .database("other", &[])
         .database("peerdb", &[("user", "\"u_plain\""), ("password", "\"pw_plain\"")])
+        .database("mapped", &[("user", "\"u_plain\""), ("password", "\"pw_plain\"")])
         .start();
 
     // u_scram to `other` first: its clear-text password's derived key is the first
@@ -106,7 +111,7 @@ async fn the_fitting_line_decides_each_logins_method() {
     let want =
         "pg_hba.conf rejects connection for host \"127.0.0.1\", user \"blocked\", database \"app\", no encryption";
     assert_eq!(refusal(&e), ("28000".to_string(), want.to_string()));
-    assert!(s.wait_log("hba_line=6", Duration::from_secs(10)), "the log names the line:\n{}", s.log());
+    assert!(s.wait_log("hba_line=7", Duration::from_secs(10)), "the log names the line:\n{}", s.log());
     let e = try_connect(s.port, "u_plain", "pw_plain", "other").await.unwrap_err();
     let want = "no pg_hba.conf entry for host \"127.0.0.1\", user \"u_plain\", database \"other\", no encryption";
     assert_eq!(refusal(&e), ("28000".to_string(), want.to_string()));
@@ -117,6 +122,14 @@ async fn the_fitting_line_decides_each_logins_method() {
     let e = try_unix(&s.socket_dir, s.port, "u_scram", "peerdb").await.unwrap_err();
     let want = "Peer authentication failed for user \"u_scram\"";
     assert_eq!(refusal(&e), ("28000".to_string(), want.to_string()));
+    // map=: the OS user logs in as the users its map lists, and only as those.
+    let mapped = try_unix(&s.socket_dir, s.port, "u_md5", "mapped").await.expect("mapped peer login");
+    assert_eq!(value(&mapped, "select current_user").await, "u_plain");
+    for user in ["u_scram", me.as_str()] {
+        let e = try_unix(&s.socket_dir, s.port, user, "mapped").await.unwrap_err();
+        let want = format!("Peer authentication failed for user \"{user}\"");
+        assert_eq!(refusal(&e), ("28000".to_string(), want));
+    }
     let e = try_unix(&s.socket_dir, s.port, &me, "app").await.unwrap_err();
     let want = format!("no pg_hba.conf entry for host \"[local]\", user \"{me}\", database \"app\", no encryption");
     assert_eq!(refusal(&e), ("28000".to_string(), want));
@@ -131,7 +144,7 @@ async fn the_fitting_line_decides_each_logins_method() {
     // A broken file: the reload fails naming its line, and the running rules stay.
     std::fs::write(&hba, format!("{RULES}host all all all ldap\n")).unwrap();
     s.reload();
-    let line = "hba.conf:12: method: authentication method \"ldap\" is not supported";
+    let line = "hba.conf:13: method: authentication method \"ldap\" is not supported";
     assert!(s.wait_log(line, Duration::from_secs(10)), "{}", s.log());
     let e = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await.unwrap_err();
     assert_eq!(common::code(&e), "28000", "still the reloaded rules: {e}");

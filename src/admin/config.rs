@@ -9,7 +9,8 @@ use crate::protocol::sqlstate;
 
 /// Keys SET refuses besides those read only at start-up (`General::START_UP_ONLY`):
 /// taken by a reload only.
-const RELOAD_ONLY: [&str; 5] = ["auth_type", "auth_file", "auth_hba_file", "admin_database", "stats_period"];
+const RELOAD_ONLY: [&str; 6] =
+    ["auth_type", "auth_file", "auth_hba_file", "auth_ident_file", "admin_database", "stats_period"];
 
 fn changeable(key: &str) -> bool {
     !General::START_UP_ONLY.contains(&key) && !RELOAD_ONLY.contains(&key)

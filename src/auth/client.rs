@@ -101,6 +101,9 @@ pub struct Shown<'a> {
     pub cert_name: Option<&'a str>,
     /// On the Unix socket, the name of the peer process's OS user.
     pub os_user: Option<&'a str>,
+    /// Which of those names may log in as which users (`map=`); without one, a name
+    /// logs in as itself only.
+    pub map: Option<crate::config::ident::UserMap<'a>>,
 }
 
 /// What every login is checked with: the key unknown users' mock secrets derive from,
@@ -152,9 +155,10 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<Proven, AuthFailure> {
     let mock_key = &checks.mock_key;
     // Who the connection shows the client to be, where the method asks (cert, peer).
-    let shown_as = |shown: Option<&str>, mismatch: fn(String) -> AuthFailure, missing| match (shown, user) {
+    let map = shown.map;
+    let shown_as = |seen: Option<&str>, mismatch: fn(String) -> AuthFailure, missing| match (seen, user) {
         (None, _) => Err(missing),
-        (Some(n), _) if n != name => Err(mismatch(name.to_string())),
+        (Some(n), _) if !map.map_or(n == name, |m| m.allows(n, name)) => Err(mismatch(name.to_string())),
         (Some(_), None) => Err(AuthFailure::NoUser(name.to_string())),
         (Some(_), Some(_)) => Ok(Proven::default()),
     };

@@ -286,8 +286,8 @@ where
 
 /// Authenticates the client as `user` per `auth_type` (or the `auth_hba_file`).
 async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, database: &str) -> Result<Proof, Exit> {
-    let method = match super::method::login_method(cfg, conn, user, database) {
-        Ok(method) => method,
+    let (method, map) = match super::method::login_method(cfg, conn, user, database) {
+        Ok(chosen) => chosen,
         Err(refused) => return Ok(Proof::Refused(refused)),
     };
     let users = app.users.load_full();
@@ -304,7 +304,7 @@ async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, 
     };
     let cert_name = tls::peer_common_name(&conn.stream);
     let os_user = if method == Method::Peer { super::method::os_user(&conn.stream).await } else { None };
-    let shown = Shown { cert_name: cert_name.as_deref(), os_user: os_user.as_deref() };
+    let shown = Shown { cert_name: cert_name.as_deref(), os_user: os_user.as_deref(), map };
     let proven = authenticate(&mut conn.stream, &mut conn.buf, method, user, auth_user.as_deref(), &app.checks, shown);
     let proven = proven.await;
     let proven = match proven {

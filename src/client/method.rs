@@ -12,16 +12,23 @@ use crate::admin;
 use crate::auth::client::Method;
 use crate::config::Config;
 use crate::config::hba::{Action, Login};
+use crate::config::ident::UserMap;
 use crate::net::Stream;
 use crate::net::listener::Peer;
 use crate::protocol::sqlstate;
 
-/// The method `user`'s login to `database` authenticates with, or the refusal (logged)
-/// when an `auth_hba_file` line rejects it or none fits. The refusals are PostgreSQL's
-/// words, which operators and tools know.
-pub(super) fn login_method(cfg: &Config, conn: &ClientConn, user: &str, database: &str) -> Result<Method, Exit> {
+/// The method `user`'s login to `database` authenticates with (and the user name map
+/// of its `auth_hba_file` line, for `peer` and `cert`), or the refusal (logged) when a
+/// line rejects it or none fits. The refusals are PostgreSQL's words, which operators
+/// and tools know.
+pub(super) fn login_method<'a>(
+    cfg: &'a Config,
+    conn: &ClientConn,
+    user: &str,
+    database: &str,
+) -> Result<(Method, Option<UserMap<'a>>), Exit> {
     if let Some(method) = cfg.general.auth_type.method() {
-        return Ok(method);
+        return Ok((method, None));
     }
     let addr = match &conn.peer {
         Peer::Tcp(a) => Some(a.ip()),
@@ -32,10 +39,11 @@ pub(super) fn login_method(cfg: &Config, conn: &ClientConn, user: &str, database
     // for it cannot be passed by its alias.
     let matched = if admin::is_admin_database(cfg, database) { cfg.general.admin_database.as_str() } else { database };
     // `Config` reads the file whenever auth_type is hba; without rules, none fits.
-    let decided = cfg.hba.as_ref().and_then(|hba| hba.rule_for(&Login { addr, tls, database: matched, user }));
+    let hba = cfg.hba.as_deref();
+    let decided = hba.and_then(|hba| Some((hba, hba.rule_for(&Login { addr, tls, database: matched, user })?)));
     let (what, line) = match decided {
-        Some(rule) => match rule.action {
-            Action::Authenticate(method) => return Ok(method),
+        Some((hba, rule)) => match rule.action {
+            Action::Authenticate(method) => return Ok((method, rule.user_map(hba))),
             Action::Reject => ("pg_hba.conf rejects connection", Some(rule.line)),
         },
         None => ("no pg_hba.conf entry", None),

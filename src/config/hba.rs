@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
+use super::ident::{Ident, UserMap};
 use super::{AuthType, ClientTlsMode, ConfigError, General, Invalid};
 use crate::auth::client::Method;
 
@@ -27,6 +28,8 @@ use crate::auth::client::Method;
 pub struct Hba {
     pub file: PathBuf,
     rules: Vec<Rule>,
+    /// The `auth_ident_file`'s maps, for `map=` options.
+    pub ident: Option<Ident>,
 }
 
 /// One line of the file.
@@ -40,6 +43,8 @@ pub struct Rule {
     /// `None`: every address (and `local` lines, which have none).
     net: Option<(IpAddr, u8)>,
     pub action: Action,
+    /// `map=`: the `auth_ident_file` map that says which names may log in as which users.
+    map: Option<String>,
 }
 
 /// What a line tells a login to do.
@@ -81,9 +86,9 @@ pub struct Login<'a> {
 /// A token of a line: its text, and whether it starts with a double quote (a name,
 /// never a keyword).
 #[derive(Debug)]
-struct Token {
-    text: String,
-    quoted: bool,
+pub(super) struct Token {
+    pub(super) text: String,
+    pub(super) quoted: bool,
 }
 
 /// How deep `@file` inclusions may nest.
@@ -98,7 +103,21 @@ pub(super) fn for_config(g: &General, config: &Path, invalid: Invalid) -> Result
     if g.auth_hba_file.is_empty() {
         return Err(invalid("auth_hba_file", "auth_type = \"hba\" needs an auth_hba_file".into()));
     }
-    let hba = Hba::load(&super::resolve_from(config, &g.auth_hba_file))?;
+    let mut hba = Hba::load(&super::resolve_from(config, &g.auth_hba_file))?;
+    if !g.auth_ident_file.is_empty() {
+        hba.ident = Some(Ident::load(&super::resolve_from(config, &g.auth_ident_file))?);
+    }
+    for rule in &hba.rules {
+        let Some(map) = &rule.map else { continue };
+        if !hba.ident.as_ref().is_some_and(|i| i.has_map(map)) {
+            return Err(ConfigError::Invalid {
+                file: hba.file.display().to_string(),
+                line: rule.line,
+                key: "method".into(),
+                message: format!("map \"{map}\" is not in the auth_ident_file"),
+            });
+        }
+    }
     if hba.rules.is_empty() {
         // As PostgreSQL refuses a pg_hba.conf without entries: every login would be.
         let message = "the file has no rules: every login would be refused".to_string();
@@ -181,7 +200,7 @@ impl Hba {
             }
             rules.push(rule(line, fields, file).map_err(at)?);
         }
-        Ok(Hba { file: file.to_path_buf(), rules })
+        Ok(Hba { file: file.to_path_buf(), rules, ident: None })
     }
 
     /// The line that decides `login`, if one fits it.
@@ -196,6 +215,11 @@ impl Hba {
 }
 
 impl Rule {
+    /// The user name map of a `map=` option, with the maps it names.
+    pub fn user_map<'a>(&'a self, hba: &'a Hba) -> Option<UserMap<'a>> {
+        Some(UserMap { ident: hba.ident.as_ref()?, name: self.map.as_deref()? })
+    }
+
     fn fits(&self, login: &Login<'_>) -> bool {
         let kind = match (self.kind, login.addr) {
             (Kind::Local, addr) => addr.is_none(),
@@ -235,7 +259,7 @@ fn in_net(addr: IpAddr, net: IpAddr, prefix: u8) -> bool {
 }
 
 /// The file's lines with their line numbers, a line ending with `\` joined with the next.
-fn logical_lines(text: &str) -> Vec<(usize, String)> {
+pub(super) fn logical_lines(text: &str) -> Vec<(usize, String)> {
     let mut out: Vec<(usize, String)> = Vec::new();
     let mut open = false;
     for (i, line) in text.lines().enumerate() {
@@ -256,7 +280,7 @@ fn logical_lines(text: &str) -> Vec<(usize, String)> {
 /// A line's fields, each a comma-separated list of tokens; a comment ends it. As in
 /// PostgreSQL, a token that starts with a double quote is a name, never a keyword, and
 /// two double quotes inside quotes stand for one.
-fn split(line: &str) -> Result<Vec<Vec<Token>>, String> {
+pub(super) fn split(line: &str) -> Result<Vec<Vec<Token>>, String> {
     let mut fields = Vec::new();
     let mut field: Vec<Token> = Vec::new();
     let mut text = String::new();
@@ -330,11 +354,17 @@ fn rule(line: usize, fields: Vec<Vec<Token>>, file: &Path) -> Result<Rule, Failu
     let users = names(fields.next(), "user", dir)?;
     let net = if kind == Kind::Local { None } else { address(&mut fields)? };
     let action = method(&single(fields.next(), "method")?.text, kind)?;
-    if let Some(option) = fields.next() {
+    let mut map = None;
+    for option in fields {
         let option = option.iter().map(|t| t.text.as_str()).collect::<Vec<_>>().join(",");
-        return Err(("method", format!("options are not supported (\"{option}\")")));
+        let names = matches!(action, Action::Authenticate(Method::Peer | Method::Cert));
+        match option.strip_prefix("map=") {
+            Some(name) if names && !name.is_empty() && map.is_none() => map = Some(name.to_string()),
+            _ if names => return Err(("method", format!("the only option of peer and cert is map= (\"{option}\")"))),
+            _ => return Err(("method", format!("options are not supported (\"{option}\")"))),
+        }
     }
-    Ok(Rule { line, kind, databases, users, net, action })
+    Ok(Rule { line, kind, databases, users, net, action, map })
 }
 
 /// A field that must be one word.

@@ -104,7 +104,9 @@ fn what_cannot_be_honoured_is_an_error_naming_its_line() {
         ("host all all all ldap\n", ":1: method: authentication method \"ldap\" is not supported"),
         ("host all all all cert\n", ":1: method: cert authentication is only supported on hostssl"),
         ("host all all all peer\n", ":1: method: peer authentication is only supported on local"),
-        ("local all all peer map=omicron\n", ":1: method: options are not supported (\"map=omicron\")"),
+        ("host all all all md5 map=omicron\n", ":1: method: options are not supported (\"map=omicron\")"),
+        ("local all all peer clientcert=verify-full\n", ":1: method: the only option of peer and cert is map="),
+        ("local all all peer map=a map=b\n", ":1: method: the only option of peer and cert is map= (\"map=b\")"),
         ("include other.conf\n", ":1: connection type: \"include\" is not supported"),
         ("hots all all all md5\n", ":1: connection type: unknown connection type \"hots\""),
         ("host all all\n", ":1: address: the line ends before its address"),
@@ -156,4 +158,29 @@ fn a_quoted_address_is_a_host_name_and_mapped_ranges_are_refused() {
         let e = error(&format!("host all all {range} reject\n"));
         assert!(e.contains(":1: address: IPv4-mapped ranges"), "{range}: {e}");
     }
+}
+
+#[test]
+fn map_options_name_maps_of_the_ident_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hba.conf");
+    std::fs::write(&file, "local all all peer map=web\n").unwrap();
+    std::fs::write(dir.path().join("ident.conf"), "web www-data app\n").unwrap();
+    let g = |ident: &str| General {
+        auth_type: AuthType::Hba,
+        auth_hba_file: "hba.conf".into(),
+        auth_ident_file: ident.into(),
+        ..General::default()
+    };
+    let config = dir.path().join("sluice.toml");
+    let unplaced =
+        |k: &str, m: String| ConfigError::Invalid { file: String::new(), line: 0, key: k.into(), message: m };
+    let e = for_config(&g(""), &config, &unplaced).unwrap_err().to_string();
+    assert!(e.ends_with("hba.conf:1: method: map \"web\" is not in the auth_ident_file"), "{e}");
+    let hba = for_config(&g("ident.conf"), &config, &unplaced).unwrap().unwrap();
+    let rule = hba.rule_for(&local("app", "app")).unwrap();
+    let map = rule.user_map(&hba).expect("the line's map");
+    assert!(map.allows("www-data", "app") && !map.allows("www-data", "postgres") && !map.allows("app", "app"));
+    std::fs::write(dir.path().join("ident.conf"), "other www-data app\n").unwrap();
+    assert!(for_config(&g("ident.conf"), &config, &unplaced).is_err(), "the map must be in the file");
 }

@@ -4,6 +4,7 @@
 pub mod convert;
 mod entries;
 pub mod hba;
+pub mod ident;
 mod keep;
 mod locate;
 pub mod reference;
@@ -178,6 +179,8 @@ pub struct General {
     pub auth_file: String,
     /// The pg_hba.conf-style file `auth_type = "hba"` reads ("" = none).
     pub auth_hba_file: String,
+    /// The pg_ident.conf-style user name maps of its `map=` options ("" = none).
+    pub auth_ident_file: String,
     /// The user whose server connection looks up the passwords of users Sluice does not
     /// know (`auth_query`); "" = no lookups.
     pub auth_user: String,
@@ -259,6 +262,7 @@ impl Default for General {
             auth_type: AuthType::ScramSha256,
             auth_file: String::new(),
             auth_hba_file: String::new(),
+            auth_ident_file: String::new(),
             auth_user: String::new(),
             auth_query: crate::auth::query::DEFAULT_QUERY.into(),
             auth_dbname: String::new(),
