@@ -130,6 +130,7 @@ async fn the_fitting_line_decides_each_logins_method() {
         let want = format!("Peer authentication failed for user \"{user}\"");
         assert_eq!(refusal(&e), ("28000".to_string(), want));
     }
+    assert!(s.wait_log("map=\"omap\"", Duration::from_secs(10)), "the log names the map:\n{}", s.log());
     let e = try_unix(&s.socket_dir, s.port, &me, "app").await.unwrap_err();
     let want = format!("no pg_hba.conf entry for host \"[local]\", user \"{me}\", database \"app\", no encryption");
     assert_eq!(refusal(&e), ("28000".to_string(), want));

@@ -313,7 +313,8 @@ async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, 
         Err(e) => {
             // Logged before the delay (`listed_and_proven`).
             let (cn, os_user, detail) = (cert_name.as_deref(), os_user.as_deref(), e.detail());
-            warn!(peer = %conn.peer, user, database, client_cn = cn, os_user, detail, "login failed: {e}");
+            let map = map.map(|m| m.name);
+            warn!(peer = %conn.peer, user, database, client_cn = cn, os_user, map, detail, "login failed: {e}");
             return Ok(Proof::Refused(Exit::fatal(e.sqlstate(), e.to_string())));
         }
     };

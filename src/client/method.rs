@@ -11,7 +11,7 @@ use super::{ClientConn, Exit};
 use crate::admin;
 use crate::auth::client::Method;
 use crate::config::Config;
-use crate::config::hba::{Action, Login};
+use crate::config::hba::{Action, Login, MapWithoutIdent};
 use crate::config::ident::UserMap;
 use crate::net::Stream;
 use crate::net::listener::Peer;
@@ -43,7 +43,10 @@ pub(super) fn login_method<'a>(
     let decided = hba.and_then(|hba| Some((hba, hba.rule_for(&Login { addr, tls, database: matched, user })?)));
     let (what, line) = match decided {
         Some((hba, rule)) => match rule.action {
-            Action::Authenticate(method) => return Ok((method, rule.user_map(hba))),
+            Action::Authenticate(method) => match rule.user_map(hba) {
+                Ok(map) => return Ok((method, map)),
+                Err(MapWithoutIdent) => ("pg_hba.conf rejects connection", Some(rule.line)),
+            },
             Action::Reject => ("pg_hba.conf rejects connection", Some(rule.line)),
         },
         None => ("no pg_hba.conf entry", None),

@@ -10,9 +10,10 @@
 //! and a netmask; methods `trust`, `reject`, `md5`, `password`, `scram-sha-256`, `cert`
 //! (on `hostssl` lines) and `peer` (on `local` lines). Lists are comma-separated, double
 //! quotes keep a keyword as a name, `#` starts a comment, a line ending with `\` goes on
-//! on the next. What Sluice cannot honour (`+group`, regular expressions, host names,
-//! `samehost`, IPv4-mapped ranges, `include`, options such as `map=`, other methods) is
-//! an error naming the file and line, never a line silently skipped.
+//! on the next; `peer` and `cert` lines take `map=` (`auth_ident_file`). What Sluice
+//! cannot honour (`+group`, regular expressions, host names, `samehost`, IPv4-mapped
+//! ranges, `include`, other options, other methods) is an error naming the file and
+//! line, never a line silently skipped.
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -73,6 +74,10 @@ enum Name {
     Is(String),
 }
 
+/// A line's `map=` with no `auth_ident_file` to read it from (`Rule::user_map`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapWithoutIdent;
+
 /// A login as the file's lines see it.
 #[derive(Debug, Clone, Copy)]
 pub struct Login<'a> {
@@ -109,14 +114,13 @@ pub(super) fn for_config(g: &General, config: &Path, invalid: Invalid) -> Result
     }
     for rule in &hba.rules {
         let Some(map) = &rule.map else { continue };
-        if !hba.ident.as_ref().is_some_and(|i| i.has_map(map)) {
-            return Err(ConfigError::Invalid {
-                file: hba.file.display().to_string(),
-                line: rule.line,
-                key: "method".into(),
-                message: format!("map \"{map}\" is not in the auth_ident_file"),
-            });
-        }
+        let message = match &hba.ident {
+            None => format!("map=\"{map}\" needs an auth_ident_file"),
+            Some(i) if !i.has_map(map) => format!("map \"{map}\" is not in {}", i.file.display()),
+            Some(_) => continue,
+        };
+        let (file, line) = (hba.file.display().to_string(), rule.line);
+        return Err(ConfigError::Invalid { file, line, key: "method".into(), message });
     }
     if hba.rules.is_empty() {
         // As PostgreSQL refuses a pg_hba.conf without entries: every login would be.
@@ -215,9 +219,15 @@ impl Hba {
 }
 
 impl Rule {
-    /// The user name map of a `map=` option, with the maps it names.
-    pub fn user_map<'a>(&'a self, hba: &'a Hba) -> Option<UserMap<'a>> {
-        Some(UserMap { ident: hba.ident.as_ref()?, name: self.map.as_deref()? })
+    /// The user name map of a `map=` option, with the maps it names: `Err` when the
+    /// line has one but `hba` has no `auth_ident_file` (loading refuses that; a login
+    /// refused, never let in as if the line had no map).
+    pub fn user_map<'a>(&'a self, hba: &'a Hba) -> Result<Option<UserMap<'a>>, MapWithoutIdent> {
+        match (&self.map, &hba.ident) {
+            (None, _) => Ok(None),
+            (Some(name), Some(ident)) => Ok(Some(UserMap { ident, name })),
+            (Some(_), None) => Err(MapWithoutIdent),
+        }
     }
 
     fn fits(&self, login: &Login<'_>) -> bool {
@@ -356,10 +366,11 @@ fn rule(line: usize, fields: Vec<Vec<Token>>, file: &Path) -> Result<Rule, Failu
     let action = method(&single(fields.next(), "method")?.text, kind)?;
     let mut map = None;
     for option in fields {
+        let single = option.len() == 1;
         let option = option.iter().map(|t| t.text.as_str()).collect::<Vec<_>>().join(",");
         let names = matches!(action, Action::Authenticate(Method::Peer | Method::Cert));
         match option.strip_prefix("map=") {
-            Some(name) if names && !name.is_empty() && map.is_none() => map = Some(name.to_string()),
+            Some(name) if names && single && !name.is_empty() && map.is_none() => map = Some(name.to_string()),
             _ if names => return Err(("method", format!("the only option of peer and cert is map= (\"{option}\")"))),
             _ => return Err(("method", format!("options are not supported (\"{option}\")"))),
         }

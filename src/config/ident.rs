@@ -59,6 +59,9 @@ impl Ident {
             if fields.is_empty() {
                 continue;
             }
+            if fields[0].first().is_some_and(|t| !t.quoted && t.text.starts_with("include")) {
+                return Err(at("-", "include lines are not supported: list the entries in this file".into()));
+            }
             let words: Vec<_> = fields.into_iter().map(|mut f| (f.len() == 1).then(|| f.remove(0))).collect();
             let [Some(map), Some(system), Some(user)] = <[_; 3]>::try_from(words).unwrap_or_default() else {
                 return Err(at("-", "expected MAPNAME SYSTEM-USERNAME DATABASE-USERNAME, one word each".into()));
@@ -109,6 +112,7 @@ mod tests {
             ("web alice\n", "ident.conf:1: -: expected MAPNAME SYSTEM-USERNAME DATABASE-USERNAME"),
             ("web alice a,b\n", "ident.conf:1: -: expected MAPNAME"),
             ("web alice bob extra\n", "ident.conf:1: -: expected MAPNAME"),
+            ("include_dir conf.d\n", "ident.conf:1: -: include lines are not supported"),
         ];
         for (text, want) in cases {
             let e = Ident::parse(text, Path::new("ident.conf")).unwrap_err().to_string();
