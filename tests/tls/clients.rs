@@ -133,8 +133,9 @@ fn verify_ca_demands_a_certificate_and_still_checks_passwords() {
 
 /// Under `auth_type = "hba"`, `hostssl` and `hostnossl` lines tell TLS logins from
 /// plaintext ones, and a `cert` line takes a client certificate that the mode (`allow`)
-/// does not demand: the certificate logs u_scram in without a password, while others
-/// log in over TLS with no certificate, or with one, and their passwords.
+/// does not demand: the certificate logs u_scram in without a password (and, under
+/// `map=`, CN=u_md5 as u_scram), while others log in over TLS with no certificate, or
+/// with one, and their passwords.
 #[test]
 fn hba_lines_tell_tls_from_plaintext_and_cert_lines_take_certificates() {
     let certs = TestCerts::generate();
@@ -142,10 +143,17 @@ fn hba_lines_tell_tls_from_plaintext_and_cert_lines_take_certificates() {
     let dir = tempfile::tempdir().unwrap();
     let hba = dir.path().join("hba.conf");
     let rules = "hostssl app u_scram 127.0.0.1/32 cert\n\
+                 hostssl other all 127.0.0.1/32 cert map=cmap\n\
                  hostssl app all 127.0.0.1/32 scram-sha-256\n\
                  hostnossl app all 127.0.0.1/32 reject\n";
     std::fs::write(&hba, rules).unwrap();
-    let b = Sluice::builder(&pg).general("auth_type", "\"hba\"").general("auth_hba_file", &crate::path_str(&hba));
+    let ident = dir.path().join("ident.conf");
+    std::fs::write(&ident, "cmap u_md5 u_scram\n").unwrap();
+    let b = Sluice::builder(&pg)
+        .general("auth_type", "\"hba\"")
+        .general("auth_hba_file", &crate::path_str(&hba))
+        .general("auth_ident_file", &crate::path_str(&ident))
+        .database("other", &[]);
     let s = client_tls(b, "allow", &certs.server, &certs).start();
     let tls = |role| psql_tls(s.port, "localhost", role, "verify-full", &certs);
 
@@ -154,6 +162,16 @@ fn hba_lines_tell_tls_from_plaintext_and_cert_lines_take_certificates() {
     let r = run_sql(tls(NO_PASSWORD), "select 1");
     assert!(r.stderr.contains("FATAL:  connection requires a valid client certificate"), "{}", r.stderr);
     let r = run_sql(with_cert(tls(NO_PASSWORD), &certs.client_md5), "select 1");
+    assert!(r.stderr.contains("certificate authentication failed for user \"u_scram\""), "{}", r.stderr);
+    // map=: CN=u_md5 logs in as u_scram to `other`, as the map says; CN=u_scram may not.
+    let other = |cert| {
+        let mut cmd = with_cert(tls(NO_PASSWORD), cert);
+        cmd.env("PGDATABASE", "other");
+        run_sql(cmd, "select current_user")
+    };
+    let r = other(&certs.client_md5);
+    assert_eq!(r.stdout, "u_scram", "CN=u_md5 mapped to u_scram: {}", r.stderr);
+    let r = other(&certs.client);
     assert!(r.stderr.contains("certificate authentication failed for user \"u_scram\""), "{}", r.stderr);
 
     let r = run_sql(tls(Role::MD5), "select current_user");
