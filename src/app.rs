@@ -185,12 +185,7 @@ impl App {
         users.inherit(&self.users.load());
         let old = self.config.load();
         let kept = cfg.keep_start_up(&old);
-        let (client_tls, server_tls) = self.reload_tls(&mut cfg, &old.general);
-        // A running `hba` kept in place of a new `cert` (its TLS files unusable) keeps
-        // its rules: the new config read no auth_hba_file.
-        if cfg.general.auth_type == crate::config::AuthType::Hba && cfg.hba.is_none() {
-            cfg.hba.clone_from(&old.hba);
-        }
+        let (client_tls, server_tls) = self.reload_tls(&mut cfg, &old);
         // A running auth_type kept (the new `cert` needed the client TLS files) must still
         // fit the new users' secrets.
         cfg.check_users().map_err(|e| failed(&e))?;
@@ -282,9 +277,10 @@ impl App {
     /// Re-reads the TLS files of both sides. A side whose files cannot be used keeps its
     /// running setup (logged), and `cfg` keeps that side's running TLS keys, so that what
     /// SHOW CONFIG says and what logins check is the setup in force (and keeps the
-    /// running `auth_type` instead of a new `cert`, which needs the new client setup);
+    /// running client authentication, `hba` rules included, instead of a new `cert`,
+    /// which needs the new client setup: `Config::keep_client_tls`);
     /// connections keep the setup they were opened with.
-    fn reload_tls(&self, cfg: &mut Config, running: &General) -> (Arc<ClientTls>, Arc<ServerTls>) {
+    fn reload_tls(&self, cfg: &mut Config, running: &Config) -> (Arc<ClientTls>, Arc<ServerTls>) {
         let keep = |cfg: &Config, e: tls::TlsError, side: &str| {
             error!("{}; keeping the running {side} TLS setup and settings", cfg.general_error(e.key, e.message));
         };
@@ -292,7 +288,7 @@ impl App {
             Ok(t) => Arc::new(t),
             Err(e) => {
                 keep(cfg, e, "client");
-                cfg.general.keep_client_tls(running);
+                cfg.keep_client_tls(running);
                 self.client_tls.load_full()
             }
         };
@@ -300,7 +296,7 @@ impl App {
             Ok(t) => Arc::new(t),
             Err(e) => {
                 keep(cfg, e, "server");
-                cfg.general.keep_server_tls(running);
+                cfg.general.keep_server_tls(&running.general);
                 self.pools.server_tls()
             }
         };

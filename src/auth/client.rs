@@ -1,6 +1,7 @@
 //! Sluice checking a connecting client: trust, md5, SCRAM-SHA-256, a clear-text
-//! password, the TLS client certificate or the Unix socket peer's OS user. Unknown users go through the same exchange with a mock secret, so they
-//! fail the same way, at the same step, after the same delay as a wrong password.
+//! password, the TLS client certificate or the Unix socket peer's OS user. Unknown users
+//! go through the same exchange with a mock secret, so they fail the same way, at the
+//! same step, after the same delay as a wrong password.
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite};

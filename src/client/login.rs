@@ -305,9 +305,9 @@ async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, 
     let cert_name = tls::peer_common_name(&conn.stream);
     let os_user = if method == Method::Peer { super::method::os_user(&conn.stream).await } else { None };
     let shown = Shown { cert_name: cert_name.as_deref(), os_user: os_user.as_deref(), map };
-    let proven = authenticate(&mut conn.stream, &mut conn.buf, method, user, auth_user.as_deref(), &app.checks, shown);
-    let proven = proven.await;
-    let proven = match proven {
+    let exchange =
+        authenticate(&mut conn.stream, &mut conn.buf, method, user, auth_user.as_deref(), &app.checks, shown);
+    let proven = match exchange.await {
         Ok(p) => p,
         Err(AuthFailure::Closed) => return Err(Exit::Closed),
         Err(e) => {

@@ -11,7 +11,7 @@ use super::{ClientConn, Exit};
 use crate::admin;
 use crate::auth::client::Method;
 use crate::config::Config;
-use crate::config::hba::{Action, Login, MapWithoutIdent};
+use crate::config::hba::{Action, Login};
 use crate::config::ident::UserMap;
 use crate::net::Stream;
 use crate::net::listener::Peer;
@@ -42,19 +42,17 @@ pub(super) fn login_method<'a>(
     let hba = cfg.hba.as_deref();
     let decided = hba.and_then(|hba| Some((hba, hba.rule_for(&Login { addr, tls, database: matched, user })?)));
     let (what, line) = match decided {
-        Some((hba, rule)) => match rule.action {
-            Action::Authenticate(method) => match rule.user_map(hba) {
-                Ok(map) => return Ok((method, map)),
-                Err(MapWithoutIdent) => ("pg_hba.conf rejects connection", Some(rule.line)),
-            },
-            Action::Reject => ("pg_hba.conf rejects connection", Some(rule.line)),
+        Some((hba, rule)) => match (rule.action, rule.user_map(hba)) {
+            (Action::Authenticate(method), Ok(map)) => return Ok((method, map)),
+            // A `reject` line, or a `map=` without its ident file (loading refuses that).
+            _ => ("pg_hba.conf rejects connection", Some(rule.line)),
         },
         None => ("no pg_hba.conf entry", None),
     };
     let host = addr.map_or_else(|| "[local]".to_string(), |a| a.to_canonical().to_string());
     let encryption = if tls { "SSL encryption" } else { "no encryption" };
     let message = format!("{what} for host \"{host}\", user \"{user}\", database \"{database}\", {encryption}");
-    let file = cfg.hba.as_ref().map(|h| h.file.display().to_string()).unwrap_or_default();
+    let file = hba.map(|h| h.file.display().to_string()).unwrap_or_default();
     warn!(peer = %conn.peer, user, database, hba_file = file, hba_line = line, "login refused: {message}");
     Err(Exit::fatal(sqlstate::INVALID_AUTHORIZATION, message))
 }

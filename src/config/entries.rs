@@ -88,7 +88,14 @@ pub(super) fn validate_user(
 /// check their proofs, so every login of that user fails (as PostgreSQL refuses a role
 /// with an md5 password under a `scram-sha-256` pg_hba line).
 pub(super) fn md5_under_scram(user: &User, g: &General) -> bool {
-    g.auth_type == AuthType::ScramSha256 && user.password.as_deref().is_some_and(crate::auth::md5::is_md5_hash)
+    g.auth_type == AuthType::ScramSha256 && user.has_md5_hash()
+}
+
+impl User {
+    /// Whether the user's password is an md5 hash (which cannot check SCRAM logins).
+    pub(super) fn has_md5_hash(&self) -> bool {
+        self.password.as_deref().is_some_and(crate::auth::md5::is_md5_hash)
+    }
 }
 
 /// Where the config's users come from, for errors naming a user that is not there.

@@ -17,7 +17,6 @@
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-
 use std::sync::Arc;
 
 use super::ident::{Ident, UserMap};
@@ -119,13 +118,11 @@ pub(super) fn for_config(g: &General, config: &Path, invalid: Invalid) -> Result
             Some(i) if !i.has_map(map) => format!("map \"{map}\" is not in {}", i.file.display()),
             Some(_) => continue,
         };
-        let (file, line) = (hba.file.display().to_string(), rule.line);
-        return Err(ConfigError::Invalid { file, line, key: "method".into(), message });
+        return Err(hba.invalid(rule.line, "method", message));
     }
     if hba.rules.is_empty() {
         // As PostgreSQL refuses a pg_hba.conf without entries: every login would be.
-        let message = "the file has no rules: every login would be refused".to_string();
-        return Err(ConfigError::Invalid { file: hba.file.display().to_string(), line: 1, key: "-".into(), message });
+        return Err(hba.invalid(1, "-", "the file has no rules: every login would be refused".into()));
     }
     check_tls(g, &hba)?;
     Ok(Some(Arc::new(hba)))
@@ -135,20 +132,15 @@ pub(super) fn for_config(g: &General, config: &Path, invalid: Invalid) -> Result
 /// PostgreSQL refuses them with `ssl = off`), `cert` lines a CA to check certificates
 /// with (at load, for SET, and for a reload that kept the running TLS keys).
 pub fn check_tls(g: &General, hba: &Hba) -> Result<(), ConfigError> {
-    let at = |rule: &Rule, key: &str, message: &str| ConfigError::Invalid {
-        file: hba.file.display().to_string(),
-        line: rule.line,
-        key: key.to_string(),
-        message: message.to_string(),
-    };
-    if let Some(r) =
-        hba.rules.iter().find(|r| r.kind == Kind::HostSsl).filter(|_| g.client_tls_sslmode == ClientTlsMode::Disable)
+    if g.client_tls_sslmode == ClientTlsMode::Disable
+        && let Some(r) = hba.rules.iter().find(|r| r.kind == Kind::HostSsl)
     {
-        return Err(at(r, "connection type", "hostssl cannot fit a login: client_tls_sslmode is \"disable\""));
+        let message = "hostssl cannot fit a login: client_tls_sslmode is \"disable\"";
+        return Err(hba.invalid(r.line, "connection type", message.into()));
     }
-    match hba.rules.iter().find(|r| r.action == Action::Authenticate(Method::Cert)) {
+    match hba.first(Method::Cert) {
         Some(r) if g.client_tls_ca_file.is_empty() => {
-            Err(at(r, "method", "cert needs client_tls_ca_file to check certificates"))
+            Err(hba.invalid(r.line, "method", "cert needs client_tls_ca_file to check certificates".into()))
         }
         _ => Ok(()),
     }
@@ -168,8 +160,8 @@ pub(super) fn warnings(g: &General, hba: &Hba, md5_users: &[&str]) -> Vec<String
         };
         out.push(format!("{file}:{}: this line fits no login: {never}", r.line));
     }
-    if let (Some(r), false) =
-        (hba.rules.iter().find(|r| r.action == Action::Authenticate(Method::ScramSha256)), md5_users.is_empty())
+    if !md5_users.is_empty()
+        && let Some(r) = hba.first(Method::ScramSha256)
     {
         out.push(format!(
             "{file}:{}: an md5 hash cannot check SCRAM logins: the logins of {} on scram-sha-256 lines are refused",
@@ -182,9 +174,12 @@ pub(super) fn warnings(g: &General, hba: &Hba, md5_users: &[&str]) -> Vec<String
 
 impl Hba {
     pub fn load(file: &Path) -> Result<Hba, ConfigError> {
-        let name = file.display().to_string();
-        let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Io { file: name, source })?;
-        Self::parse(&text, file)
+        Self::parse(&super::read(file)?, file)
+    }
+
+    /// An error at `line` of the file.
+    fn invalid(&self, line: usize, key: &str, message: String) -> ConfigError {
+        ConfigError::Invalid { file: self.file.display().to_string(), line, key: key.to_string(), message }
     }
 
     /// The rules of `text`, read from `file` (`@file` names are relative to its
@@ -212,9 +207,9 @@ impl Hba {
         self.rules.iter().find(|r| r.fits(login))
     }
 
-    /// Whether some line authenticates with `method`.
-    pub fn uses(&self, method: Method) -> bool {
-        self.rules.iter().any(|r| r.action == Action::Authenticate(method))
+    /// The first line that authenticates with `method`, if one does.
+    pub fn first(&self, method: Method) -> Option<&Rule> {
+        self.rules.iter().find(|r| r.action == Action::Authenticate(method))
     }
 }
 
@@ -364,11 +359,11 @@ fn rule(line: usize, fields: Vec<Vec<Token>>, file: &Path) -> Result<Rule, Failu
     let users = names(fields.next(), "user", dir)?;
     let net = if kind == Kind::Local { None } else { address(&mut fields)? };
     let action = method(&single(fields.next(), "method")?.text, kind)?;
+    let names = matches!(action, Action::Authenticate(Method::Peer | Method::Cert));
     let mut map = None;
     for option in fields {
         let single = option.len() == 1;
         let option = option.iter().map(|t| t.text.as_str()).collect::<Vec<_>>().join(",");
-        let names = matches!(action, Action::Authenticate(Method::Peer | Method::Cert));
         match option.strip_prefix("map=") {
             Some(name) if names && single && !name.is_empty() && map.is_none() => map = Some(name.to_string()),
             _ if names => return Err(("method", format!("the only option of peer and cert is map= (\"{option}\")"))),
@@ -378,9 +373,14 @@ fn rule(line: usize, fields: Vec<Vec<Token>>, file: &Path) -> Result<Rule, Failu
     Ok(Rule { line, kind, databases, users, net, action, map })
 }
 
+/// A field the line must have.
+fn present(field: Option<Vec<Token>>, what: &'static str) -> Result<Vec<Token>, Failure> {
+    field.ok_or((what, format!("the line ends before its {what}")))
+}
+
 /// A field that must be one word.
 fn single(field: Option<Vec<Token>>, what: &'static str) -> Result<Token, Failure> {
-    let mut field = field.ok_or((what, format!("the line ends before its {what}")))?;
+    let mut field = present(field, what)?;
     if field.len() != 1 {
         return Err((what, format!("the {what} must be a single word")));
     }
@@ -389,9 +389,8 @@ fn single(field: Option<Vec<Token>>, what: &'static str) -> Result<Token, Failur
 
 /// The database or user field.
 fn names(field: Option<Vec<Token>>, what: &'static str, dir: &Path) -> Result<Vec<Name>, Failure> {
-    let field = field.ok_or((what, format!("the line ends before its {what}")))?;
     let mut out = Vec::new();
-    for token in field {
+    for token in present(field, what)? {
         expand(token, what, dir, 0, &mut out)?;
     }
     Ok(out)
@@ -440,9 +439,10 @@ fn include(name: &str, what: &'static str, dir: &Path, depth: usize, out: &mut V
 fn address(fields: &mut impl Iterator<Item = Vec<Token>>) -> Result<Option<(IpAddr, u8)>, Failure> {
     const WHAT: &str = "address";
     let Token { text, quoted } = single(fields.next(), WHAT)?;
+    let host_name = || Err((WHAT, format!("host names (\"{text}\") are not supported: give an address range")));
     if quoted {
         // A name, as PostgreSQL reads a quoted keyword there too.
-        return Err((WHAT, format!("host names (\"{text}\") are not supported: give an address range")));
+        return host_name();
     }
     if text == "all" {
         return Ok(None);
@@ -457,9 +457,7 @@ fn address(fields: &mut impl Iterator<Item = Vec<Token>>) -> Result<Option<(IpAd
         let max = if addr.is_ipv4() { 32 } else { 128 };
         return if prefix <= max { range(addr, prefix).map(Some) } else { Err(bad_range()) };
     }
-    let Ok(addr) = text.parse::<IpAddr>() else {
-        return Err((WHAT, format!("host names (\"{text}\") are not supported: give an address range")));
-    };
+    let Ok(addr) = text.parse::<IpAddr>() else { return host_name() };
     let mask = single(fields.next(), "netmask")?.text;
     let prefix = match (addr, mask.parse::<IpAddr>()) {
         (IpAddr::V4(_), Ok(IpAddr::V4(m))) => prefix_of(u128::from(u32::from(m)) << 96),

@@ -41,9 +41,7 @@ impl UserMap<'_> {
 
 impl Ident {
     pub fn load(file: &Path) -> Result<Ident, ConfigError> {
-        let name = file.display().to_string();
-        let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Io { file: name, source })?;
-        Self::parse(&text, file)
+        Self::parse(&super::read(file)?, file)
     }
 
     pub fn parse(text: &str, file: &Path) -> Result<Ident, ConfigError> {

@@ -44,21 +44,28 @@ start_up_only!(
     metrics_listen
 );
 
-impl General {
+impl Config {
     /// Takes `running`'s client TLS keys (a reload whose client TLS files cannot be
-    /// used), and its `auth_type` instead of a new `cert`, which checks certificates
-    /// through the new client setup.
-    pub fn keep_client_tls(&mut self, running: &General) {
-        self.client_tls_sslmode = running.client_tls_sslmode;
-        self.client_tls_cert_file.clone_from(&running.client_tls_cert_file);
-        self.client_tls_key_file.clone_from(&running.client_tls_key_file);
-        self.client_tls_ca_file.clone_from(&running.client_tls_ca_file);
-        self.client_tls_protocols.clone_from(&running.client_tls_protocols);
-        if self.auth_type == AuthType::Cert {
-            self.auth_type = running.auth_type;
+    /// used), and its client authentication instead of a new `auth_type = "cert"`,
+    /// which checks certificates through the new client setup: its `auth_type`, and an
+    /// `hba` one's files and rules with it (the new config read none).
+    pub fn keep_client_tls(&mut self, running: &Config) {
+        let (new, old) = (&mut self.general, &running.general);
+        new.client_tls_sslmode = old.client_tls_sslmode;
+        new.client_tls_cert_file.clone_from(&old.client_tls_cert_file);
+        new.client_tls_key_file.clone_from(&old.client_tls_key_file);
+        new.client_tls_ca_file.clone_from(&old.client_tls_ca_file);
+        new.client_tls_protocols.clone_from(&old.client_tls_protocols);
+        if new.auth_type == AuthType::Cert {
+            new.auth_type = old.auth_type;
+            new.auth_hba_file.clone_from(&old.auth_hba_file);
+            new.auth_ident_file.clone_from(&old.auth_ident_file);
+            self.hba.clone_from(&running.hba);
         }
     }
+}
 
+impl General {
     /// Takes `running`'s server TLS keys (a reload whose server TLS files cannot be used).
     pub fn keep_server_tls(&mut self, running: &General) {
         self.server_tls_sslmode = running.server_tls_sslmode;

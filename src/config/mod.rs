@@ -416,6 +416,12 @@ pub fn secs(v: f64) -> Option<Duration> {
     (v > 0.0).then(|| Duration::from_secs_f64(v))
 }
 
+/// The text of a file the config is read from (the config itself, `auth_file`,
+/// `auth_hba_file`, `auth_ident_file`).
+fn read(file: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(file).map_err(|source| ConfigError::Io { file: file.display().to_string(), source })
+}
+
 /// `file` as named in the config at `config`: relative to the config's directory.
 fn resolve_from(config: &Path, file: &str) -> PathBuf {
     match config.parent() {
@@ -426,9 +432,7 @@ fn resolve_from(config: &Path, file: &str) -> PathBuf {
 
 impl Config {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io { file: file.clone(), source })?;
-        Self::parse(&text, path)
+        Self::parse(&read(path)?, path)
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {

@@ -59,8 +59,8 @@ pub fn merge(
     users: &mut BTreeMap<String, User>,
     check: &dyn Fn(&User) -> Result<(), String>,
 ) -> Result<BTreeMap<String, usize>, ConfigError> {
+    let text = super::read(file)?;
     let name = file.display().to_string();
-    let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Io { file: name.clone(), source })?;
     let at = |line: usize, key: &str, message: String| ConfigError::Invalid {
         file: name.clone(),
         line,
@@ -100,8 +100,8 @@ impl Config {
             })
             .collect();
         if let Some(hba) = &self.hba {
-            let is_md5 = |u: &&User| u.password.as_deref().is_some_and(crate::auth::md5::is_md5_hash);
-            let md5_users: Vec<&str> = self.users.iter().filter(|(_, u)| is_md5(u)).map(|(n, _)| n.as_str()).collect();
+            let md5_users: Vec<&str> =
+                self.users.iter().filter(|(_, u)| u.has_md5_hash()).map(|(n, _)| n.as_str()).collect();
             out.extend(super::hba::warnings(&self.general, hba, &md5_users));
         }
         out

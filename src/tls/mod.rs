@@ -114,7 +114,7 @@ fn server_config(cfg: &Config) -> Result<ServerConfig, TlsError> {
     // `auth_hba_file` `cert` lines ask for certificates where the mode does not: then
     // a client may present one (checked against the CA, as PostgreSQL checks one when
     // it has `ssl_ca_file`), and the other lines' clients need none.
-    let optional = cfg.hba.as_ref().is_some_and(|h| h.uses(crate::auth::client::Method::Cert));
+    let optional = cfg.hba.as_ref().is_some_and(|h| h.first(crate::auth::client::Method::Cert).is_some());
     let builder = if g.client_tls_sslmode.verifies_client() || optional {
         let roots = files::roots(&cfg.resolve(&g.client_tls_ca_file)).map_err(error("client_tls_ca_file"))?;
         let mut verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
