@@ -21,6 +21,8 @@ use crate::stats::{ClientInfo, ClientState, ServerInfo};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CancelTarget {
     pub addr: ServerAddr,
+    /// The address the server's host name gave the connection (`ServerInfo::peer`).
+    pub at: Option<std::net::SocketAddr>,
     pub pid: u32,
     pub secret: u32,
 }
@@ -130,7 +132,7 @@ impl CancelRegistry {
         }
         let server = &in_flight.0;
         let (pid, secret) = server.cancel_key();
-        Some((CancelTarget { addr: server.addr.clone(), pid, secret }, in_flight))
+        Some((CancelTarget { addr: server.addr.clone(), at: server.peer(), pid, secret }, in_flight))
     }
 
     pub fn len(&self) -> usize {
@@ -200,7 +202,7 @@ mod tests {
         let k = r.register(&c, &p);
         assert_eq!(tgt(&r, k.pid, k.secret), None, "idle client");
         c.server_id.store(7, Release);
-        let t = CancelTarget { addr: ServerAddr { host: "h".into(), port: 1 }, pid: 9, secret: 8 };
+        let t = CancelTarget { addr: ServerAddr { host: "h".into(), port: 1 }, at: None, pid: 9, secret: 8 };
         assert_eq!(tgt(&r, k.pid, k.secret), Some(t));
         assert_eq!(tgt(&r, k.pid, k.secret ^ 1), None, "wrong secret");
         c.server_id.store(8, Release);
@@ -259,7 +261,7 @@ mod tests {
         assert_ne!(r.register_with_pid(Some(0), &c1, &p).pid, 0);
         assert_eq!(
             tgt(&r, b.pid, b.secret),
-            Some(CancelTarget { addr: ServerAddr { host: "h".into(), port: 1 }, pid: 5, secret: 6 })
+            Some(CancelTarget { addr: ServerAddr { host: "h".into(), port: 1 }, at: None, pid: 5, secret: 6 })
         );
         drop(b);
         assert!(r.is_empty());

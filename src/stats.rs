@@ -310,6 +310,9 @@ pub enum ServerState {
 pub struct ServerInfo {
     pub id: u64,
     pub addr: crate::server::ServerAddr,
+    /// The address a host name gave this connection (unset for an IP address or a Unix
+    /// socket): SHOW SERVERS shows it, and a cancel goes there.
+    peer: std::sync::OnceLock<std::net::SocketAddr>,
     /// The server's backend key (BackendKeyData), 0 until it has logged in.
     pid: AtomicU32,
     secret: AtomicU32,
@@ -331,6 +334,7 @@ impl ServerInfo {
         ServerInfo {
             id,
             addr,
+            peer: std::sync::OnceLock::new(),
             pid: AtomicU32::new(0),
             secret: AtomicU32::new(0),
             connect_time_us: now_us(),
@@ -342,6 +346,17 @@ impl ServerInfo {
             cancels: AtomicU32::new(0),
             cancels_done: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Records the address a host name gave the connection (before its login).
+    pub fn set_peer(&self, at: std::net::SocketAddr) {
+        let _ = self.peer.set(at);
+    }
+
+    /// The address a host name gave the connection; None for an IP address or a Unix
+    /// socket (`addr` says where it goes).
+    pub fn peer(&self) -> Option<std::net::SocketAddr> {
+        self.peer.get().copied()
     }
 
     /// Records the backend key (the server's BackendKeyData at login). Published to a

@@ -301,7 +301,8 @@ fn servers(app: &App) -> Table {
                     // Being opened and logging in: PgBouncer's name for that state.
                     ServerState::Login => "new",
                 }),
-                text(&*s.addr.host),
+                // The address its host name gave it (PgBouncer shows the address).
+                text(s.peer().map_or_else(|| s.addr.host.to_string(), |at| at.ip().to_string())),
                 int(s.addr.port),
                 text(""),
                 int(0),
@@ -309,7 +310,7 @@ fn servers(app: &App) -> Table {
                 text(timestamp(s.request_time_us.load(Relaxed))),
                 int(0),
                 int(0),
-                int(pool.close_needed(&s) as u64),
+                int((pool.close_needed(&s) || pool.left_behind(&s)) as u64),
                 text(ptr(true, s.id)),
                 text(if client == 0 { String::new() } else { ptr(false, client) }),
                 int(s.cancel_key().0),
@@ -471,7 +472,7 @@ fn lists(app: &App, cfg: &Config) -> Table {
         ("login_clients", app.client_count().saturating_sub(used_clients)),
         ("free_servers", 0),
         ("used_servers", servers),
-        ("dns_names", 0),
+        ("dns_names", app.pools.host_names()),
         ("dns_zones", 0),
         ("dns_queries", 0),
         ("dns_pending", 0),

@@ -433,7 +433,7 @@ async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessa
                 if let Some((t, in_flight)) = app.cancel.target(pid, secret) {
                     let forward = tokio::spawn(async move {
                         let _in_flight = in_flight;
-                        if let Err(e) = t.addr.cancel(t.pid, t.secret).await {
+                        if let Err(e) = t.addr.cancel(t.at, t.pid, t.secret).await {
                             warn!("forwarding cancel request to {} failed: {e}", t.addr);
                         }
                     });

@@ -1,5 +1,5 @@
 //! Checks of the `[databases]` and `[users]` entries, and of the passwords and secrets
-//! they hold, against `[general]`; of the TLS keys.
+//! they hold, against `[general]`; of the durations and the TLS keys.
 
 use std::collections::BTreeMap;
 
@@ -206,6 +206,34 @@ fn check_lookup(
     let served = databases.contains_key(dbname) || databases.contains_key(super::FALLBACK_DATABASE);
     if !dbname.is_empty() && (!served || dbname == super::FALLBACK_DATABASE) {
         return Err(invalid("auth_dbname", format!("\"{dbname}\" is not a [databases] entry")));
+    }
+    Ok(())
+}
+
+/// Every key holding seconds: finite, 0 or more.
+pub(super) fn validate_durations(g: &General, invalid: Invalid) -> Result<(), ConfigError> {
+    let durations = [
+        ("server_check_delay", g.server_check_delay),
+        ("server_lifetime", g.server_lifetime),
+        ("server_idle_timeout", g.server_idle_timeout),
+        ("autodb_idle_timeout", g.autodb_idle_timeout),
+        ("server_connect_timeout", g.server_connect_timeout),
+        ("server_login_retry", g.server_login_retry),
+        ("dns_max_ttl", g.dns_max_ttl),
+        ("reserve_pool_timeout", g.reserve_pool_timeout),
+        ("internal_query_timeout", g.internal_query_timeout),
+        ("client_login_timeout", g.client_login_timeout),
+        ("query_wait_timeout", g.query_wait_timeout),
+        ("query_timeout", g.query_timeout),
+        ("idle_transaction_timeout", g.idle_transaction_timeout),
+        ("client_idle_timeout", g.client_idle_timeout),
+        ("shutdown_timeout", g.shutdown_timeout),
+        ("auth_failure_delay", g.auth_failure_delay),
+    ];
+    for (key, v) in durations {
+        if !v.is_finite() || !(0.0..=1e9).contains(&v) {
+            return Err(invalid(key, "must be a number of seconds, 0 or more".into()));
+        }
     }
     Ok(())
 }

@@ -18,7 +18,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use entries::{validate_admin, validate_auth_lookups, validate_database, validate_tls, validate_user};
+use entries::{
+    validate_admin, validate_auth_lookups, validate_database, validate_durations, validate_tls, validate_user,
+};
 pub use locate::locate_key;
 
 #[derive(Debug, Error)]
@@ -209,6 +211,8 @@ pub struct General {
     pub autodb_idle_timeout: f64,
     pub server_connect_timeout: f64,
     pub server_login_retry: f64,
+    /// How long a lookup of a server's host name is used before it is made again.
+    pub dns_max_ttl: f64,
     /// Limit for each query Sluice itself runs on a server (check, SET, reset, ROLLBACK).
     pub internal_query_timeout: f64,
     pub client_login_timeout: f64,
@@ -283,6 +287,7 @@ impl Default for General {
             autodb_idle_timeout: 3600.0,
             server_connect_timeout: 15.0,
             server_login_retry: 15.0,
+            dns_max_ttl: 15.0,
             internal_query_timeout: 5.0,
             client_login_timeout: 60.0,
             query_wait_timeout: 120.0,
@@ -649,28 +654,7 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
     if g.workers > 1024 {
         return Err(invalid("workers", "must be at most 1024".into()));
     }
-    let durations = [
-        ("server_check_delay", g.server_check_delay),
-        ("server_lifetime", g.server_lifetime),
-        ("server_idle_timeout", g.server_idle_timeout),
-        ("autodb_idle_timeout", g.autodb_idle_timeout),
-        ("server_connect_timeout", g.server_connect_timeout),
-        ("server_login_retry", g.server_login_retry),
-        ("reserve_pool_timeout", g.reserve_pool_timeout),
-        ("internal_query_timeout", g.internal_query_timeout),
-        ("client_login_timeout", g.client_login_timeout),
-        ("query_wait_timeout", g.query_wait_timeout),
-        ("query_timeout", g.query_timeout),
-        ("idle_transaction_timeout", g.idle_transaction_timeout),
-        ("client_idle_timeout", g.client_idle_timeout),
-        ("shutdown_timeout", g.shutdown_timeout),
-        ("auth_failure_delay", g.auth_failure_delay),
-    ];
-    for (key, v) in durations {
-        if !v.is_finite() || !(0.0..=1e9).contains(&v) {
-            return Err(invalid(key, "must be a number of seconds, 0 or more".into()));
-        }
-    }
+    validate_durations(g, invalid)?;
     if tracing_subscriber::EnvFilter::try_new(&g.log_level).is_err() {
         return Err(invalid("log_level", format!("\"{}\" is not a log level or filter", g.log_level)));
     }

@@ -63,6 +63,13 @@ impl Pool {
         info.generation.load(Relaxed) < self.generation.load(Acquire)
     }
 
+    /// Goes to an address its host name no longer has (closed when it comes back;
+    /// SHOW SERVERS close_needed).
+    pub fn left_behind(&self, info: &ServerInfo) -> bool {
+        let dns = self.settings.load().target.dns.clone();
+        dns.zip(info.peer()).is_some_and(|(dns, at)| dns.lost(at.ip()))
+    }
+
     /// Marked for closing by RECONNECT or KILL.
     pub(super) fn marked(&self, s: &ServerConn) -> bool {
         self.close_needed(&s.info)

@@ -9,18 +9,19 @@ use crate::server::ServerError;
 
 impl Pool {
     /// One janitor pass: closes connections idle past `server_idle_timeout` or older
-    /// than `server_lifetime` (keeping `min_pool_size`), and idle ones beyond the pool's
-    /// size, drops abandoned waiters, and
+    /// than `server_lifetime` (keeping `min_pool_size`), idle ones beyond the pool's
+    /// size and idle ones to an address their host name no longer has (and looks the
+    /// name up again when its answer is `dns_max_ttl` old), drops abandoned waiters, and
     /// returns how many connections to open to reach `min_pool_size`.
     pub fn maintain(&self) -> usize {
         let settings = self.settings.load();
         let mut retire = Vec::new();
-        let missing = {
+        let (missing, total) = {
             let mut inner = self.inner.lock();
             inner.waiters.retain(|w| !w.tx.is_closed());
             let mut keep = Vec::with_capacity(inner.idle.len());
             let mut total = inner.total;
-            for s in inner.idle.drain(..) {
+            for mut s in inner.idle.drain(..) {
                 let idle_too_long =
                     settings.idle_timeout.is_some_and(|t| s.last_used.elapsed() >= t) && total > settings.kept_open;
                 let too_old = s.created.elapsed() >= settings.lifetime;
@@ -29,7 +30,8 @@ impl Pool {
                 // as in PgBouncer (closing them at once made queued clients earn the
                 // reserve again, `reserve_pool_timeout`, every few statements).
                 let too_many = total > settings.most();
-                if idle_too_long || too_old || too_many || s.stream.is_dead_or_noisy() {
+                let left_behind = settings.target.left_behind(&mut s);
+                if idle_too_long || too_old || too_many || left_behind || s.stream.is_dead_or_noisy() {
                     total -= 1;
                     retire.push(s);
                 } else {
@@ -37,8 +39,14 @@ impl Pool {
                 }
             }
             inner.idle = keep;
-            if inner.closed || self.is_paused() { 0 } else { settings.kept_open.saturating_sub(total) }
+            let missing = if inner.closed || self.is_paused() { 0 } else { settings.kept_open.saturating_sub(total) };
+            (missing, total)
         };
+        // A host name is looked up again once its answer is `dns_max_ttl` old while the
+        // pool has connections to it (the next connect would do it otherwise).
+        if let Some(dns) = settings.target.dns.as_ref().filter(|_| total > 0) {
+            dns.refresh(settings.target.addr.port, settings.target.dns_ttl);
+        }
         for s in retire {
             self.discard(s);
         }

@@ -381,8 +381,8 @@ impl Pool {
         if self.is_paused() {
             return Ok(Next::Paused);
         }
-        while let Some(s) = inner.idle.pop() {
-            if self.usable(&s, &settings) {
+        while let Some(mut s) = inner.idle.pop() {
+            if self.usable(&mut s, &settings) {
                 return Ok(Next::Take(s));
             }
             // Closed like any other (Terminate, close_notify), outside the lock.
@@ -424,9 +424,11 @@ impl Pool {
         Ok(Next::Wait(wait, arm))
     }
 
-    fn usable(&self, s: &ServerConn, settings: &PoolSettings) -> bool {
+    /// Whether an idle connection may be lent (an address its host name lost since it
+    /// was given back is seen here, before the janitor's next pass).
+    fn usable(&self, s: &mut ServerConn, settings: &PoolSettings) -> bool {
         let expired = s.created.elapsed() >= settings.lifetime;
-        !expired && !s.broken && !self.marked(s) && !s.stream.is_dead_or_noisy()
+        !expired && !s.broken && !self.marked(s) && !settings.target.left_behind(s) && !s.stream.is_dead_or_noisy()
     }
 
     /// Opens a connection for a slot already counted in `total` and `connecting`.
@@ -489,7 +491,8 @@ impl Pool {
             let listed = Opening::list(self, info.clone());
             // Boxed: opening a connection (TLS, SCRAM) is rare, and its state would
             // otherwise enlarge every client task that may wait for a server.
-            let s = match Box::pin(connect(&settings.target, &settings.login, settings.connect_timeout, info)).await {
+            let mut s = match Box::pin(connect(&settings.target, &settings.login, settings.connect_timeout, info)).await
+            {
                 Ok(s) => s,
                 Err(e) => {
                     self.stats.server_connect_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -499,6 +502,12 @@ impl Pool {
             };
             self.stats.server_connects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.stats.connect_hist.observe(started.elapsed());
+            // Its host name's answer changed while it logged in, leaving its address
+            // out: opened again, to an address the name has now.
+            if settings.target.left_behind(&mut s) {
+                s.close();
+                continue;
+            }
             if generation != self.generation.load(std::sync::atomic::Ordering::Acquire) {
                 // A RECONNECT, KILL or reload moving the pool came while it connected:
                 // not lent even once (its listing goes, which tells WAIT_CLOSE). Opened
@@ -524,7 +533,7 @@ impl Pool {
         let settings = self.settings.load();
         let now = crate::clock::CoarseInstant::now();
         let expired = now.since(s.created) >= settings.lifetime;
-        if !s.is_clean() || expired || *s.addr() != settings.target.addr {
+        if !s.is_clean() || expired || *s.addr() != settings.target.addr || settings.target.left_behind(&mut s) {
             return self.discard(s);
         }
         s.last_used = now;

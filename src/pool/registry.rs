@@ -14,6 +14,7 @@ use tokio::sync::Notify;
 use super::{ConnLimit, Pool, PoolSettings};
 use crate::auth::{ServerLogin, UserStore};
 use crate::config::{Config, secs};
+use crate::server::dns::Hosts;
 use crate::server::{ServerAddr, ServerTarget};
 use crate::tls::ServerTls;
 
@@ -44,6 +45,8 @@ pub struct Pools {
     /// Admin console PAUSE/DISABLE state, kept per database name so pools created
     /// later (first login, reload) start in it.
     flags: Mutex<DbFlags>,
+    /// What the servers' host names resolved to (`ServerTarget::dns`).
+    hosts: Hosts,
     /// The lookups' pools (`lookup_pool`).
     lookups: Mutex<HashMap<PoolKey, Arc<Pool>>>,
     /// Since when each pool of a fallback-served database has been unused
@@ -53,6 +56,12 @@ pub struct Pools {
     /// queued client from connecting: the janitor makes room at once (`rebalance`), as
     /// PgBouncer evicts an idle connection of another pool when it finds the limit full.
     pub room_wanted: Arc<Notify>,
+}
+
+/// The registry's part of new pool settings (`settings_with`).
+struct ServerSide<'a> {
+    tls: Arc<ServerTls>,
+    hosts: &'a Hosts,
 }
 
 #[derive(Debug, Default)]
@@ -74,6 +83,7 @@ impl Default for Pools {
             flags: Default::default(),
             unused_since: Default::default(),
             lookups: Default::default(),
+            hosts: Default::default(),
             room_wanted: Default::default(),
         }
     }
@@ -124,7 +134,7 @@ impl Pools {
         if let Some(p) = self.lookups.lock().get(&key) {
             return Ok(Some(p.clone()));
         }
-        let Some(settings) = lookup_settings(cfg, users, &self.server_tls.load_full(), &key) else {
+        let Some(settings) = lookup_settings(cfg, users, &self.side(), &key) else {
             return Ok(None);
         };
         // Reloads are counted under the map's lock (see `get_current`).
@@ -154,7 +164,7 @@ impl Pools {
             return Ok(Some(p.clone()));
         }
         let key = PoolKey { database: db.to_string(), user: server_user.to_string() };
-        let Some(settings) = settings_of(cfg, users, &self.server_tls.load_full(), &key) else {
+        let Some(settings) = settings_of(cfg, users, &self.side(), &key) else {
             return Ok(None);
         };
         let mut map = self.map.lock();
@@ -312,10 +322,20 @@ impl Pools {
         self.server_tls.load_full()
     }
 
+    /// Host names the pools' servers have (SHOW LISTS `dns_names`).
+    pub fn host_names(&self) -> usize {
+        self.hosts.names()
+    }
+
+    /// What new pool settings take from the registry.
+    fn side(&self) -> ServerSide<'_> {
+        ServerSide { tls: self.server_tls.load_full(), hosts: &self.hosts }
+    }
+
     /// Applies a reloaded configuration: new settings for surviving pools, closing of
     /// pools whose database or user is gone, new limits.
     pub fn reload(&self, cfg: &Config, users: &UserStore) {
-        let tls = self.server_tls.load_full();
+        let side = self.side();
         let mut map = self.map.lock();
         self.reloads.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         // Limits first: each pool's `update` wakes its queue, which then sees a raised
@@ -327,10 +347,10 @@ impl Pools {
             l.set_max(user_max(cfg, name));
         }
         for pools in map.values_mut() {
-            pools.retain(|_, pool| keep_updated(pool, settings_of(cfg, users, &tls, &pool.key)));
+            pools.retain(|_, pool| keep_updated(pool, settings_of(cfg, users, &side, &pool.key)));
         }
         map.retain(|_, pools| !pools.is_empty());
-        self.lookups.lock().retain(|key, pool| keep_updated(pool, lookup_settings(cfg, users, &tls, key)));
+        self.lookups.lock().retain(|key, pool| keep_updated(pool, lookup_settings(cfg, users, &side, key)));
     }
 
     /// A lookup found a new password for a user of `db`: its pool, if it has one, logs
@@ -338,7 +358,7 @@ impl Pools {
     pub fn refresh_login(&self, cfg: &Config, users: &UserStore, db: &str, user: &str) {
         let pool = self.map.lock().get(db).and_then(|m| m.get(user)).cloned();
         if let Some(pool) = pool
-            && let Some(s) = settings_of(cfg, users, &self.server_tls.load_full(), &pool.key)
+            && let Some(s) = settings_of(cfg, users, &self.side(), &pool.key)
         {
             pool.update(s);
         }
@@ -393,18 +413,18 @@ fn runs_lookups_of(cfg: &Config, user: &str, db: &str) -> bool {
 }
 
 /// The settings of the pool `key` (see `login_of`).
-fn settings_of(cfg: &Config, users: &UserStore, tls: &Arc<ServerTls>, key: &PoolKey) -> Option<PoolSettings> {
-    settings_with(cfg, tls, key, login_of(cfg, users, key)?)
+fn settings_of(cfg: &Config, users: &UserStore, side: &ServerSide<'_>, key: &PoolKey) -> Option<PoolSettings> {
+    settings_with(cfg, side, key, login_of(cfg, users, key)?)
 }
 
 /// The settings of the lookups' pool `key` (`Pools::lookup_pool`): `auth_user` logs in
 /// as the config has it; None once no database's lookups run there as that user.
-fn lookup_settings(cfg: &Config, users: &UserStore, tls: &Arc<ServerTls>, key: &PoolKey) -> Option<PoolSettings> {
+fn lookup_settings(cfg: &Config, users: &UserStore, side: &ServerSide<'_>, key: &PoolKey) -> Option<PoolSettings> {
     if !runs_lookups_of(cfg, &key.user, &key.database) {
         return None;
     }
     // No connections kept open for lookups: they are opened when a login needs one.
-    let s = settings_with(cfg, tls, key, users.get(&key.user)?.server.clone())?;
+    let s = settings_with(cfg, side, key, users.get(&key.user)?.server.clone())?;
     Some(PoolSettings { kept_open: 0, ..s })
 }
 
@@ -423,7 +443,7 @@ fn keep_updated(pool: &Arc<Pool>, settings: Option<PoolSettings>) -> bool {
     }
 }
 
-fn settings_with(cfg: &Config, tls: &Arc<ServerTls>, key: &PoolKey, login: Arc<ServerLogin>) -> Option<PoolSettings> {
+fn settings_with(cfg: &Config, side: &ServerSide<'_>, key: &PoolKey, login: Arc<ServerLogin>) -> Option<PoolSettings> {
     let db_name = key.database.as_str();
     let db = cfg.database(db_name)?;
     let g = &cfg.general;
@@ -436,7 +456,9 @@ fn settings_with(cfg: &Config, tls: &Arc<ServerTls>, key: &PoolKey, login: Arc<S
             database: db.dbname.clone().unwrap_or_else(|| db_name.to_string()),
             user: server_user.clone(),
             keepalive: g.tcp_keepalive,
-            tls: tls.clone(),
+            tls: side.tls.clone(),
+            dns: side.hosts.record(&db.host),
+            dns_ttl: Duration::from_secs_f64(g.dns_max_ttl),
         },
         login,
         mode: cfg.pool_mode(db, user_cfg),

@@ -2,6 +2,7 @@
 //! `tls::negotiate`), StartupMessage, answering the server's authentication request (trust, cleartext, md5, SCRAM-SHA-256), and
 //! collecting ParameterStatus and BackendKeyData up to the first ReadyForQuery.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
+use super::dns::HostAddrs;
 use super::{ServerConn, ServerError};
 use crate::auth::ServerLogin;
 use crate::auth::scram::{self, ScramClient, ScramError};
@@ -32,28 +34,40 @@ pub struct ServerAddr {
 }
 
 impl ServerAddr {
-    pub async fn open(&self) -> std::io::Result<Stream> {
+    /// A socket to the server: its Unix socket, or TCP to `at` (the address a host name
+    /// gave a connection: a cancel goes where the connection went) or else to the host.
+    pub async fn open(&self, at: Option<SocketAddr>) -> std::io::Result<Stream> {
         if self.host.starts_with('/') {
             let path = format!("{}/.s.PGSQL.{}", self.host, self.port);
             Ok(Stream::Unix(UnixStream::connect(path).await?))
         } else {
-            let s = TcpStream::connect((&*self.host, self.port)).await?;
+            let s = match at {
+                Some(a) => TcpStream::connect(a).await?,
+                None => TcpStream::connect((&*self.host, self.port)).await?,
+            };
             s.set_nodelay(true)?;
             Ok(Stream::Tcp(s))
         }
     }
 
-    /// Sends a CancelRequest for the given backend key and waits until the server has
-    /// processed it (PostgreSQL closes the connection once it has signalled the
-    /// backend), giving up after `CANCEL_TIMEOUT` (a server that cannot be reached: the
-    /// kernel alone would keep trying to connect for about two minutes).
-    pub async fn cancel(&self, pid: u32, secret: u32) -> std::io::Result<()> {
-        self.cancel_within(pid, secret, CANCEL_TIMEOUT).await
+    /// Sends a CancelRequest for the given backend key to the server at `at` (see
+    /// `open`) and waits until the server has processed it (PostgreSQL closes the
+    /// connection once it has signalled the backend), giving up after `CANCEL_TIMEOUT`
+    /// (a server that cannot be reached: the kernel alone would keep trying to connect
+    /// for about two minutes).
+    pub async fn cancel(&self, at: Option<SocketAddr>, pid: u32, secret: u32) -> std::io::Result<()> {
+        self.cancel_within(at, pid, secret, CANCEL_TIMEOUT).await
     }
 
-    async fn cancel_within(&self, pid: u32, secret: u32, limit: std::time::Duration) -> std::io::Result<()> {
+    async fn cancel_within(
+        &self,
+        at: Option<SocketAddr>,
+        pid: u32,
+        secret: u32,
+        limit: std::time::Duration,
+    ) -> std::io::Result<()> {
         let send = async {
-            let mut s = self.open().await?;
+            let mut s = self.open(at).await?;
             let mut out = BytesMut::new();
             build::cancel_request(&mut out, pid, secret);
             s.write_all(&out).await?;
@@ -85,6 +99,48 @@ pub struct ServerTarget {
     pub keepalive: bool,
     /// TLS towards the server (`server_tls_*`); used for TCP hosts only.
     pub tls: Arc<ServerTls>,
+    /// What the host name resolved to, shared with the other pools naming it; None for
+    /// an IP address or a Unix socket directory.
+    pub dns: Option<Arc<HostAddrs>>,
+    /// How long a lookup of the host name is used (`dns_max_ttl`).
+    pub dns_ttl: Duration,
+}
+
+impl ServerTarget {
+    /// A socket to the server and, for a host name, the address it went to and the
+    /// name's epoch then: the first of the name's addresses that accepts.
+    async fn open(&self) -> std::io::Result<(Stream, Option<(SocketAddr, u64)>)> {
+        let Some(dns) = &self.dns else {
+            return Ok((self.addr.open(None).await?, None));
+        };
+        let (addrs, epoch) = dns.addrs(self.addr.port, self.dns_ttl).await?;
+        let mut failed = None;
+        for at in addrs {
+            match self.addr.open(Some(at)).await {
+                Ok(s) => return Ok((s, Some((at, epoch)))),
+                Err(e) => failed = Some(e),
+            }
+        }
+        Err(failed.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address")))
+    }
+
+    /// Whether `s` goes to an address its host name no longer has (then it is closed,
+    /// not lent again); checked only once the name's epoch has moved on since `s` was
+    /// stamped, and `s` is stamped again when its address stays.
+    pub fn left_behind(&self, s: &mut ServerConn) -> bool {
+        let Some(dns) = &self.dns else { return false };
+        let now = dns.epoch();
+        if s.dns_epoch == now {
+            return false;
+        }
+        match s.info.peer() {
+            Some(at) if dns.lost(at.ip()) => true,
+            _ => {
+                s.dns_epoch = now;
+                false
+            }
+        }
+    }
 }
 
 /// Opens and authenticates a server connection within `timeout`; `info` lists it (in
@@ -107,13 +163,17 @@ async fn connect_inner(
     login: &ServerLogin,
     info: Arc<ServerInfo>,
 ) -> Result<Box<ServerConn>, ServerError> {
-    let stream = target.addr.open().await?;
+    let (stream, at) = target.open().await?;
+    if let Some((at, _)) = at {
+        info.set_peer(at);
+    }
     // A new socket has no keepalive: only turning it on takes a system call.
     if let Some(tcp) = stream.tcp().filter(|_| target.keepalive) {
         crate::net::listener::set_keepalive(socket2::SockRef::from(tcp), true);
     }
     let stream = tls::negotiate(stream, &target.tls, &target.addr.host).await?;
     let mut conn = Box::new(ServerConn::new(stream, info));
+    conn.dns_epoch = at.map_or(0, |(_, epoch)| epoch);
     let mut out = BytesMut::new();
     build::startup_message(&mut out, &[("user", &target.user), ("database", &target.database)]);
     conn.stream.send(&out).await?;
@@ -226,7 +286,7 @@ mod tests {
         let _held: Vec<_> = (0..2).filter_map(|_| std::net::TcpStream::connect_timeout(&to, short).ok()).collect();
         let addr = ServerAddr { host: "127.0.0.1".into(), port };
         let started = std::time::Instant::now();
-        let r = addr.cancel_within(1, 2, std::time::Duration::from_millis(300)).await;
+        let r = addr.cancel_within(None, 1, 2, std::time::Duration::from_millis(300)).await;
         assert_eq!(r.map_err(|e| e.kind()), Err(std::io::ErrorKind::TimedOut));
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
     }
@@ -270,6 +330,8 @@ mod tests {
             user: "u".into(),
             keepalive: false,
             tls: Arc::new(Default::default()),
+            dns: None,
+            dns_ttl: Duration::ZERO,
         };
         let login = ServerLogin::plain("secret");
         let info = Arc::new(ServerInfo::new(1, target.addr.clone()));

@@ -3,6 +3,7 @@
 //! reported parameters and the settings last applied for a client.
 
 pub mod connect;
+pub mod dns;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,6 +92,9 @@ pub struct ServerConn {
     /// What the admin console shows of this connection, and where a cancel for it goes:
     /// its address and backend key live there (`addr`, `cancel_key`).
     pub info: Arc<crate::stats::ServerInfo>,
+    /// The epoch of its host name's addresses it was last found current at (0 for an IP
+    /// address or a Unix socket; `ServerTarget::left_behind`).
+    pub dns_epoch: u64,
 }
 
 impl ServerConn {
@@ -110,6 +114,7 @@ impl ServerConn {
             last_used: now,
             broken: false,
             prepared: Default::default(),
+            dns_epoch: 0,
         }
     }
 
@@ -245,8 +250,8 @@ impl ServerConn {
     /// Sends the server a cancel of whatever it runs, from a task of its own (the
     /// connection is being closed: nothing waits for the answer).
     pub fn cancel_in_background(&self) {
-        let (addr, (pid, secret)) = (self.addr().clone(), self.cancel_key());
-        tokio::spawn(async move { addr.cancel(pid, secret).await });
+        let (addr, at, (pid, secret)) = (self.addr().clone(), self.info.peer(), self.cancel_key());
+        tokio::spawn(async move { addr.cancel(at, pid, secret).await });
     }
 
     /// A SET or RESET ran on this connection. Settings this server reports

@@ -73,6 +73,11 @@ pub struct PgOptions {
     pub ssl: Option<PgSsl>,
     /// pg_hba.conf lines placed before the usual ones (e.g. `hostssl ... clientcert=verify-full`).
     pub hba_first: Vec<String>,
+    /// `listen_addresses` in place of the loopback ones (127.0.0.1, and ::1 where it exists).
+    pub listen: Option<String>,
+    /// The port in place of a free one (for two clusters on one port, each listening on its
+    /// own address).
+    pub port: Option<u16>,
 }
 
 /// A running (or stopped) PostgreSQL cluster in its own temporary directory. The postmaster is
@@ -106,7 +111,7 @@ impl PgCluster {
         let mut pg = PgCluster { port: 0, socket_dir, data_dir, log_path, postmaster: None, options, dir };
         pg.install_tls_and_hba();
         for attempt in 1..=5 {
-            pg.port = free_port();
+            pg.port = pg.options.port.unwrap_or_else(free_port);
             pg.write_settings();
             match pg.try_start_server() {
                 Ok(()) => return pg,
@@ -198,7 +203,8 @@ impl PgCluster {
     }
 
     fn write_settings(&self) {
-        let listen = if has_ipv6_loopback() { "127.0.0.1,::1" } else { "127.0.0.1" };
+        let loopback = if has_ipv6_loopback() { "127.0.0.1,::1" } else { "127.0.0.1" };
+        let listen = self.options.listen.as_deref().unwrap_or(loopback);
         let mut text = format!(
             "port = {port}\nlisten_addresses = '{listen}'\nunix_socket_directories = '{sock}'\n\
              fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n\

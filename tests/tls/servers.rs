@@ -93,7 +93,7 @@ async fn client_certificate_towards_postgres() {
         .iter()
         .map(|net| format!("hostssl all u_trust {net} trust clientcert=verify-full"))
         .collect();
-    let pg = PgCluster::start_with(PgOptions { ssl: Some(ssl), hba_first });
+    let pg = PgCluster::start_with(PgOptions { ssl: Some(ssl), hba_first, ..PgOptions::default() });
     let trust = |b: crate::common::SluiceBuilder| b.general("auth_type", "\"trust\"");
     let with = server_tls(trust(Sluice::builder(&pg)), "verify-full", &certs)
         .general("server_tls_cert_file", &path_str(&certs.client_trust.cert))

@@ -1,0 +1,255 @@
+//! Servers given by host name: what each name resolved to, shared by every pool whose
+//! server has that name (`Hosts`), used for `dns_max_ttl` before it is looked up again,
+//! and numbered by change (`HostAddrs::epoch`), so that connections to an address the
+//! name no longer has are closed as they come back (PgBouncer's behaviour when a
+//! lookup's answer changes). IP addresses and Unix socket directories have no record.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use foldhash::HashMap;
+use parking_lot::Mutex;
+use tracing::info;
+
+/// The records of the host names the pools' servers have, one per name (held by the
+/// pools' settings: a name no pool has any more is forgotten).
+#[derive(Debug, Default)]
+pub struct Hosts {
+    map: Mutex<HashMap<Arc<str>, Weak<HostAddrs>>>,
+}
+
+impl Hosts {
+    /// The record of `host`; None for an IP address or a Unix socket directory.
+    pub fn record(&self, host: &str) -> Option<Arc<HostAddrs>> {
+        if host.starts_with('/') || host.parse::<IpAddr>().is_ok() {
+            return None;
+        }
+        // Names are case-insensitive (DNS, /etc/hosts).
+        let host = host.to_ascii_lowercase();
+        let mut map = self.map.lock();
+        if let Some(r) = map.get(host.as_str()).and_then(Weak::upgrade) {
+            return Some(r);
+        }
+        map.retain(|_, r| r.strong_count() > 0);
+        let r = Arc::new(HostAddrs::new(&host));
+        map.insert(r.name.clone(), Arc::downgrade(&r));
+        Some(r)
+    }
+
+    /// How many names some pool has.
+    pub fn names(&self) -> usize {
+        self.map.lock().values().filter(|r| r.strong_count() > 0).count()
+    }
+}
+
+/// What a host name resolved to last.
+#[derive(Debug)]
+pub struct HostAddrs {
+    name: Arc<str>,
+    /// The newest lookup's answer (in the resolver's order) and when it answered.
+    last: Mutex<Option<Found>>,
+    /// How many times a lookup's addresses differed from the ones before.
+    epoch: AtomicU64,
+    /// Lookups begun, numbering them: an answer older than the one recorded is dropped.
+    begun: AtomicU64,
+    /// Connects so far, for taking the addresses in turn.
+    turn: AtomicUsize,
+    /// A lookup of the janitor's is running (`refresh`).
+    refreshing: AtomicBool,
+}
+
+#[derive(Debug, Clone)]
+struct Found {
+    addrs: Arc<[IpAddr]>,
+    /// When it was last confirmed (or last tried, after a failed lookup).
+    at: Instant,
+    /// The number of the lookup that gave it.
+    lookup: u64,
+}
+
+impl HostAddrs {
+    fn new(name: &str) -> Self {
+        HostAddrs {
+            name: name.into(),
+            last: Mutex::new(None),
+            epoch: AtomicU64::new(0),
+            begun: AtomicU64::new(0),
+            turn: AtomicUsize::new(0),
+            refreshing: AtomicBool::new(false),
+        }
+    }
+
+    /// Changes seen so far; a connection made at one epoch is checked against the
+    /// name's addresses once the epoch moves on (`ServerTarget::left_behind`).
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Acquire)
+    }
+
+    /// The addresses to connect to, in the order to try them, and the epoch they belong
+    /// to: the last answer while younger than `ttl`, else a new lookup's. Each connect
+    /// starts at the next address of the answer (round robin, as PgBouncer).
+    pub async fn addrs(&self, port: u16, ttl: Duration) -> std::io::Result<(Vec<SocketAddr>, u64)> {
+        let cached = {
+            // The epoch is moved on under this lock (`note`): read with the answer, it
+            // is the one the answer belongs to.
+            let last = self.last.lock();
+            last.as_ref().filter(|f| f.at.elapsed() < ttl).map(|f| (f.addrs.clone(), self.epoch()))
+        };
+        let (addrs, epoch) = match cached {
+            Some(c) => c,
+            None => self.lookup(port).await?,
+        };
+        let first = self.turn.fetch_add(1, Relaxed) % addrs.len();
+        let order = addrs[first..].iter().chain(&addrs[..first]);
+        Ok((order.map(|ip| SocketAddr::new(*ip, port)).collect(), epoch))
+    }
+
+    /// Looks the name up. A failure with an answer on record keeps that answer for
+    /// another `dns_max_ttl` (the server is likely where it was; the lookup is not
+    /// repeated at every connect and janitor pass meanwhile).
+    async fn lookup(&self, port: u16) -> std::io::Result<(Arc<[IpAddr]>, u64)> {
+        let number = self.begun.fetch_add(1, Relaxed) + 1;
+        let found = tokio::net::lookup_host((&*self.name, port)).await.map(|a| a.map(|a| a.ip()).collect::<Vec<_>>());
+        let e = match found {
+            Ok(found) if !found.is_empty() => return Ok(self.note(found, number)),
+            Ok(_) => {
+                std::io::Error::new(std::io::ErrorKind::NotFound, format!("host name \"{}\" has no address", self.name))
+            }
+            Err(e) => e,
+        };
+        let mut last = self.last.lock();
+        let Some(kept) = last.as_mut() else { return Err(e) };
+        kept.at = Instant::now();
+        let kept = (kept.addrs.clone(), self.epoch());
+        drop(last);
+        tracing::warn!(host = %self.name, "looking up the server's host name failed: {e}; its last answer {:?} is used", kept.0);
+        Ok(kept)
+    }
+
+    /// Records the answer of lookup `number` (unless a later lookup's is on record); a
+    /// set of addresses other than the last one starts a new epoch. Gives the answer on
+    /// record and its epoch.
+    fn note(&self, mut found: Vec<IpAddr>, number: u64) -> (Arc<[IpAddr]>, u64) {
+        let mut seen = std::collections::HashSet::new();
+        found.retain(|ip| seen.insert(*ip));
+        let addrs: Arc<[IpAddr]> = found.into();
+        let mut last = self.last.lock();
+        if let Some(newer) = last.as_ref().filter(|f| f.lookup > number) {
+            return (newer.addrs.clone(), self.epoch());
+        }
+        let before = last.as_ref().filter(|b| !same_set(&b.addrs, &addrs)).map(|b| b.addrs.clone());
+        if before.is_some() {
+            self.epoch.fetch_add(1, AcqRel);
+        }
+        *last = Some(Found { addrs: addrs.clone(), at: Instant::now(), lookup: number });
+        let epoch = self.epoch();
+        drop(last);
+        if let Some(before) = before {
+            info!(host = %self.name, "host name now resolves to {addrs:?} (was {before:?}): connections to addresses it no longer has are closed as they come back");
+        }
+        (addrs, epoch)
+    }
+
+    /// Whether a connection to `peer` goes to an address this name no longer has, by
+    /// its last answer.
+    pub fn lost(&self, peer: IpAddr) -> bool {
+        self.last.lock().as_ref().is_some_and(|f| !f.addrs.contains(&peer))
+    }
+
+    /// Looks the name up again in a task of its own when the last answer is `ttl` old
+    /// (one at a time), so that a change is seen while no new connection is opened.
+    pub fn refresh(self: &Arc<Self>, port: u16, ttl: Duration) {
+        let stale = self.last.lock().as_ref().is_none_or(|f| f.at.elapsed() >= ttl);
+        if !stale || self.refreshing.swap(true, AcqRel) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            // A failure with no answer on record: the next connect reports it.
+            let _ = this.lookup(port).await;
+            this.refreshing.store(false, Relaxed);
+        });
+    }
+}
+
+fn same_set(a: &[IpAddr], b: &[IpAddr]) -> bool {
+    a.len() == b.len() && a.iter().all(|ip| b.contains(ip))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_and_directories_have_no_record_and_names_share_one() {
+        let hosts = Hosts::default();
+        for h in ["127.0.0.1", "::1", "/var/run/postgresql"] {
+            assert!(hosts.record(h).is_none(), "{h}");
+        }
+        let a = hosts.record("db.example").unwrap();
+        let b = hosts.record("db.example").unwrap();
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &hosts.record("other.example").unwrap()));
+        assert_eq!(hosts.names(), 1, "the other name is held by none");
+        // Forgotten once no pool holds it.
+        drop((a, b));
+        assert_eq!(hosts.names(), 0);
+        let c = hosts.record("db.example").unwrap();
+        assert_eq!(c.epoch(), 0);
+    }
+
+    /// The epoch moves on only when the set of addresses changes (not its order, nor
+    /// a repeated address), and `lost` follows the last answer; an answer older than
+    /// the one on record (lookups finishing out of order) is dropped.
+    #[test]
+    fn a_changed_answer_starts_an_epoch() {
+        let h = HostAddrs::new("db.example");
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let (a, b, c) = (ip("10.0.0.1"), ip("10.0.0.2"), ip("10.0.0.3"));
+        assert!(!h.lost(a), "nothing known yet: nothing lost");
+        h.note(vec![a, b], 1);
+        assert_eq!(h.epoch(), 0, "the first answer is no change");
+        h.note(vec![b, a, b], 2);
+        assert_eq!(h.epoch(), 0, "the same set in another order");
+        assert!(!h.lost(a) && !h.lost(b) && h.lost(c));
+        assert_eq!(h.note(vec![b, c], 4).1, 1);
+        assert!(h.lost(a) && !h.lost(b) && !h.lost(c));
+        let (kept, epoch) = h.note(vec![a], 3);
+        assert_eq!((&*kept, epoch), (&[b, c][..], 1), "an older lookup's answer changes nothing");
+        h.note(vec![b], 5);
+        assert_eq!(h.epoch(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_fresh_answer_is_used_until_it_is_ttl_old_and_taken_in_turn() {
+        let h = HostAddrs::new("localhost");
+        let (x, y) = ("10.9.9.9".parse::<IpAddr>().unwrap(), "10.9.9.8".parse::<IpAddr>().unwrap());
+        h.note(vec![x, y], 1);
+        let hour = Duration::from_secs(3600);
+        let at = |ip| SocketAddr::new(ip, 5432);
+        assert_eq!(h.addrs(5432, hour).await.unwrap().0, vec![at(x), at(y)], "the cached answer");
+        assert_eq!(h.addrs(5432, hour).await.unwrap().0, vec![at(y), at(x)], "the next connect starts at the next");
+        let (addrs, epoch) = h.addrs(5432, Duration::ZERO).await.unwrap();
+        assert!(!addrs.is_empty() && !addrs.contains(&at(x)), "looked up: {addrs:?}");
+        assert_eq!(epoch, 1, "localhost is not 10.9.9.x: a change");
+    }
+
+    /// A failed lookup keeps the answer on record (for another `ttl`: not tried again
+    /// at once), and fails only when there is none.
+    #[tokio::test]
+    async fn a_failed_lookup_keeps_the_last_answer() {
+        let hosts = Hosts::default();
+        let h = hosts.record("Nowhere.Invalid").unwrap();
+        assert!(Arc::ptr_eq(&h, &hosts.record("nowhere.invalid").unwrap()), "names are case-insensitive");
+        assert!(h.addrs(5432, Duration::ZERO).await.is_err(), "no answer on record");
+        let ip = "10.9.9.9".parse::<IpAddr>().unwrap();
+        h.note(vec![ip], 1);
+        let (addrs, epoch) = h.addrs(5432, Duration::ZERO).await.unwrap();
+        assert_eq!((addrs, epoch), (vec![SocketAddr::new(ip, 5432)], 0));
+        let fresh = h.last.lock().as_ref().unwrap().at.elapsed() < Duration::from_secs(60);
+        assert!(fresh, "the failure counts as a try");
+    }
+}
