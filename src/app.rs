@@ -13,7 +13,7 @@ use tracing::{error, info, warn};
 use crate::auth::UserStore;
 use crate::cancel::CancelRegistry;
 use crate::config::{Config, General, secs};
-use crate::net::listener::{Listener, set_listener_keepalive};
+use crate::net::listener::{Listener, TcpOptions, set_listener_options};
 use crate::pool::Pools;
 use crate::tls::{self, ClientTls, ServerTls};
 
@@ -56,8 +56,8 @@ pub struct App {
     clients: AtomicUsize,
     no_clients: Notify,
     phase: watch::Sender<Phase>,
-    /// The TCP listening sockets: a reload or admin SET that changes `tcp_keepalive`
-    /// changes them at once (accepted connections inherit it).
+    /// The TCP listening sockets: a reload or admin SET that changes the TCP options
+    /// (`tcp_keepalive`...) changes them at once (accepted connections inherit them).
     listeners: parking_lot::Mutex<TcpListeners>,
     /// Held by each change of the config (reload, admin SET) from reading the running
     /// config to storing the new one: two changes at once must not lose one's update.
@@ -79,10 +79,10 @@ pub struct App {
     pub monitor: crate::metrics::Monitor,
 }
 
-/// The TCP listening sockets and the `tcp_keepalive` now set on them.
+/// The TCP listening sockets and the TCP options now set on them.
 #[derive(Debug)]
 struct TcpListeners {
-    keepalive: bool,
+    options: TcpOptions,
     sockets: Vec<Weak<tokio::net::TcpListener>>,
 }
 
@@ -104,7 +104,7 @@ impl App {
         let (client_tls, server_tls) = tls::load(&cfg)?;
         let pools = Pools::default();
         pools.set_server_tls(Arc::new(server_tls));
-        let keepalive = cfg.general.tcp_keepalive;
+        let options = TcpOptions::of(&cfg.general);
         Ok(Arc::new(App {
             config: ArcSwap::from_pointee(cfg),
             users: ArcSwap::from_pointee(users),
@@ -114,7 +114,7 @@ impl App {
             clients: AtomicUsize::new(0),
             no_clients: Notify::new(),
             phase: watch::channel(Phase::Running).0,
-            listeners: parking_lot::Mutex::new(TcpListeners { keepalive, sockets: Vec::new() }),
+            listeners: parking_lot::Mutex::new(TcpListeners { options, sockets: Vec::new() }),
             config_writes: parking_lot::Mutex::new(()),
             phase_now: std::sync::atomic::AtomicU8::new(Phase::Running as u8),
             phase_changed: Notify::new(),
@@ -257,17 +257,17 @@ impl App {
         }
     }
 
-    /// Puts `cfg` in place (the caller holds `config_writes`) and applies its
-    /// `tcp_keepalive` to the listening sockets when it changed.
+    /// Puts `cfg` in place (the caller holds `config_writes`) and applies its TCP
+    /// options to the listening sockets when they changed.
     fn set_config(&self, cfg: Arc<Config>) {
-        let on = cfg.general.tcp_keepalive;
+        let options = TcpOptions::of(&cfg.general);
         self.config.store(cfg);
         let mut listeners = self.listeners.lock();
-        if std::mem::replace(&mut listeners.keepalive, on) != on {
+        if std::mem::replace(&mut listeners.options, options) != options {
             for l in listeners.sockets.iter().filter_map(Weak::upgrade) {
-                set_listener_keepalive(&l, on);
+                set_listener_options(&l, &options);
                 let addr = l.local_addr().map(|a| a.to_string()).unwrap_or_default();
-                info!("{addr}: tcp_keepalive {} for connections from now on", if on { "on" } else { "off" });
+                info!("{addr}: {} for connections from now on", options.describe());
             }
         }
     }
@@ -312,13 +312,13 @@ pub fn bind(cfg: &Config) -> Result<Vec<Listener>, AppError> {
         .listen_ips()
         .map_err(|e| AppError::Listen { what: "listen_addr".into(), source: std::io::Error::other(e) })?;
     for ip in &ips {
-        let l = Listener::tcp(*ip, g.listen_port, g.tcp_keepalive)
+        let l = Listener::tcp(*ip, g.listen_port, TcpOptions::of(g), g.listen_backlog)
             .map_err(|source| AppError::Listen { what: format!("{ip} port {}", g.listen_port), source })?;
         out.push(l);
     }
     if !g.unix_socket_dir.is_empty() {
         let mode = u32::from_str_radix(&g.unix_socket_mode, 8).unwrap_or(0o777);
-        let l = Listener::unix(&g.unix_socket_dir, g.listen_port, mode)
+        let l = Listener::unix(&g.unix_socket_dir, g.listen_port, mode, g.listen_backlog)
             .map_err(|source| AppError::Listen { what: g.unix_socket_dir.clone(), source })?;
         out.push(l);
     }
@@ -443,7 +443,7 @@ async fn accept_loop(app: Arc<App>, listener: Listener) {
     let mut failures = crate::net::listener::AcceptFailures::default();
     loop {
         let accepted = tokio::select! {
-            r = listener.accept(|| app.config.load().general.tcp_keepalive) => r,
+            r = listener.accept(|| TcpOptions::of(&app.config.load().general)) => r,
             _ = phase.wait_for(|p| *p != Phase::Running) => return,
         };
         match accepted {

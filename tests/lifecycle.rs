@@ -161,17 +161,25 @@ async fn a_login_spanning_a_reload_gets_a_pool_from_the_new_config() {
     assert_eq!(mode.as_deref(), Some("session"));
 }
 
-/// Whether Sluice's side of the client connection from local port `client_port` runs
-/// a keepalive timer (/proc/net/tcp: `tr` 2 on an established socket).
+/// The seconds left on the keepalive timer of an established socket's line of
+/// /proc/net/tcp (`tr` 2, `tm->when` in hundredths of a second); None when it runs none.
 #[cfg(target_os = "linux")]
-fn keepalive_timer(sluice_port: u16, client_port: u16) -> bool {
+fn keepalive_left(fields: &[&str]) -> Option<u64> {
+    let when = fields[5].strip_prefix("02:")?;
+    Some(u64::from_str_radix(when, 16).expect("a hex timer") / 100)
+}
+
+/// The seconds left on the keepalive timer of Sluice's side of the client connection
+/// from local port `client_port`; None when it runs none.
+#[cfg(target_os = "linux")]
+fn keepalive_timer(sluice_port: u16, client_port: u16) -> Option<u64> {
     let (local, remote) = (format!(":{sluice_port:04X}"), format!(":{client_port:04X}"));
     let timer = || {
         let text = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
         text.lines()
             .map(|l| l.split_whitespace().collect::<Vec<_>>())
             .find(|f| f.len() > 5 && f[1].ends_with(&local) && f[2].ends_with(&remote) && f[3] == "01")
-            .map(|f| f[5].starts_with("02:"))
+            .map(|f| keepalive_left(&f))
     };
     // Polled: on a loaded machine Sluice's side may be listed a moment after connect().
     let mut found = None;
@@ -182,56 +190,70 @@ fn keepalive_timer(sluice_port: u16, client_port: u16) -> bool {
     found.expect("Sluice's side of the connection")
 }
 
-/// Whether each of Sluice's established TCP connections to the server on `pg_port`
-/// runs a keepalive timer (/proc/net/tcp).
+/// The keepalive timer of each of Sluice's established TCP connections to the server on
+/// `pg_port` (/proc/net/tcp: the seconds left, None when it runs none).
 #[cfg(target_os = "linux")]
-fn server_keepalive_timers(pg_port: u16) -> Vec<bool> {
+fn server_keepalive_timers(pg_port: u16) -> Vec<Option<u64>> {
     let remote = format!(":{pg_port:04X}");
     let text = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
     text.lines()
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
         .filter(|f| f.len() > 5 && f[2].ends_with(&remote) && f[3] == "01")
-        .map(|f| f[5].starts_with("02:"))
+        .map(|f| keepalive_left(&f))
         .collect()
 }
 
-/// Server connections follow tcp_keepalive too, so a server lost without a reset is
-/// noticed.
+/// Server connections follow tcp_keepalive and tcp_keepidle too, so a server lost
+/// without a reset is noticed.
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_connections_follow_tcp_keepalive() {
     let pg = PgCluster::start();
     for on in [true, false] {
-        let s = Sluice::builder(&pg).general("tcp_keepalive", &on.to_string()).start();
+        let s = Sluice::builder(&pg).general("tcp_keepalive", &on.to_string()).general("tcp_keepidle", "300").start();
         let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
         assert_eq!(value(&c, "select 1").await, "1");
         let timers = server_keepalive_timers(pg.port);
         assert!(!timers.is_empty(), "no server connection over TCP");
-        assert!(timers.iter().all(|&t| t == on), "tcp_keepalive = {on}: {timers:?}");
+        // The first probe 300 s after the last traffic (not 60 s, the default).
+        let right = |t: &Option<u64>| if on { t.is_some_and(|t| (200..=300).contains(&t)) } else { t.is_none() };
+        assert!(timers.iter().all(right), "tcp_keepalive = {on}: {timers:?}");
         drop(c);
         drop(s);
     }
 }
 
-/// tcp_keepalive is on for client connections by default; a reload turning it off
-/// applies from the next connection on (the listening socket is changed at once), and
-/// connections made before keep theirs.
+/// tcp_keepalive is on for client connections by default (the first probe after 60 s);
+/// a reload changing tcp_keepidle, then one turning keepalive off, apply from the next
+/// connection on (the listening socket is changed at once), and connections made before
+/// keep theirs.
 #[cfg(target_os = "linux")]
 #[test]
 fn tcp_keepalive_follows_a_reload() {
     let pg = PgCluster::start();
     let s = Sluice::builder(&pg).start();
     let connect = || std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    let timer = |c: &std::net::TcpStream| keepalive_timer(s.port, c.local_addr().unwrap().port());
     let before = connect();
-    assert!(keepalive_timer(s.port, before.local_addr().unwrap().port()));
-    let cfg = s.config().replacen("[general]\n", "[general]\ntcp_keepalive = false\n", 1);
-    assert!(cfg.contains("tcp_keepalive = false"), "config layout changed:\n{cfg}");
-    s.write_config(&cfg);
-    s.reload();
-    assert!(s.wait_log("tcp_keepalive off for connections from now on", Duration::from_secs(10)), "{}", s.log());
+    assert!(timer(&before).is_some_and(|t| t <= 60), "{:?}", timer(&before));
+    let reload = |key: &str, value: &str, log: &str| {
+        let cfg = s.config().replacen("[general]\n", &format!("[general]\n{key} = {value}\n"), 1);
+        s.write_config(&cfg);
+        s.reload();
+        assert!(s.wait_log(log, Duration::from_secs(10)), "{}", s.log());
+    };
+    reload(
+        "tcp_keepidle",
+        "500",
+        "tcp_keepalive on (tcp_keepidle 500 s, tcp_keepintvl the kernel's, tcp_keepcnt the kernel's) for connections from now on",
+    );
+    let idle_500 = connect();
+    assert!(timer(&idle_500).is_some_and(|t| (400..=500).contains(&t)), "{:?}", timer(&idle_500));
+    reload("tcp_keepalive", "false", "tcp_keepalive off for connections from now on");
     let after = connect();
-    assert!(!keepalive_timer(s.port, after.local_addr().unwrap().port()));
-    assert!(keepalive_timer(s.port, before.local_addr().unwrap().port()));
+    assert_eq!(timer(&after), None);
+    assert!(timer(&before).is_some_and(|t| t <= 60));
+    assert!(timer(&idle_500).is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -266,6 +266,9 @@ auth_user = postgres
 auth_query = SELECT usename, passwd FROM pg_shadow WHERE usename=$1
 logfile = /var/log/pgbouncer/pgbouncer.log
 client_tls_protocols = secure
+tcp_keepidle = 120
+tcp_user_timeout = 30000
+dns_max_ttl = 30
 ";
 
     #[test]
@@ -285,6 +288,7 @@ client_tls_protocols = secure
         );
         assert_eq!((g.auth_type, g.server_reset_query_always), (super::super::AuthType::Md5, false));
         assert_eq!(g.admin_users, vec!["postgres".to_string(), "alice".to_string()]);
+        assert_eq!((g.tcp_keepidle, g.tcp_user_timeout, g.dns_max_ttl), (120, 30000, 30.0), "same units");
         let lookups = (g.auth_user.as_str(), g.auth_query.as_str());
         assert_eq!(lookups, ("postgres", "SELECT usename, passwd FROM pg_shadow WHERE usename=$1"));
         let app = &cfg.databases["app"];

@@ -238,6 +238,27 @@ pub(super) fn validate_durations(g: &General, invalid: Invalid) -> Result<(), Co
     Ok(())
 }
 
+/// The TCP options within what Linux accepts (`TCP_KEEPIDLE` and `TCP_KEEPINTVL` at
+/// most 32767 s, `TCP_KEEPCNT` 127 probes, `TCP_USER_TIMEOUT` an `int` of ms), and a
+/// backlog of at least 1.
+pub(super) fn validate_tcp(g: &General, invalid: Invalid) -> Result<(), ConfigError> {
+    let limits = [
+        ("tcp_keepidle", g.tcp_keepidle, 32767, "seconds"),
+        ("tcp_keepintvl", g.tcp_keepintvl, 32767, "seconds"),
+        ("tcp_keepcnt", g.tcp_keepcnt, 127, "probes"),
+        ("tcp_user_timeout", g.tcp_user_timeout, i32::MAX as u32, "milliseconds"),
+    ];
+    for (key, v, most, unit) in limits {
+        if v > most {
+            return Err(invalid(key, format!("must be at most {most} {unit} (0: the kernel's)")));
+        }
+    }
+    if g.listen_backlog == 0 {
+        return Err(invalid("listen_backlog", "must be at least 1".into()));
+    }
+    Ok(())
+}
+
 /// Checks that each TLS mode has the files it needs; the files themselves are read by
 /// `tls::load`, at start-up and on each reload.
 pub(super) fn validate_tls(g: &General, invalid: Invalid) -> Result<(), ConfigError> {

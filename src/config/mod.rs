@@ -19,7 +19,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use entries::{
-    validate_admin, validate_auth_lookups, validate_database, validate_durations, validate_tls, validate_user,
+    validate_admin, validate_auth_lookups, validate_database, validate_durations, validate_tcp, validate_tls,
+    validate_user,
 };
 pub use locate::locate_key;
 
@@ -227,6 +228,16 @@ pub struct General {
     pub log_connections: bool,
     pub log_disconnections: bool,
     pub tcp_keepalive: bool,
+    /// Seconds of silence before the first keepalive probe (0: the kernel's).
+    pub tcp_keepidle: u32,
+    /// Seconds between keepalive probes (0: the kernel's).
+    pub tcp_keepintvl: u32,
+    /// Unanswered keepalive probes before a connection is dropped (0: the kernel's).
+    pub tcp_keepcnt: u32,
+    /// Milliseconds sent data may stay unacknowledged (0: the kernel's).
+    pub tcp_user_timeout: u32,
+    /// Queue of connections not yet accepted, per listening socket.
+    pub listen_backlog: u32,
     pub max_prepared_statements: usize,
     pub max_client_prepared_statements: usize,
     pub client_tls_sslmode: ClientTlsMode,
@@ -301,6 +312,11 @@ impl Default for General {
             log_connections: true,
             log_disconnections: true,
             tcp_keepalive: true,
+            tcp_keepidle: 60,
+            tcp_keepintvl: 0,
+            tcp_keepcnt: 0,
+            tcp_user_timeout: 0,
+            listen_backlog: 4096,
             max_prepared_statements: 200,
             max_client_prepared_statements: 2000,
             client_tls_sslmode: ClientTlsMode::Disable,
@@ -655,6 +671,7 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
         return Err(invalid("workers", "must be at most 1024".into()));
     }
     validate_durations(g, invalid)?;
+    validate_tcp(g, invalid)?;
     if tracing_subscriber::EnvFilter::try_new(&g.log_level).is_err() {
         return Err(invalid("log_level", format!("\"{}\" is not a log level or filter", g.log_level)));
     }

@@ -53,6 +53,16 @@ fn semantic_errors_name_file_line_and_key() {
     assert!(e.starts_with("sluice.toml:2: general.query_timeout:"), "{e}");
     let e = err("[general]\nlog_level = \"[[[\"\n");
     assert!(e.contains("general.log_level"), "{e}");
+    // TCP options beyond what the kernel takes, a backlog of 0, a negative count.
+    let e = err("[general]\ntcp_keepcnt = 128\n");
+    assert_eq!(e, "sluice.toml:2: general.tcp_keepcnt: must be at most 127 probes (0: the kernel's)");
+    let e = err("[general]\nlisten_port = 1\ntcp_keepidle = 32768\n");
+    assert!(e.starts_with("sluice.toml:3: general.tcp_keepidle: must be at most 32767 seconds"), "{e}");
+    let e = err("[general]\nlisten_backlog = 0\n");
+    assert_eq!(e, "sluice.toml:2: general.listen_backlog: must be at least 1");
+    let e = err("[general]\ntcp_user_timeout = -5\n");
+    assert!(e.starts_with("sluice.toml:2: general.tcp_user_timeout:"), "{e}");
+    assert!(parse("[general]\ntcp_keepidle = 32767\ntcp_keepcnt = 127\ntcp_user_timeout = 30000\n").is_ok());
 }
 
 #[test]

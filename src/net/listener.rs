@@ -43,18 +43,102 @@ pub enum Listener {
 }
 
 /// Where the options of an accepted TCP connection come from. Linux copies
-/// `TCP_NODELAY`, `SO_KEEPALIVE` and `TCP_KEEPIDLE` from the listening socket to each
-/// connection it accepts, so they are set once on the listener instead of with three
-/// system calls per connection; elsewhere they are set on each connection.
+/// `TCP_NODELAY`, `SO_KEEPALIVE`, `TCP_KEEPIDLE`, `TCP_KEEPINTVL`, `TCP_KEEPCNT` and
+/// `TCP_USER_TIMEOUT` from the listening socket to each connection it accepts, so they
+/// are set once on the listener instead of with system calls per connection (tested:
+/// `accepted_connections_inherit_the_listeners_options`); elsewhere they are set on
+/// each connection.
 const INHERITS_OPTIONS: bool = cfg!(target_os = "linux");
 
-/// Idle time before the first keepalive probe on client connections.
-const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
+/// The TCP options of client and server connections (`tcp_keepalive`, `tcp_keepidle`,
+/// `tcp_keepintvl`, `tcp_keepcnt`, `tcp_user_timeout`); 0 leaves the kernel's value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpOptions {
+    pub keepalive: bool,
+    /// Seconds of silence before the first keepalive probe.
+    pub keepidle: u32,
+    /// Seconds between probes.
+    pub keepintvl: u32,
+    /// Probes unanswered before the connection is dropped.
+    pub keepcnt: u32,
+    /// Milliseconds sent data may stay unacknowledged before the connection is dropped.
+    pub user_timeout: u32,
+}
+
+impl TcpOptions {
+    pub fn of(g: &crate::config::General) -> Self {
+        TcpOptions {
+            keepalive: g.tcp_keepalive,
+            keepidle: g.tcp_keepidle,
+            keepintvl: g.tcp_keepintvl,
+            keepcnt: g.tcp_keepcnt,
+            user_timeout: g.tcp_user_timeout,
+        }
+    }
+
+    /// Sets the options on a socket (best effort). A `fresh` socket has the kernel's
+    /// values: those left at 0 take no system call. On one set before (a listening
+    /// socket, at a reload), a 0 puts the kernel's value back.
+    pub fn apply(&self, sock: socket2::SockRef<'_>, fresh: bool) {
+        let secs = |v: u32, sysctl: &str| match v {
+            0 if fresh => None,
+            0 => kernel_default(sysctl).map(std::time::Duration::from_secs),
+            v => Some(std::time::Duration::from_secs(v.into())),
+        };
+        if self.keepalive {
+            let mut k = socket2::TcpKeepalive::new();
+            if let Some(t) = secs(self.keepidle, "tcp_keepalive_time") {
+                k = k.with_time(t);
+            }
+            if let Some(t) = secs(self.keepintvl, "tcp_keepalive_intvl") {
+                k = k.with_interval(t);
+            }
+            let count = match self.keepcnt {
+                0 if fresh => None,
+                0 => kernel_default("tcp_keepalive_probes").and_then(|v| u32::try_from(v).ok()),
+                n => Some(n),
+            };
+            if let Some(n) = count {
+                k = k.with_retries(n);
+            }
+            let _ = sock.set_tcp_keepalive(&k);
+        } else if !fresh {
+            let _ = sock.set_keepalive(false);
+        }
+        if self.user_timeout > 0 || !fresh {
+            let t = (self.user_timeout > 0).then(|| std::time::Duration::from_millis(self.user_timeout.into()));
+            let _ = sock.set_tcp_user_timeout(t);
+        }
+    }
+
+    /// The options as the reload log names them.
+    pub fn describe(&self) -> String {
+        let v = |n: u32, unit: &str| if n == 0 { "the kernel's".to_string() } else { format!("{n}{unit}") };
+        let mut out = match self.keepalive {
+            true => format!(
+                "tcp_keepalive on (tcp_keepidle {}, tcp_keepintvl {}, tcp_keepcnt {})",
+                v(self.keepidle, " s"),
+                v(self.keepintvl, " s"),
+                v(self.keepcnt, "")
+            ),
+            false => "tcp_keepalive off".to_string(),
+        };
+        if self.user_timeout > 0 {
+            out.push_str(&format!(", tcp_user_timeout {} ms", self.user_timeout));
+        }
+        out
+    }
+}
+
+/// A `net.ipv4.*` keepalive default of the kernel (Linux), for putting it back.
+fn kernel_default(sysctl: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/sys/net/ipv4/{sysctl}")).ok()?.trim().parse().ok()
+}
 
 impl Listener {
-    /// Binds a TCP listener; accepted connections get `TCP_NODELAY`, and keepalive as
-    /// `keepalive` says (changed later with `set_listener_keepalive`).
-    pub fn tcp(ip: IpAddr, port: u16, keepalive: bool) -> std::io::Result<Self> {
+    /// Binds a TCP listener with `backlog`; accepted connections get `TCP_NODELAY`, and
+    /// the TCP options `tcp` (changed later with `set_listener_options`).
+    pub fn tcp(ip: IpAddr, port: u16, tcp: TcpOptions, backlog: u32) -> std::io::Result<Self> {
         let addr = SocketAddr::new(ip, port);
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(addr),
@@ -68,15 +152,16 @@ impl Listener {
         socket.set_nonblocking(true)?;
         if INHERITS_OPTIONS {
             socket.set_nodelay(true)?;
-            set_keepalive(socket2::SockRef::from(&socket), keepalive);
+            tcp.apply(socket2::SockRef::from(&socket), true);
         }
         socket.bind(&addr.into())?;
-        socket.listen(4096)?;
+        socket.listen(backlog.try_into().unwrap_or(i32::MAX))?;
         Ok(Listener::Tcp(Arc::new(TcpListener::from_std(socket.into())?)))
     }
 
-    /// Binds `<dir>/.s.PGSQL.<port>`, replacing a stale socket file left by a crash.
-    pub fn unix(dir: &str, port: u16, mode: u32) -> std::io::Result<Self> {
+    /// Binds `<dir>/.s.PGSQL.<port>` with `backlog`, replacing a stale socket file left
+    /// by a crash.
+    pub fn unix(dir: &str, port: u16, mode: u32, backlog: u32) -> std::io::Result<Self> {
         let path = PathBuf::from(dir).join(format!(".s.PGSQL.{port}"));
         if path.exists() {
             if std::os::unix::net::UnixStream::connect(&path).is_ok() {
@@ -87,13 +172,17 @@ impl Listener {
             }
             std::fs::remove_file(&path)?;
         }
-        let l = UnixListener::bind(&path)?;
+        let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
+        socket.set_nonblocking(true)?;
+        socket.bind(&socket2::SockAddr::unix(&path)?)?;
+        socket.listen(backlog.try_into().unwrap_or(i32::MAX))?;
+        let l = UnixListener::from_std(std::os::unix::net::UnixListener::from(std::os::fd::OwnedFd::from(socket)))?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
         Ok(Listener::Unix(l, path))
     }
 
-    /// The listening TCP socket, for changing its options later (`set_listener_keepalive`).
+    /// The listening TCP socket, for changing its options later (`set_listener_options`).
     pub fn tcp_socket(&self) -> Option<Weak<TcpListener>> {
         match self {
             Listener::Tcp(l) => Some(Arc::downgrade(l)),
@@ -101,17 +190,15 @@ impl Listener {
         }
     }
 
-    /// Accepts a connection. `keepalive` (the `tcp_keepalive` setting, asked only where
-    /// accepted connections do not inherit the listening socket's options) is set on it.
-    pub async fn accept(&self, keepalive: impl FnOnce() -> bool) -> std::io::Result<(Stream, Peer)> {
+    /// Accepts a connection. `tcp` (the TCP options in force, asked only where accepted
+    /// connections do not inherit the listening socket's options) is set on it.
+    pub async fn accept(&self, tcp: impl FnOnce() -> TcpOptions) -> std::io::Result<(Stream, Peer)> {
         match self {
             Listener::Tcp(l) => {
                 let (s, addr) = l.accept().await?;
                 if !INHERITS_OPTIONS {
                     let _ = s.set_nodelay(true);
-                    if keepalive() {
-                        set_keepalive(socket2::SockRef::from(&s), true);
-                    }
+                    tcp().apply(socket2::SockRef::from(&s), true);
                 }
                 Ok((Stream::Tcp(s), Peer::Tcp(addr)))
             }
@@ -138,22 +225,12 @@ impl Drop for Listener {
     }
 }
 
-/// Makes connections whose handshake completes from now on carry TCP keepalive or not
-/// (`tcp_keepalive` changed by a reload). Linux only: elsewhere `accept` sets it.
-pub fn set_listener_keepalive(l: &TcpListener, on: bool) {
+/// Gives connections whose handshake completes from now on the TCP options `tcp`
+/// (changed by a reload). Linux only: elsewhere `accept` sets them.
+pub fn set_listener_options(l: &TcpListener, tcp: &TcpOptions) {
     if INHERITS_OPTIONS {
-        set_keepalive(socket2::SockRef::from(l), on);
+        tcp.apply(socket2::SockRef::from(l), false);
     }
-}
-
-/// Turns TCP keepalive on (first probe after `KEEPALIVE_IDLE`) or off on a socket
-/// (best effort).
-pub fn set_keepalive(sock: socket2::SockRef<'_>, on: bool) {
-    let _ = if on {
-        sock.set_tcp_keepalive(&socket2::TcpKeepalive::new().with_time(KEEPALIVE_IDLE))
-    } else {
-        sock.set_keepalive(false)
-    };
 }
 
 /// Failed accepts (EMFILE and the like come many times a second while they last): one
@@ -215,30 +292,57 @@ mod tests {
         assert_eq!(f.note(&e, at + step), None);
     }
 
-    /// Accepts one connection made after `accept` starts; gives its socket options
-    /// (nodelay, keepalive, idle time before the first probe when on).
-    async fn accept_one(l: &Listener, keepalive: bool) -> (bool, bool, Option<std::time::Duration>) {
-        let Listener::Tcp(tcp) = l else { panic!("not TCP") };
-        let addr = tcp.local_addr().unwrap();
-        set_listener_keepalive(tcp, keepalive);
-        let (accepted, client) = tokio::join!(l.accept(|| keepalive), tokio::net::TcpStream::connect(addr));
+    /// Accepts one connection made after `accept` starts, the listener's options set to
+    /// `tcp` first (as a reload does); gives its nodelay and its TCP options as the
+    /// kernel reports them.
+    async fn accept_one(l: &Listener, tcp: TcpOptions) -> (bool, TcpOptions) {
+        let Listener::Tcp(listener) = l else { panic!("not TCP") };
+        let addr = listener.local_addr().unwrap();
+        set_listener_options(listener, &tcp);
+        let (accepted, client) = tokio::join!(l.accept(|| tcp), tokio::net::TcpStream::connect(addr));
         let _client = client.unwrap();
         let (stream, peer) = accepted.unwrap();
         assert!(matches!(peer, Peer::Tcp(_)));
         let Stream::Tcp(s) = &stream else { panic!("not a TCP stream") };
         let sock = socket2::SockRef::from(s);
-        let on = sock.keepalive().unwrap();
-        (sock.nodelay().unwrap(), on, on.then(|| sock.keepalive_time().unwrap()))
+        let secs = |d: std::time::Duration| u32::try_from(d.as_secs()).unwrap();
+        let got = TcpOptions {
+            keepalive: sock.keepalive().unwrap(),
+            keepidle: secs(sock.keepalive_time().unwrap()),
+            keepintvl: secs(sock.keepalive_interval().unwrap()),
+            keepcnt: sock.keepalive_retries().unwrap(),
+            user_timeout: sock.tcp_user_timeout().unwrap().map_or(0, |d| d.as_millis() as u32),
+        };
+        (sock.nodelay().unwrap(), got)
+    }
+
+    /// The kernel's keepalive values, as a socket reports them when none is set.
+    fn kernel(keepalive: bool) -> TcpOptions {
+        let d = |name| u32::try_from(kernel_default(name).unwrap()).unwrap();
+        TcpOptions {
+            keepalive,
+            keepidle: d("tcp_keepalive_time"),
+            keepintvl: d("tcp_keepalive_intvl"),
+            keepcnt: d("tcp_keepalive_probes"),
+            user_timeout: 0,
+        }
     }
 
     #[tokio::test]
-    async fn accepted_connections_get_nodelay_and_keepalive_as_configured() {
-        let l = Listener::tcp("127.0.0.1".parse().unwrap(), 0, true).unwrap();
-        assert_eq!(accept_one(&l, true).await, (true, true, Some(KEEPALIVE_IDLE)));
-        // tcp_keepalive turned off by a reload, then on again.
-        assert_eq!(accept_one(&l, false).await, (true, false, None));
-        assert_eq!(accept_one(&l, true).await, (true, true, Some(KEEPALIVE_IDLE)));
-        let off = Listener::tcp("127.0.0.1".parse().unwrap(), 0, false).unwrap();
-        assert_eq!(accept_one(&off, false).await, (true, false, None));
+    async fn accepted_connections_inherit_the_listeners_options() {
+        let sixty = TcpOptions { keepidle: 60, ..kernel(true) };
+        let set = TcpOptions { keepalive: true, keepidle: 45, keepintvl: 7, keepcnt: 3, user_timeout: 2500 };
+        let ip = "127.0.0.1".parse().unwrap();
+        let l = Listener::tcp(ip, 0, TcpOptions { keepintvl: 0, keepcnt: 0, ..sixty }, 16).unwrap();
+        assert_eq!(accept_one(&l, TcpOptions { keepintvl: 0, keepcnt: 0, ..sixty }).await, (true, sixty));
+        // Changed by reloads: each value set, then the kernel's put back, then keepalive off.
+        assert_eq!(accept_one(&l, set).await, (true, set));
+        let zeros = TcpOptions { keepalive: true, keepidle: 0, keepintvl: 0, keepcnt: 0, user_timeout: 0 };
+        assert_eq!(accept_one(&l, zeros).await, (true, kernel(true)));
+        let off = TcpOptions { keepalive: false, ..zeros };
+        assert!(!accept_one(&l, off).await.1.keepalive);
+        assert_eq!(accept_one(&l, set).await, (true, set));
+        let fresh_off = Listener::tcp(ip, 0, off, 16).unwrap();
+        assert_eq!(accept_one(&fresh_off, off).await, (true, kernel(false)));
     }
 }

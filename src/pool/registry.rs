@@ -455,7 +455,7 @@ fn settings_with(cfg: &Config, side: &ServerSide<'_>, key: &PoolKey, login: Arc<
             addr: ServerAddr { host: db.host.as_str().into(), port: db.port },
             database: db.dbname.clone().unwrap_or_else(|| db_name.to_string()),
             user: server_user.clone(),
-            keepalive: g.tcp_keepalive,
+            tcp: crate::net::listener::TcpOptions::of(g),
             tls: side.tls.clone(),
             dns: side.hosts.record(&db.host),
             dns_ttl: Duration::from_secs_f64(g.dns_max_ttl),

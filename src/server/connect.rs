@@ -94,9 +94,9 @@ pub struct ServerTarget {
     pub addr: ServerAddr,
     pub database: String,
     pub user: String,
-    /// TCP keepalive on the connection (`tcp_keepalive`, as on client connections), so
-    /// a server lost without a reset is noticed.
-    pub keepalive: bool,
+    /// The TCP options of the connection (`tcp_keepalive`..., as on client
+    /// connections), so that a server lost without a reset is noticed.
+    pub tcp: crate::net::listener::TcpOptions,
     /// TLS towards the server (`server_tls_*`); used for TCP hosts only.
     pub tls: Arc<ServerTls>,
     /// What the host name resolved to, shared with the other pools naming it; None for
@@ -167,9 +167,9 @@ async fn connect_inner(
     if let Some((at, _)) = at {
         info.set_peer(at);
     }
-    // A new socket has no keepalive: only turning it on takes a system call.
-    if let Some(tcp) = stream.tcp().filter(|_| target.keepalive) {
-        crate::net::listener::set_keepalive(socket2::SockRef::from(tcp), true);
+    // A new socket has the kernel's options: only those set take system calls.
+    if let Some(tcp) = stream.tcp() {
+        target.tcp.apply(socket2::SockRef::from(tcp), true);
     }
     let stream = tls::negotiate(stream, &target.tls, &target.addr.host).await?;
     let mut conn = Box::new(ServerConn::new(stream, info));
@@ -328,7 +328,7 @@ mod tests {
             addr: ServerAddr { host: "127.0.0.1".into(), port },
             database: "d".into(),
             user: "u".into(),
-            keepalive: false,
+            tcp: crate::net::listener::TcpOptions::of(&Default::default()),
             tls: Arc::new(Default::default()),
             dns: None,
             dns_ttl: Duration::ZERO,
