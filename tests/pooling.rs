@@ -732,3 +732,38 @@ async fn the_reserve_pool_serves_a_client_that_waited_reserve_pool_timeout() {
     assert!(closed, "the reserve connection stayed open past server_idle_timeout");
     a.simple_query("commit").await.unwrap();
 }
+
+/// `server_round_robin`: idle connections are lent oldest first, so one client's
+/// statements go round all of them; by default the one given back last serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_round_robin_takes_the_idle_connections_in_turn() {
+    let pg = PgCluster::start();
+    for round_robin in [false, true] {
+        let s = Sluice::builder(&pg)
+            .general("default_pool_size", "3")
+            .general("server_round_robin", &round_robin.to_string())
+            .start();
+        let mut clients = Vec::new();
+        for _ in 0..3 {
+            clients.push(connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await);
+        }
+        // Three transactions at once open three connections; then all are idle.
+        for c in &clients {
+            c.batch_execute("BEGIN; SELECT 1").await.unwrap();
+        }
+        for c in &clients {
+            c.batch_execute("COMMIT").await.unwrap();
+        }
+        let mut pids = Vec::new();
+        for _ in 0..6 {
+            pids.push(value(&clients[0], "select pg_backend_pid()").await);
+        }
+        let distinct: std::collections::BTreeSet<_> = pids.iter().collect();
+        if round_robin {
+            assert_eq!(distinct.len(), 3, "{pids:?}");
+            assert_eq!(pids[..3], pids[3..], "in turn: {pids:?}");
+        } else {
+            assert_eq!(distinct.len(), 1, "{pids:?}");
+        }
+    }
+}

@@ -202,6 +202,9 @@ pub struct General {
     pub max_client_conn: usize,
     pub max_db_connections: usize,
     pub max_user_connections: usize,
+    /// Lend idle server connections oldest first (spreading load over them), not newest
+    /// first.
+    pub server_round_robin: bool,
     pub server_reset_query: String,
     pub server_reset_query_always: bool,
     pub server_check_delay: f64,
@@ -290,6 +293,7 @@ impl Default for General {
             max_client_conn: 100,
             max_db_connections: 0,
             max_user_connections: 0,
+            server_round_robin: false,
             server_reset_query: "DISCARD ALL".into(),
             server_reset_query_always: false,
             server_check_delay: 30.0,

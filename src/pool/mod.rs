@@ -67,6 +67,8 @@ pub struct PoolSettings {
     /// Connections beyond `size` for a client that has waited `reserve_timeout`.
     pub reserve: usize,
     pub reserve_timeout: Option<Duration>,
+    /// Idle connections lent oldest first (`server_round_robin`), not newest first.
+    pub round_robin: bool,
 }
 
 impl PoolSettings {
@@ -127,6 +129,17 @@ impl Inner {
     /// Whether no connection is open (or lent): only connects under way, if any.
     fn none_open(&self) -> bool {
         self.total == self.connecting
+    }
+
+    /// The idle connection to lend next: the one given back last (a few connections
+    /// carry the load, and stay warm), or with `round_robin` the one idle longest (the
+    /// load spread over all, for servers behind one address that balance it).
+    fn take_idle(&mut self, round_robin: bool) -> Option<Box<ServerConn>> {
+        match round_robin {
+            false => self.idle.pop(),
+            true if self.idle.is_empty() => None,
+            true => Some(self.idle.remove(0)),
+        }
     }
 }
 
@@ -381,7 +394,7 @@ impl Pool {
         if self.is_paused() {
             return Ok(Next::Paused);
         }
-        while let Some(mut s) = inner.idle.pop() {
+        while let Some(mut s) = inner.take_idle(settings.round_robin) {
             if self.usable(&mut s, &settings) {
                 return Ok(Next::Take(s));
             }

@@ -485,6 +485,7 @@ fn settings_with(cfg: &Config, side: &ServerSide<'_>, key: &PoolKey, login: Arc<
         login_retry: secs(g.server_login_retry),
         reserve: db.reserve_pool_size.unwrap_or(g.reserve_pool_size),
         reserve_timeout: secs(g.reserve_pool_timeout),
+        round_robin: g.server_round_robin,
     };
     Some(settings)
 }
