@@ -3,8 +3,8 @@
 //! their TOML types; `[databases]` connection strings and `[users]` lines become
 //! tables; what Sluice does not have is kept as a comment with a note saying so, so
 //! nothing is dropped silently. Where PgBouncer's default differs from Sluice's
-//! (`auth_type`, `listen_addr`), PgBouncer's is written out, so the converted file
-//! behaves as the old one did.
+//! (`auth_type`, `listen_addr`, `tcp_keepidle`, `listen_backlog`), PgBouncer's is
+//! written out, so the converted file behaves as the old one did.
 
 use toml::Value;
 
@@ -86,6 +86,12 @@ pub fn from_pgbouncer_ini(text: &str) -> Result<Converted, String> {
     }
     if !seen.iter().any(|k| k == "listen_addr") {
         general.push_str("# PgBouncer's default: no TCP listener, the Unix socket only\nlisten_addr = []\n");
+    }
+    if !seen.iter().any(|k| k == "tcp_keepidle") {
+        general.push_str("# PgBouncer's default: the kernel's (Sluice's is 60)\ntcp_keepidle = 0\n");
+    }
+    if !seen.iter().any(|k| k == "listen_backlog") {
+        general.push_str("# PgBouncer's default (Sluice's is 4096)\nlisten_backlog = 128\n");
     }
     // A database without a host is reached on PgBouncer's Unix socket directory.
     let databases = databases.replace(NO_HOST, &format!("host = {}\n", Value::String(socket_dir)));
@@ -315,6 +321,7 @@ dns_max_ttl = 30
         let cfg = super::super::Config::parse(&c.toml, std::path::Path::new("x.toml")).unwrap();
         assert!(cfg.listen.is_empty(), "PgBouncer listens on no TCP address unless told");
         assert_eq!(cfg.general.auth_type, super::super::AuthType::Trust);
+        assert_eq!((cfg.general.tcp_keepidle, cfg.general.listen_backlog), (0, 128));
         let c = from_pgbouncer_ini("[pgbouncer]\nlisten_addr = *\n").unwrap();
         let cfg = super::super::Config::parse(&c.toml, std::path::Path::new("x.toml")).unwrap();
         assert_eq!(cfg.general.auth_type, super::super::AuthType::Md5);

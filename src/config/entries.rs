@@ -253,6 +253,9 @@ pub(super) fn validate_tcp(g: &General, invalid: Invalid) -> Result<(), ConfigEr
             return Err(invalid(key, format!("must be at most {most} {unit} (0: the kernel's)")));
         }
     }
+    if !cfg!(any(target_os = "linux", target_os = "android")) && g.tcp_user_timeout > 0 {
+        return Err(invalid("tcp_user_timeout", "is not available on this system (0: the kernel's)".into()));
+    }
     if g.listen_backlog == 0 {
         return Err(invalid("listen_backlog", "must be at least 1".into()));
     }

@@ -101,13 +101,14 @@ impl TcpOptions {
             if let Some(n) = count {
                 k = k.with_retries(n);
             }
-            let _ = sock.set_tcp_keepalive(&k);
+            failed(sock.set_tcp_keepalive(&k), fresh);
         } else if !fresh {
-            let _ = sock.set_keepalive(false);
+            failed(sock.set_keepalive(false), fresh);
         }
+        #[cfg(any(target_os = "linux", target_os = "android"))]
         if self.user_timeout > 0 || !fresh {
             let t = (self.user_timeout > 0).then(|| std::time::Duration::from_millis(self.user_timeout.into()));
-            let _ = sock.set_tcp_user_timeout(t);
+            failed(sock.set_tcp_user_timeout(t), fresh);
         }
     }
 
@@ -130,9 +131,20 @@ impl TcpOptions {
     }
 }
 
-/// A `net.ipv4.*` keepalive default of the kernel (Linux), for putting it back.
+/// A failure to set an option: warned of on a listening socket (a reload then leaves
+/// its last value in place); on a new connection it stays best effort.
+fn failed(r: std::io::Result<()>, fresh: bool) {
+    if let (Err(e), false) = (r, fresh) {
+        tracing::warn!("setting the TCP options on a listening socket failed: {e}");
+    }
+}
+
+/// A `net.ipv4.*` keepalive default of the kernel (Linux), for putting it back (as a
+/// fixed value: a socket option cannot be unset), within what the option takes.
 fn kernel_default(sysctl: &str) -> Option<u64> {
-    std::fs::read_to_string(format!("/proc/sys/net/ipv4/{sysctl}")).ok()?.trim().parse().ok()
+    let most = if sysctl == "tcp_keepalive_probes" { 127 } else { 32767 };
+    let v: u64 = std::fs::read_to_string(format!("/proc/sys/net/ipv4/{sysctl}")).ok()?.trim().parse().ok()?;
+    Some(v.min(most))
 }
 
 impl Listener {
@@ -175,10 +187,11 @@ impl Listener {
         let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
         socket.set_nonblocking(true)?;
         socket.bind(&socket2::SockAddr::unix(&path)?)?;
-        socket.listen(backlog.try_into().unwrap_or(i32::MAX))?;
-        let l = UnixListener::from_std(std::os::unix::net::UnixListener::from(std::os::fd::OwnedFd::from(socket)))?;
+        // Its mode before it listens: no connection is taken under a looser one.
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
+        socket.listen(backlog.try_into().unwrap_or(i32::MAX))?;
+        let l = UnixListener::from_std(std::os::unix::net::UnixListener::from(std::os::fd::OwnedFd::from(socket)))?;
         Ok(Listener::Unix(l, path))
     }
 
@@ -293,12 +306,15 @@ mod tests {
     }
 
     /// Accepts one connection made after `accept` starts, the listener's options set to
-    /// `tcp` first (as a reload does); gives its nodelay and its TCP options as the
-    /// kernel reports them.
-    async fn accept_one(l: &Listener, tcp: TcpOptions) -> (bool, TcpOptions) {
+    /// `tcp` first when `reload` (as a reload does); gives its nodelay and its TCP
+    /// options as the kernel reports them.
+    #[cfg(target_os = "linux")]
+    async fn accept_one(l: &Listener, tcp: TcpOptions, reload: bool) -> (bool, TcpOptions) {
         let Listener::Tcp(listener) = l else { panic!("not TCP") };
         let addr = listener.local_addr().unwrap();
-        set_listener_options(listener, &tcp);
+        if reload {
+            set_listener_options(listener, &tcp);
+        }
         let (accepted, client) = tokio::join!(l.accept(|| tcp), tokio::net::TcpStream::connect(addr));
         let _client = client.unwrap();
         let (stream, peer) = accepted.unwrap();
@@ -317,6 +333,7 @@ mod tests {
     }
 
     /// The kernel's keepalive values, as a socket reports them when none is set.
+    #[cfg(target_os = "linux")]
     fn kernel(keepalive: bool) -> TcpOptions {
         let d = |name| u32::try_from(kernel_default(name).unwrap()).unwrap();
         TcpOptions {
@@ -328,21 +345,26 @@ mod tests {
         }
     }
 
+    #[cfg(target_os = "linux")]
     #[tokio::test]
     async fn accepted_connections_inherit_the_listeners_options() {
         let sixty = TcpOptions { keepidle: 60, ..kernel(true) };
         let set = TcpOptions { keepalive: true, keepidle: 45, keepintvl: 7, keepcnt: 3, user_timeout: 2500 };
+        let set_at_start = || TcpOptions { keepidle: 50, keepintvl: 6, keepcnt: 4, user_timeout: 1500, ..set };
         let ip = "127.0.0.1".parse().unwrap();
+        // As bound at start-up (no reload yet).
         let l = Listener::tcp(ip, 0, TcpOptions { keepintvl: 0, keepcnt: 0, ..sixty }, 16).unwrap();
-        assert_eq!(accept_one(&l, TcpOptions { keepintvl: 0, keepcnt: 0, ..sixty }).await, (true, sixty));
+        assert_eq!(accept_one(&l, sixty, false).await, (true, sixty));
+        let bound = Listener::tcp(ip, 0, set_at_start(), 16).unwrap();
+        assert_eq!(accept_one(&bound, set_at_start(), false).await, (true, set_at_start()));
         // Changed by reloads: each value set, then the kernel's put back, then keepalive off.
-        assert_eq!(accept_one(&l, set).await, (true, set));
+        assert_eq!(accept_one(&l, set, true).await, (true, set));
         let zeros = TcpOptions { keepalive: true, keepidle: 0, keepintvl: 0, keepcnt: 0, user_timeout: 0 };
-        assert_eq!(accept_one(&l, zeros).await, (true, kernel(true)));
+        assert_eq!(accept_one(&l, zeros, true).await, (true, kernel(true)));
         let off = TcpOptions { keepalive: false, ..zeros };
-        assert!(!accept_one(&l, off).await.1.keepalive);
-        assert_eq!(accept_one(&l, set).await, (true, set));
+        assert!(!accept_one(&l, off, true).await.1.keepalive);
+        assert_eq!(accept_one(&l, set, true).await, (true, set));
         let fresh_off = Listener::tcp(ip, 0, off, 16).unwrap();
-        assert_eq!(accept_one(&fresh_off, off).await, (true, kernel(false)));
+        assert_eq!(accept_one(&fresh_off, off, false).await, (true, kernel(false)));
     }
 }

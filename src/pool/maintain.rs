@@ -118,9 +118,10 @@ impl Pool {
             && (!user_full || Arc::ptr_eq(&self.user_limit, &starved.user_limit))
     }
 
-    /// Closes one idle connection, if any (to make room under a shared limit).
+    /// Closes one idle connection, if any (to make room under a shared limit): the one
+    /// idle longest, which would be lent last.
     pub fn evict_one_idle(&self) -> bool {
-        let s = self.inner.lock().idle.pop();
+        let s = self.inner.lock().take_idle(true);
         match s {
             Some(s) => {
                 self.discard(s);
