@@ -318,7 +318,8 @@ pub fn bind(cfg: &Config) -> Result<Vec<Listener>, AppError> {
     }
     if !g.unix_socket_dir.is_empty() {
         let mode = u32::from_str_radix(&g.unix_socket_mode, 8).unwrap_or(0o777);
-        let l = Listener::unix(&g.unix_socket_dir, g.listen_port, mode, g.listen_backlog)
+        let group = Some(g.unix_socket_group.as_str()).filter(|s| !s.is_empty());
+        let l = Listener::unix(&g.unix_socket_dir, g.listen_port, mode, group, g.listen_backlog)
             .map_err(|source| AppError::Listen { what: g.unix_socket_dir.clone(), source })?;
         out.push(l);
     }

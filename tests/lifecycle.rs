@@ -496,3 +496,27 @@ fn json_logs_are_one_object_per_line() {
         assert!(line.starts_with('{') && line.ends_with('}'), "not a JSON object: {line}");
     }
 }
+
+/// The Unix socket file gets `unix_socket_mode` and `unix_socket_group` (the group of
+/// the PostgreSQL server's OS user here, not the one Sluice runs as), and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_unix_socket_has_its_mode_and_group() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: giving the socket another group needs root (CI runs as root)");
+        return;
+    }
+    let gid = std::process::Command::new("id").args(["-g", "postgres"]).output().expect("id runs");
+    let gid: u32 = String::from_utf8(gid.stdout).unwrap().trim().parse().expect("the postgres user's group");
+    assert_ne!(gid, 0, "a group other than root's");
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("unix_socket_mode", &common::toml_str("0770"))
+        .general("unix_socket_group", &common::toml_str("postgres"))
+        .start();
+    let meta = std::fs::metadata(s.socket_dir.join(format!(".s.PGSQL.{}", s.port))).unwrap();
+    assert_eq!((meta.permissions().mode() & 0o777, meta.gid()), (0o770, gid));
+    let c = common::connect_unix(&s.socket_dir, s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&c, "select 1").await, "1");
+}

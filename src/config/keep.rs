@@ -38,6 +38,7 @@ start_up_only!(
     listen_port,
     unix_socket_dir,
     unix_socket_mode,
+    unix_socket_group,
     listen_backlog,
     workers,
     log_level,
@@ -95,6 +96,7 @@ mod tests {
         let mut all = General { listen_addr: vec!["::1".into()], unix_socket_dir: "/x".into(), ..General::default() };
         all.unix_socket_mode = "0700".into();
         all.listen_backlog = 7;
+        all.unix_socket_group = "g".into();
         all.log_level = "debug".into();
         all.log_format = LogFormat::Json;
         all.metrics_listen = "127.0.0.1:1".into();

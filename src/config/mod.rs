@@ -176,6 +176,8 @@ pub struct General {
     pub listen_port: u16,
     pub unix_socket_dir: String,
     pub unix_socket_mode: String,
+    /// OS group of the Unix socket file ("" = the process's).
+    pub unix_socket_group: String,
     pub workers: usize,
     pub auth_type: AuthType,
     /// PgBouncer's userlist.txt, read for users' passwords ("" = none).
@@ -276,6 +278,7 @@ impl Default for General {
             listen_port: 6432,
             unix_socket_dir: "/tmp".into(),
             unix_socket_mode: "0777".into(),
+            unix_socket_group: String::new(),
             workers: 0,
             auth_type: AuthType::ScramSha256,
             auth_file: String::new(),
@@ -661,6 +664,11 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
     }
     if g.listen_port == 0 {
         return Err(invalid("listen_port", "must be between 1 and 65535".into()));
+    }
+    if !g.unix_socket_group.is_empty()
+        && let Err(e) = crate::net::listener::group_id(&g.unix_socket_group)
+    {
+        return Err(invalid("unix_socket_group", e.to_string()));
     }
     if u32::from_str_radix(&g.unix_socket_mode, 8).is_err() {
         return Err(invalid("unix_socket_mode", "must be an octal mode like \"0777\"".into()));

@@ -58,6 +58,9 @@ fn semantic_errors_name_file_line_and_key() {
     assert_eq!(e, "sluice.toml:2: general.tcp_keepcnt: must be at most 127 probes (0: the kernel's)");
     let e = err("[general]\nlisten_port = 1\ntcp_keepidle = 32768\n");
     assert!(e.starts_with("sluice.toml:3: general.tcp_keepidle: must be at most 32767 seconds"), "{e}");
+    let e = err("[general]\nunix_socket_group = \"no-such-group-here\"\n");
+    assert_eq!(e, "sluice.toml:2: general.unix_socket_group: no group named \"no-such-group-here\"");
+    assert!(parse("[general]\nunix_socket_group = \"root\"\n").is_ok());
     let e = err("[general]\nlisten_backlog = 0\n");
     assert_eq!(e, "sluice.toml:2: general.listen_backlog: must be at least 1");
     let e = err("[general]\ntcp_user_timeout = -5\n");

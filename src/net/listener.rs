@@ -131,6 +131,33 @@ impl TcpOptions {
     }
 }
 
+/// The ID of the OS group `name` (`getgrnam_r`), for `unix_socket_group`.
+pub fn group_id(name: &str) -> std::io::Result<u32> {
+    let none = || std::io::Error::new(std::io::ErrorKind::NotFound, format!("no group named \"{name}\""));
+    let cname = std::ffi::CString::new(name).map_err(|_| none())?;
+    let mut buf = vec![0u8; 1024];
+    loop {
+        // SAFETY: `grp` and `found` are valid out-pointers, `buf` is a writable buffer
+        // of the length given; only `gr_gid` (a plain number) is read from the result.
+        unsafe {
+            let mut grp: libc::group = std::mem::zeroed();
+            let mut found: *mut libc::group = std::ptr::null_mut();
+            let rc = libc::getgrnam_r(cname.as_ptr(), &mut grp, buf.as_mut_ptr().cast(), buf.len(), &mut found);
+            if rc == libc::ERANGE && buf.len() < 1 << 20 {
+                buf.resize(buf.len() * 2, 0);
+                continue;
+            }
+            if rc != 0 {
+                return Err(std::io::Error::from_raw_os_error(rc));
+            }
+            if found.is_null() {
+                return Err(none());
+            }
+            return Ok(grp.gr_gid);
+        }
+    }
+}
+
 /// A failure to set an option: warned of on a listening socket (a reload then leaves
 /// its last value in place); on a new connection it stays best effort.
 fn failed(r: std::io::Result<()>, fresh: bool) {
@@ -171,9 +198,11 @@ impl Listener {
         Ok(Listener::Tcp(Arc::new(TcpListener::from_std(socket.into())?)))
     }
 
-    /// Binds `<dir>/.s.PGSQL.<port>` with `backlog`, replacing a stale socket file left
-    /// by a crash.
-    pub fn unix(dir: &str, port: u16, mode: u32, backlog: u32) -> std::io::Result<Self> {
+    /// Binds `<dir>/.s.PGSQL.<port>` with `backlog`, the file's mode `mode` and (when
+    /// given) its group `group`, replacing a stale socket file left by a crash.
+    pub fn unix(dir: &str, port: u16, mode: u32, group: Option<&str>, backlog: u32) -> std::io::Result<Self> {
+        // Looked up before anything is bound: an unknown group leaves no file behind.
+        let gid = group.map(group_id).transpose()?;
         let path = PathBuf::from(dir).join(format!(".s.PGSQL.{port}"));
         if path.exists() {
             if std::os::unix::net::UnixStream::connect(&path).is_ok() {
@@ -190,6 +219,9 @@ impl Listener {
         // Its mode before it listens: no connection is taken under a looser one.
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
+        if let Some(gid) = gid {
+            std::os::unix::fs::chown(&path, None, Some(gid))?;
+        }
         socket.listen(backlog.try_into().unwrap_or(i32::MAX))?;
         let l = UnixListener::from_std(std::os::unix::net::UnixListener::from(std::os::fd::OwnedFd::from(socket)))?;
         Ok(Listener::Unix(l, path))
