@@ -119,7 +119,7 @@ fn setting(key: &str, value: &str, default: Option<&Value>) -> Result<Value, Str
             "0" | "off" | "false" | "no" => false,
             _ => return Err(bad("a boolean")),
         }),
-        Value::Array(_) if key == "client_tls_protocols" => return tls_protocols(value),
+        Value::Array(_) if key.ends_with("_tls_protocols") => return tls_protocols(value),
         Value::Array(_) => {
             let items = value.split(',').map(str::trim).filter(|s| !s.is_empty());
             Value::Array(items.map(|s| Value::String(s.to_string())).collect())

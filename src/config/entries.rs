@@ -281,14 +281,15 @@ pub(super) fn validate_tls(g: &General, invalid: Invalid) -> Result<(), ConfigEr
                 .into(),
         ));
     }
-    if g.client_tls_protocols.is_empty() {
-        return Err(invalid("client_tls_protocols", "must list at least one of \"tlsv1.2\", \"tlsv1.3\"".into()));
-    }
-    if let Some(p) = g.client_tls_protocols.iter().find(|p| !TLS_PROTOCOLS.contains(&p.as_str())) {
-        return Err(invalid(
-            "client_tls_protocols",
-            format!("\"{p}\" is not supported; use \"tlsv1.2\" and/or \"tlsv1.3\""),
-        ));
+    for (key, list) in
+        [("client_tls_protocols", &g.client_tls_protocols), ("server_tls_protocols", &g.server_tls_protocols)]
+    {
+        if list.is_empty() {
+            return Err(invalid(key, "must list at least one of \"tlsv1.2\", \"tlsv1.3\"".into()));
+        }
+        if let Some(p) = list.iter().find(|p| !TLS_PROTOCOLS.contains(&p.as_str())) {
+            return Err(invalid(key, format!("\"{p}\" is not supported; use \"tlsv1.2\" and/or \"tlsv1.3\"")));
+        }
     }
     let server = g.server_tls_sslmode;
     if server >= ServerTlsMode::VerifyCa && g.server_tls_ca_file.is_empty() {

@@ -74,6 +74,7 @@ impl General {
         self.server_tls_ca_file.clone_from(&running.server_tls_ca_file);
         self.server_tls_cert_file.clone_from(&running.server_tls_cert_file);
         self.server_tls_key_file.clone_from(&running.server_tls_key_file);
+        self.server_tls_protocols.clone_from(&running.server_tls_protocols);
     }
 }
 

@@ -158,7 +158,7 @@ impl ServerTlsMode {
     }
 }
 
-/// The TLS versions `client_tls_protocols` may list.
+/// The TLS versions `client_tls_protocols` and `server_tls_protocols` may list.
 pub const TLS_PROTOCOLS: [&str; 2] = ["tlsv1.2", "tlsv1.3"];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -254,6 +254,8 @@ pub struct General {
     pub server_tls_ca_file: String,
     pub server_tls_cert_file: String,
     pub server_tls_key_file: String,
+    /// TLS versions offered to servers.
+    pub server_tls_protocols: Vec<String>,
     /// Name of the admin console's virtual database (`sluice` is an alias).
     pub admin_database: String,
     /// Users allowed every admin console command.
@@ -336,6 +338,7 @@ impl Default for General {
             server_tls_ca_file: String::new(),
             server_tls_cert_file: String::new(),
             server_tls_key_file: String::new(),
+            server_tls_protocols: TLS_PROTOCOLS.iter().map(|p| p.to_string()).collect(),
             admin_database: "pgbouncer".into(),
             admin_users: Vec::new(),
             stats_users: Vec::new(),
@@ -361,9 +364,15 @@ impl General {
     }
 
     /// The settings the server side's TLS setup is loaded from (`tls::ServerTls::load`).
-    pub fn server_tls_keys(&self) -> (ServerTlsMode, &str, &str, &str) {
+    pub fn server_tls_keys(&self) -> (ServerTlsMode, &str, &str, &str, &[String]) {
         let g = self;
-        (g.server_tls_sslmode, &g.server_tls_ca_file, &g.server_tls_cert_file, &g.server_tls_key_file)
+        (
+            g.server_tls_sslmode,
+            &g.server_tls_ca_file,
+            &g.server_tls_cert_file,
+            &g.server_tls_key_file,
+            &g.server_tls_protocols,
+        )
     }
 }
 

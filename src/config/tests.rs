@@ -61,6 +61,8 @@ fn semantic_errors_name_file_line_and_key() {
     let e = err("[general]\nunix_socket_group = \"no-such-group-here\"\n");
     assert_eq!(e, "sluice.toml:2: general.unix_socket_group: no group named \"no-such-group-here\"");
     assert!(parse("[general]\nunix_socket_group = \"root\"\n").is_ok());
+    let e = err("[general]\nserver_tls_protocols = [\"sslv3\"]\n");
+    assert!(e.starts_with("sluice.toml:2: general.server_tls_protocols: \"sslv3\" is not supported"), "{e}");
     let e = err("[general]\nlisten_backlog = 0\n");
     assert_eq!(e, "sluice.toml:2: general.listen_backlog: must be at least 1");
     let e = err("[general]\ntcp_user_timeout = -5\n");

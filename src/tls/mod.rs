@@ -159,8 +159,8 @@ fn client_config(cfg: &Config, proof: Proof) -> Result<ClientConfig, TlsError> {
     let provider = provider();
     let verifier = ServerVerifier::new(provider.signature_verification_algorithms, proof);
     let builder = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| error("server_tls_sslmode")(e.to_string()))?
+        .with_protocol_versions(&protocol_versions(&g.server_tls_protocols))
+        .map_err(|e| error("server_tls_protocols")(e.to_string()))?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(verifier));
     let mut config = if g.server_tls_cert_file.is_empty() {

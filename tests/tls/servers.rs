@@ -153,3 +153,29 @@ async fn a_huge_pipeline_over_server_tls_does_not_deadlock() {
     assert_eq!(server_side_ssl(s.port).await.unwrap(), "true");
     crate::common::huge_pipeline(s.port).await;
 }
+
+/// The TLS version of Sluice's connection as PostgreSQL reports it.
+async fn server_side_version(port: u16) -> Result<String, tokio_postgres::Error> {
+    let (c, _task) = try_connect(port, Role::SCRAM.name, Role::SCRAM.password, "app").await?;
+    let rows = c.simple_query("select version from pg_stat_ssl where pid = pg_backend_pid()").await?;
+    Ok(rows
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .unwrap_or_default())
+}
+
+/// `server_tls_protocols`: the highest version both sides have by default (TLS 1.3
+/// with PostgreSQL 15), TLS 1.2 when only that is listed.
+#[tokio::test]
+async fn server_tls_protocols_choose_the_version() {
+    let certs = TestCerts::generate();
+    let pg = ssl_cluster(&certs.server);
+    let s = server_tls(Sluice::builder(&pg), "require", &certs).start();
+    assert_eq!(server_side_version(s.port).await.unwrap(), "TLSv1.3");
+    let s =
+        server_tls(Sluice::builder(&pg), "require", &certs).general("server_tls_protocols", r#"["tlsv1.2"]"#).start();
+    assert_eq!(server_side_version(s.port).await.unwrap(), "TLSv1.2");
+}
