@@ -11,10 +11,12 @@ fn ssl_cluster(cert: &CertFiles) -> PgCluster {
     PgCluster::start_with(PgOptions { ssl: Some(ssl), ..PgOptions::default() })
 }
 
-/// Whether the server connection Sluice lent for this query is encrypted.
-async fn server_side_ssl(port: u16) -> Result<String, tokio_postgres::Error> {
+/// A column of `pg_stat_ssl` for the server connection Sluice lent for this query
+/// (`ssl`: whether it is encrypted; `version`: its TLS version).
+async fn server_side(port: u16, column: &str) -> Result<String, tokio_postgres::Error> {
     let (c, _task) = try_connect(port, Role::SCRAM.name, Role::SCRAM.password, "app").await?;
-    let rows = c.simple_query("select ssl::text from pg_stat_ssl where pid = pg_backend_pid()").await?;
+    let sql = format!("select {column}::text from pg_stat_ssl where pid = pg_backend_pid()");
+    let rows = c.simple_query(&sql).await?;
     Ok(rows
         .iter()
         .find_map(|m| match m {
@@ -22,6 +24,11 @@ async fn server_side_ssl(port: u16) -> Result<String, tokio_postgres::Error> {
             _ => None,
         })
         .unwrap_or_default())
+}
+
+/// Whether the server connection Sluice lent for this query is encrypted.
+async fn server_side_ssl(port: u16) -> Result<String, tokio_postgres::Error> {
+    server_side(port, "ssl").await
 }
 
 #[tokio::test]
@@ -154,19 +161,6 @@ async fn a_huge_pipeline_over_server_tls_does_not_deadlock() {
     crate::common::huge_pipeline(s.port).await;
 }
 
-/// The TLS version of Sluice's connection as PostgreSQL reports it.
-async fn server_side_version(port: u16) -> Result<String, tokio_postgres::Error> {
-    let (c, _task) = try_connect(port, Role::SCRAM.name, Role::SCRAM.password, "app").await?;
-    let rows = c.simple_query("select version from pg_stat_ssl where pid = pg_backend_pid()").await?;
-    Ok(rows
-        .iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-            _ => None,
-        })
-        .unwrap_or_default())
-}
-
 /// `server_tls_protocols`: the highest version both sides have by default (TLS 1.3
 /// with PostgreSQL 15), TLS 1.2 when only that is listed.
 #[tokio::test]
@@ -174,8 +168,8 @@ async fn server_tls_protocols_choose_the_version() {
     let certs = TestCerts::generate();
     let pg = ssl_cluster(&certs.server);
     let s = server_tls(Sluice::builder(&pg), "require", &certs).start();
-    assert_eq!(server_side_version(s.port).await.unwrap(), "TLSv1.3");
+    assert_eq!(server_side(s.port, "version").await.unwrap(), "TLSv1.3");
     let s =
         server_tls(Sluice::builder(&pg), "require", &certs).general("server_tls_protocols", r#"["tlsv1.2"]"#).start();
-    assert_eq!(server_side_version(s.port).await.unwrap(), "TLSv1.2");
+    assert_eq!(server_side(s.port, "version").await.unwrap(), "TLSv1.2");
 }
