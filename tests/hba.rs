@@ -151,6 +151,27 @@ async fn the_fitting_line_decides_each_logins_method() {
     assert_eq!(common::code(&e), "28000", "still the reloaded rules: {e}");
     let c = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
     assert_eq!(value(&c, "select 1").await, "1");
+
+    // The ident file loses the map a line uses: the reload fails naming that line, and
+    // the running maps stay.
+    std::fs::write(&hba, format!("host app u_scram 127.0.0.1/32 reject\n{RULES}")).unwrap();
+    std::fs::write(&ident, "# no maps left\n").unwrap();
+    s.reload();
+    let line = format!("hba.conf:4: method: map \"omap\" is not in {}", ident.display());
+    assert!(s.wait_log(&line, Duration::from_secs(10)), "{}", s.log());
+    let mapped = try_unix(&s.socket_dir, s.port, "u_md5", "mapped").await.expect("the running map stays");
+    assert_eq!(value(&mapped, "select current_user").await, "u_plain");
+    // A changed map is taken: the OS user may now log in there as u_scram, not u_md5.
+    std::fs::write(&ident, format!("omap {me} u_scram\n")).unwrap();
+    s.reload();
+    let (dir, port) = (s.socket_dir.clone(), s.port);
+    let taken = common::eventually(Duration::from_secs(10), || {
+        let dir = dir.clone();
+        async move { try_unix(&dir, port, "u_scram", "mapped").await.is_ok() }
+    });
+    assert!(taken.await, "the changed map is not in force\n{}", s.log());
+    let e = try_unix(&s.socket_dir, s.port, "u_md5", "mapped").await.unwrap_err();
+    assert_eq!(refusal(&e).0, "28000");
 }
 
 /// A file Sluice cannot honour stops start-up with its file, line and field named.
