@@ -15,6 +15,7 @@ pub mod clock;
 pub mod config;
 pub mod metrics;
 pub mod net;
+pub mod os;
 pub mod params;
 pub mod pool;
 pub mod prepared;

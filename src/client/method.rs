@@ -3,8 +3,6 @@
 //! (a `reject` line, or no fitting line, refuses it before any exchange, as PostgreSQL
 //! does); and the Unix socket peer's OS user for `peer` lines.
 
-use std::ffi::CStr;
-
 use tracing::warn;
 
 use super::{ClientConn, Exit};
@@ -63,43 +61,5 @@ pub(super) fn login_method<'a>(
 pub(super) async fn os_user(stream: &Stream) -> Option<String> {
     let Stream::Unix(socket) = stream else { return None };
     let uid = socket.peer_cred().ok()?.uid();
-    tokio::task::spawn_blocking(move || user_name(uid)).await.ok().flatten()
-}
-
-/// The name of OS user `uid` (`getpwuid_r`); `None` for none, or one that is not UTF-8.
-fn user_name(uid: u32) -> Option<String> {
-    let mut buf = vec![0u8; 1024];
-    loop {
-        // SAFETY: `pwd` and `found` are valid out-pointers, `buf` is a writable buffer
-        // of the length given; on success `pw_name` points into `buf`, read before it
-        // is dropped.
-        unsafe {
-            let mut pwd: libc::passwd = std::mem::zeroed();
-            let mut found: *mut libc::passwd = std::ptr::null_mut();
-            let rc = libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr().cast(), buf.len(), &mut found);
-            if rc == libc::ERANGE && buf.len() < 1 << 20 {
-                buf.resize(buf.len() * 2, 0);
-                continue;
-            }
-            if rc != 0 || found.is_null() || pwd.pw_name.is_null() {
-                return None;
-            }
-            return CStr::from_ptr(pwd.pw_name).to_str().ok().map(String::from);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_os_user_of_this_process_is_named() {
-        // SAFETY: getuid has no preconditions.
-        let uid = unsafe { libc::getuid() };
-        let id = std::process::Command::new("id").arg("-un").output().expect("id runs");
-        let expected = String::from_utf8(id.stdout).unwrap();
-        assert_eq!(user_name(uid).as_deref(), Some(expected.trim()));
-        assert_eq!(user_name(u32::MAX - 7), None, "no such user");
-    }
+    tokio::task::spawn_blocking(move || crate::os::user_name(uid)).await.ok().flatten()
 }

@@ -179,7 +179,7 @@ impl Hba {
 
     /// An error at `line` of the file.
     fn invalid(&self, line: usize, key: &str, message: String) -> ConfigError {
-        ConfigError::Invalid { file: self.file.display().to_string(), line, key: key.to_string(), message }
+        ConfigError::at(&self.file, line, key, message)
     }
 
     /// The rules of `text`, read from `file` (`@file` names are relative to its
@@ -187,12 +187,7 @@ impl Hba {
     pub fn parse(text: &str, file: &Path) -> Result<Hba, ConfigError> {
         let mut rules = Vec::new();
         for (line, fields) in logical_lines(text) {
-            let at = |(key, message): (&str, String)| ConfigError::Invalid {
-                file: file.display().to_string(),
-                line,
-                key: key.to_string(),
-                message,
-            };
+            let at = |(key, message): (&str, String)| ConfigError::at(file, line, key, message);
             let fields = split(&fields).map_err(|m| at(("-", m)))?;
             if fields.is_empty() {
                 continue;

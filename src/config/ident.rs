@@ -47,12 +47,7 @@ impl Ident {
     pub fn parse(text: &str, file: &Path) -> Result<Ident, ConfigError> {
         let mut entries = Vec::new();
         for (line, body) in logical_lines(text) {
-            let at = |key: &str, message: String| ConfigError::Invalid {
-                file: file.display().to_string(),
-                line,
-                key: key.to_string(),
-                message,
-            };
+            let at = |key: &str, message: String| ConfigError::at(file, line, key, message);
             let fields = split(&body).map_err(|m| at("-", m))?;
             if fields.is_empty() {
                 continue;

@@ -32,6 +32,14 @@ pub enum ConfigError {
     Invalid { file: String, line: usize, key: String, message: String },
 }
 
+impl ConfigError {
+    /// An error at `line` of `file` (the config's other files: `auth_file`,
+    /// `auth_hba_file`, `auth_ident_file`).
+    pub fn at(file: &Path, line: usize, key: &str, message: String) -> ConfigError {
+        ConfigError::Invalid { file: file.display().to_string(), line, key: key.to_string(), message }
+    }
+}
+
 /// The name of the `[databases]` entry that serves databases not listed (`Config::database`).
 pub const FALLBACK_DATABASE: &str = "*";
 
@@ -675,7 +683,7 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
         return Err(invalid("listen_port", "must be between 1 and 65535".into()));
     }
     if !g.unix_socket_group.is_empty()
-        && let Err(e) = crate::net::listener::group_id(&g.unix_socket_group)
+        && let Err(e) = crate::os::group_id(&g.unix_socket_group)
     {
         return Err(invalid("unix_socket_group", e.to_string()));
     }

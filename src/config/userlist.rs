@@ -60,13 +60,7 @@ pub fn merge(
     check: &dyn Fn(&User) -> Result<(), String>,
 ) -> Result<BTreeMap<String, usize>, ConfigError> {
     let text = super::read(file)?;
-    let name = file.display().to_string();
-    let at = |line: usize, key: &str, message: String| ConfigError::Invalid {
-        file: name.clone(),
-        line,
-        key: key.to_string(),
-        message,
-    };
+    let at = |line: usize, key: &str, message: String| ConfigError::at(file, line, key, message);
     let own: std::collections::BTreeSet<String> =
         users.iter().filter(|(_, u)| u.password.is_some()).map(|(n, _)| n.clone()).collect();
     let mut taken = BTreeMap::new();

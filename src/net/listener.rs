@@ -80,25 +80,22 @@ impl TcpOptions {
     /// values: those left at 0 take no system call. On one set before (a listening
     /// socket, at a reload), a 0 puts the kernel's value back.
     pub fn apply(&self, sock: socket2::SockRef<'_>, fresh: bool) {
-        let secs = |v: u32, sysctl: &str| match v {
+        // The value to set: none for a 0 on a fresh socket, the kernel's for a 0 else.
+        let value = |v: u32, sysctl: &str| match v {
             0 if fresh => None,
-            0 => kernel_default(sysctl).map(std::time::Duration::from_secs),
-            v => Some(std::time::Duration::from_secs(v.into())),
+            0 => kernel_default(sysctl),
+            v => Some(v),
         };
+        let secs = |v: u32| std::time::Duration::from_secs(v.into());
         if self.keepalive {
             let mut k = socket2::TcpKeepalive::new();
-            if let Some(t) = secs(self.keepidle, "tcp_keepalive_time") {
-                k = k.with_time(t);
+            if let Some(t) = value(self.keepidle, "tcp_keepalive_time") {
+                k = k.with_time(secs(t));
             }
-            if let Some(t) = secs(self.keepintvl, "tcp_keepalive_intvl") {
-                k = k.with_interval(t);
+            if let Some(t) = value(self.keepintvl, "tcp_keepalive_intvl") {
+                k = k.with_interval(secs(t));
             }
-            let count = match self.keepcnt {
-                0 if fresh => None,
-                0 => kernel_default("tcp_keepalive_probes").and_then(|v| u32::try_from(v).ok()),
-                n => Some(n),
-            };
-            if let Some(n) = count {
+            if let Some(n) = value(self.keepcnt, "tcp_keepalive_probes") {
                 k = k.with_retries(n);
             }
             failed(sock.set_tcp_keepalive(&k), fresh);
@@ -131,33 +128,6 @@ impl TcpOptions {
     }
 }
 
-/// The ID of the OS group `name` (`getgrnam_r`), for `unix_socket_group`.
-pub fn group_id(name: &str) -> std::io::Result<u32> {
-    let none = || std::io::Error::new(std::io::ErrorKind::NotFound, format!("no group named \"{name}\""));
-    let cname = std::ffi::CString::new(name).map_err(|_| none())?;
-    let mut buf = vec![0u8; 1024];
-    loop {
-        // SAFETY: `grp` and `found` are valid out-pointers, `buf` is a writable buffer
-        // of the length given; only `gr_gid` (a plain number) is read from the result.
-        unsafe {
-            let mut grp: libc::group = std::mem::zeroed();
-            let mut found: *mut libc::group = std::ptr::null_mut();
-            let rc = libc::getgrnam_r(cname.as_ptr(), &mut grp, buf.as_mut_ptr().cast(), buf.len(), &mut found);
-            if rc == libc::ERANGE && buf.len() < 1 << 20 {
-                buf.resize(buf.len() * 2, 0);
-                continue;
-            }
-            if rc != 0 {
-                return Err(std::io::Error::from_raw_os_error(rc));
-            }
-            if found.is_null() {
-                return Err(none());
-            }
-            return Ok(grp.gr_gid);
-        }
-    }
-}
-
 /// A failure to set an option: warned of on a listening socket (a reload then leaves
 /// its last value in place); on a new connection it stays best effort.
 fn failed(r: std::io::Result<()>, fresh: bool) {
@@ -168,10 +138,10 @@ fn failed(r: std::io::Result<()>, fresh: bool) {
 
 /// A `net.ipv4.*` keepalive default of the kernel (Linux), for putting it back (as a
 /// fixed value: a socket option cannot be unset), within what the option takes.
-fn kernel_default(sysctl: &str) -> Option<u64> {
+fn kernel_default(sysctl: &str) -> Option<u32> {
     let most = if sysctl == "tcp_keepalive_probes" { 127 } else { 32767 };
     let v: u64 = std::fs::read_to_string(format!("/proc/sys/net/ipv4/{sysctl}")).ok()?.trim().parse().ok()?;
-    Some(v.min(most))
+    Some(v.min(most) as u32)
 }
 
 impl Listener {
@@ -202,7 +172,7 @@ impl Listener {
     /// given) its group `group`, replacing a stale socket file left by a crash.
     pub fn unix(dir: &str, port: u16, mode: u32, group: Option<&str>, backlog: u32) -> std::io::Result<Self> {
         // Looked up before anything is bound: an unknown group leaves no file behind.
-        let gid = group.map(group_id).transpose()?;
+        let gid = group.map(crate::os::group_id).transpose()?;
         let path = PathBuf::from(dir).join(format!(".s.PGSQL.{port}"));
         if path.exists() {
             if std::os::unix::net::UnixStream::connect(&path).is_ok() {
@@ -367,7 +337,7 @@ mod tests {
     /// The kernel's keepalive values, as a socket reports them when none is set.
     #[cfg(target_os = "linux")]
     fn kernel(keepalive: bool) -> TcpOptions {
-        let d = |name| u32::try_from(kernel_default(name).unwrap()).unwrap();
+        let d = |name| kernel_default(name).unwrap();
         TcpOptions {
             keepalive,
             keepidle: d("tcp_keepalive_time"),

@@ -66,8 +66,7 @@ impl Pool {
     /// Goes to an address its host name no longer has (closed when it comes back;
     /// SHOW SERVERS close_needed).
     pub fn left_behind(&self, info: &ServerInfo) -> bool {
-        let dns = self.settings.load().target.dns.clone();
-        dns.zip(info.peer()).is_some_and(|(dns, at)| dns.lost(at.ip()))
+        self.settings.load().target.lost(info)
     }
 
     /// Marked for closing by RECONNECT or KILL.

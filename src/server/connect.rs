@@ -133,13 +133,17 @@ impl ServerTarget {
         if s.dns_epoch == now {
             return false;
         }
-        match s.info.peer() {
-            Some(at) if dns.lost(at.ip()) => true,
-            _ => {
-                s.dns_epoch = now;
-                false
-            }
+        let lost = self.lost(&s.info);
+        if !lost {
+            s.dns_epoch = now;
         }
+        lost
+    }
+
+    /// Whether the connection `info` lists went to an address its host name no longer
+    /// has, by the name's last answer (SHOW SERVERS close_needed).
+    pub fn lost(&self, info: &ServerInfo) -> bool {
+        self.dns.as_ref().zip(info.peer()).is_some_and(|(dns, at)| dns.lost(at.ip()))
     }
 }
 

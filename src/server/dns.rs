@@ -92,19 +92,21 @@ impl HostAddrs {
     /// to: the last answer while younger than `ttl`, else a new lookup's. Each connect
     /// starts at the next address of the answer (round robin, as PgBouncer).
     pub async fn addrs(&self, port: u16, ttl: Duration) -> std::io::Result<(Vec<SocketAddr>, u64)> {
-        let cached = {
-            // The epoch is moved on under this lock (`note`): read with the answer, it
-            // is the one the answer belongs to.
-            let last = self.last.lock();
-            last.as_ref().filter(|f| f.at.elapsed() < ttl).map(|f| (f.addrs.clone(), self.epoch()))
-        };
-        let (addrs, epoch) = match cached {
+        let (addrs, epoch) = match self.answer_within(ttl) {
             Some(c) => c,
             None => self.lookup(port).await?,
         };
         let first = self.turn.fetch_add(1, Relaxed) % addrs.len();
         let order = addrs[first..].iter().chain(&addrs[..first]);
         Ok((order.map(|ip| SocketAddr::new(*ip, port)).collect(), epoch))
+    }
+
+    /// The last answer and its epoch, while younger than `ttl`.
+    fn answer_within(&self, ttl: Duration) -> Option<(Arc<[IpAddr]>, u64)> {
+        // The epoch is moved on under this lock (`note`): read with the answer, it is
+        // the one the answer belongs to.
+        let last = self.last.lock();
+        last.as_ref().filter(|f| f.at.elapsed() < ttl).map(|f| (f.addrs.clone(), self.epoch()))
     }
 
     /// Looks the name up. A failure with an answer on record keeps that answer for
@@ -162,8 +164,7 @@ impl HostAddrs {
     /// Looks the name up again in a task of its own when the last answer is `ttl` old
     /// (one at a time), so that a change is seen while no new connection is opened.
     pub fn refresh(self: &Arc<Self>, port: u16, ttl: Duration) {
-        let stale = self.last.lock().as_ref().is_none_or(|f| f.at.elapsed() >= ttl);
-        if !stale || self.refreshing.swap(true, AcqRel) {
+        if self.answer_within(ttl).is_some() || self.refreshing.swap(true, AcqRel) {
             return;
         }
         let this = self.clone();
