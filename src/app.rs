@@ -247,10 +247,12 @@ impl App {
     /// Wakes every session when a reload or SET changed a client timeout: it reads them
     /// again (its reload count moved), so waits under way (an idle client, a
     /// transaction left idle) count with the new values, as PgBouncer applies them to
-    /// clients already connected.
+    /// clients already connected. Also after every reload under `server_fast_close`
+    /// (or one turning it on): a session-mode client idle with a server the reload
+    /// marked for closing then ends at once (`Session::fast_close`).
     fn wake_for_timeouts(&self, old: &General, new: &General) {
         let timeouts = |g: &General| (g.query_timeout, g.idle_transaction_timeout, g.client_idle_timeout);
-        if timeouts(old) != timeouts(new) {
+        if timeouts(old) != timeouts(new) || new.server_fast_close {
             for c in self.client_infos.list() {
                 c.wake();
             }

@@ -25,6 +25,8 @@ pub struct CancelTarget {
     pub at: Option<std::net::SocketAddr>,
     pub pid: u32,
     pub secret: u32,
+    /// How long forwarding it may take (`cancel_wait_timeout`; None: no limit).
+    pub limit: Option<std::time::Duration>,
 }
 
 /// A cancel request being forwarded to a server: while it lives, that server is not
@@ -132,7 +134,8 @@ impl CancelRegistry {
         }
         let server = &in_flight.0;
         let (pid, secret) = server.cancel_key();
-        Some((CancelTarget { addr: server.addr.clone(), at: server.peer(), pid, secret }, in_flight))
+        let limit = owner.pool.settings().cancel_timeout;
+        Some((CancelTarget { addr: server.addr.clone(), at: server.peer(), pid, secret, limit }, in_flight))
     }
 
     pub fn len(&self) -> usize {
@@ -202,7 +205,13 @@ mod tests {
         let k = r.register(&c, &p);
         assert_eq!(tgt(&r, k.pid, k.secret), None, "idle client");
         c.server_id.store(7, Release);
-        let t = CancelTarget { addr: ServerAddr { host: "h".into(), port: 1 }, at: None, pid: 9, secret: 8 };
+        let t = CancelTarget {
+            addr: ServerAddr { host: "h".into(), port: 1 },
+            at: None,
+            pid: 9,
+            secret: 8,
+            limit: Some(std::time::Duration::from_secs(10)),
+        };
         assert_eq!(tgt(&r, k.pid, k.secret), Some(t));
         assert_eq!(tgt(&r, k.pid, k.secret ^ 1), None, "wrong secret");
         c.server_id.store(8, Release);
@@ -261,7 +270,13 @@ mod tests {
         assert_ne!(r.register_with_pid(Some(0), &c1, &p).pid, 0);
         assert_eq!(
             tgt(&r, b.pid, b.secret),
-            Some(CancelTarget { addr: ServerAddr { host: "h".into(), port: 1 }, at: None, pid: 5, secret: 6 })
+            Some(CancelTarget {
+                addr: ServerAddr { host: "h".into(), port: 1 },
+                at: None,
+                pid: 5,
+                secret: 6,
+                limit: Some(std::time::Duration::from_secs(10))
+            })
         );
         drop(b);
         assert!(r.is_empty());

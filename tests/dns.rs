@@ -136,4 +136,10 @@ async fn connections_follow_a_host_name_to_its_new_address() {
     assert!(rows.iter().all(|r| r.get("addr") == Some("127.0.0.3") && r.get("close_needed") == Some("0")));
     let names = common::console::cell(&console, "SHOW LISTS", "list", "dns_names", "items").await;
     assert_eq!(names.as_deref(), Some("1"), "both pools share the name");
+    let hosts = common::console::rows(&console, "SHOW DNS_HOSTS").await;
+    let name = line.name.to_ascii_lowercase();
+    assert_eq!(hosts.len(), 1);
+    assert_eq!((hosts[0].get("hostname"), hosts[0].get("addrs")), (Some(name.as_str()), Some("127.0.0.3")));
+    assert!(hosts[0].get("ttl").is_some_and(|t| t == "0" || t == "1"), "ttl {:?}", hosts[0].get("ttl"));
+    assert!(common::console::rows(&console, "SHOW DNS_ZONES").await.is_empty());
 }

@@ -2,6 +2,7 @@
 //! so Describe can look at it), and running it with PgBouncer's semantics.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 
 use tracing::info;
 
@@ -236,7 +237,7 @@ impl Command {
 pub const HELP: &str = "Console usage
 \tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|VERSION
 \tSHOW STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS|LISTS|STATE|MEM
-\tSHOW PREPARED_STATEMENTS|LATENCY
+\tSHOW PREPARED_STATEMENTS|LATENCY|DNS_HOSTS|DNS_ZONES
 \tSET key = arg
 \tRELOAD
 \tPAUSE [<db>]
@@ -291,6 +292,12 @@ pub async fn run(app: &Arc<App>, cmd: &Command, by: &str) -> Result<(), AdminErr
             known(app, db)?;
             info!(by, database = db.as_deref().unwrap_or("*"), "admin: RECONNECT");
             app.pools.of(db.as_deref()).iter().for_each(|p| p.reconnect());
+            if app.config.load().general.server_fast_close {
+                // Session-mode clients idle with a marked server end now, not at their
+                // next transaction's end (`Session::fast_close`).
+                let linked = app.client_infos.list().into_iter().filter(|c| c.server_id.load(Relaxed) != 0);
+                linked.filter(|c| db.as_deref().is_none_or(|d| c.database == d)).for_each(|c| c.wake());
+            }
             Ok(())
         }
         Command::Kill(db) => {

@@ -146,7 +146,7 @@ impl AdminSession {
             _ if self.skipping => {}
             fe::PARSE | fe::BIND | fe::DESCRIBE | fe::EXECUTE | fe::CLOSE => {
                 if let Err(e) = self.extended(conn, tag, body).await? {
-                    build::error_response(&mut self.out, Severity::Error, e.code, &e.message);
+                    self.error(&e);
                     self.skipping = true;
                 }
                 self.flush_if_large(conn).await?;
@@ -157,6 +157,14 @@ impl AdminSession {
             }
         }
         Ok(())
+    }
+
+    /// Answers a command with `e` (logged with `log_pooler_errors`).
+    fn error(&mut self, e: &AdminError) {
+        if self.app.config.load().general.log_pooler_errors {
+            tracing::warn!(client = self.info.id, "pooler error: {} ({})", e.message, e.code);
+        }
+        build::error_response(&mut self.out, Severity::Error, e.code, &e.message);
     }
 
     async fn flush(&mut self, conn: &mut ClientConn) -> Result<(), Exit> {
@@ -171,12 +179,12 @@ impl AdminSession {
             let cmd = match commands::parse(stmt).and_then(|c| self.allowed(c)) {
                 Ok(c) => c,
                 Err(e) => {
-                    build::error_response(&mut self.out, Severity::Error, e.code, &e.message);
+                    self.error(&e);
                     return Ok(());
                 }
             };
             if let Err(e) = self.execute(conn, &cmd, &Formats::default(), true).await? {
-                build::error_response(&mut self.out, Severity::Error, e.code, &e.message);
+                self.error(&e);
                 return Ok(());
             }
             self.flush_if_large(conn).await?;

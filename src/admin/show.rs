@@ -32,10 +32,12 @@ pub enum Show {
     Mem,
     PreparedStatements,
     Latency,
+    DnsHosts,
+    DnsZones,
 }
 
 impl Show {
-    pub const ALL: [(&'static str, Show); 17] = [
+    pub const ALL: [(&'static str, Show); 19] = [
         ("POOLS", Show::Pools),
         ("STATS", Show::Stats),
         ("STATS_TOTALS", Show::StatsTotals),
@@ -53,6 +55,8 @@ impl Show {
         ("MEM", Show::Mem),
         ("PREPARED_STATEMENTS", Show::PreparedStatements),
         ("LATENCY", Show::Latency),
+        ("DNS_HOSTS", Show::DnsHosts),
+        ("DNS_ZONES", Show::DnsZones),
     ];
 
     pub fn parse(word: &str) -> Option<Show> {
@@ -85,7 +89,29 @@ pub fn table(app: &App, what: Show) -> Table {
         Show::Mem => mem(app),
         Show::PreparedStatements => prepared(app),
         Show::Latency => latency(app, &cfg),
+        Show::DnsHosts => dns_hosts(app, &cfg),
+        // Zones are c-ares' (`dns_zone_check_period`): Sluice has none.
+        Show::DnsZones => Table::new(&["zonename", "serial", "count"], "sii"),
     }
+}
+
+/// SHOW DNS_HOSTS: each server host name some pool has, the seconds its last answer is
+/// still used for (`dns_max_ttl`; 0: looked up again at the next connect), and the
+/// addresses it gave (empty before the first answer).
+fn dns_hosts(app: &App, cfg: &Config) -> Table {
+    let ttl = std::time::Duration::from_secs_f64(cfg.general.dns_max_ttl);
+    let mut t = Table::new(&["hostname", "ttl", "addrs"], "sis");
+    for (name, last) in app.pools.host_answers() {
+        let (left, addrs) = match last {
+            Some((addrs, age)) => {
+                let list: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+                (ttl.saturating_sub(age).as_secs(), list.join(","))
+            }
+            None => (0, String::new()),
+        };
+        t.push(vec![text(&*name), int(left), text(addrs)]);
+    }
+    t
 }
 
 const POOLS: [&str; 17] = [

@@ -62,19 +62,19 @@ pub enum Found {
 }
 
 /// Runs `query` for `name` on `server` (unnamed statement and portal, text
-/// parameter), within `limit`.
+/// parameter), within `limits`.
 pub async fn run(
     server: &mut ServerConn,
     query: &str,
     name: &str,
-    limit: Option<std::time::Duration>,
+    limits: crate::server::QueryBounds,
 ) -> Result<Found, LookupError> {
     let mut out = BytesMut::with_capacity(query.len() + name.len() + 64);
     build::parse(&mut out, b"", query.as_bytes(), &[]);
     build::bind_text(&mut out, b"", b"", &[Some(name.as_bytes())]);
     build::execute(&mut out, b"");
     build::sync(&mut out);
-    let row = server.fetch_last_row(&out, limit).await.map_err(LookupError::Server)?;
+    let row = server.fetch_last_row(&out, limits).await.map_err(LookupError::Server)?;
     found(row.as_ref())
 }
 

@@ -286,6 +286,9 @@ where
 
 /// Authenticates the client as `user` per `auth_type` (or the `auth_hba_file`).
 async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, database: &str) -> Result<Proof, Exit> {
+    if super::method::own_socket_admin(cfg, conn, user, database) {
+        return Ok(Proof::Proven(BytesMut::new()));
+    }
     let (method, map) = match super::method::login_method(cfg, conn, user, database) {
         Ok(chosen) => chosen,
         Err(refused) => return Ok(Proof::Refused(refused)),
@@ -329,7 +332,8 @@ async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, 
 }
 
 /// Login to the admin console: the usual authentication, then `admin_users` or
-/// `stats_users` must list the user.
+/// `stats_users` must list the user (but for `pgbouncer` on the Unix socket from
+/// Sluice's own OS user: `method::own_socket_admin`).
 async fn admin_login(
     app: &Arc<App>,
     conn: &mut ClientConn,
@@ -343,7 +347,8 @@ async fn admin_login(
     // As pooled clients are (KILL never reaches the console's clients; KILL_CLIENT and
     // the shutdown do).
     let (info, listed, mut out) = listed_and_proven(app, conn, cfg, user, database, app_name, deadline).await?;
-    let Some(role) = admin::role_of(cfg, user) else {
+    let own = super::method::own_socket_admin(cfg, conn, user, database).then_some(admin::Role::Admin);
+    let Some(role) = own.or_else(|| admin::role_of(cfg, user)) else {
         warn!(peer = %conn.peer, user, "admin console login refused: not in admin_users or stats_users");
         return Err(Exit::fatal(
             sqlstate::INSUFFICIENT_PRIVILEGE,
@@ -429,11 +434,11 @@ async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessa
                 // The server stays with its client until the request is processed: the
                 // forwarding is a task of its own holding that guard, so a
                 // `client_login_timeout` shorter than the forwarding's own bound
-                // (`CANCEL_TIMEOUT`) ends this connection, not the guard.
+                // (`cancel_wait_timeout`) ends this connection, not the guard.
                 if let Some((t, in_flight)) = app.cancel.target(pid, secret) {
                     let forward = tokio::spawn(async move {
                         let _in_flight = in_flight;
-                        if let Err(e) = t.addr.cancel(t.at, t.pid, t.secret).await {
+                        if let Err(e) = t.addr.cancel(t.at, t.pid, t.secret, t.limit).await {
                             warn!("forwarding cancel request to {} failed: {e}", t.addr);
                         }
                     });
@@ -496,7 +501,7 @@ fn client_params(msg: &StartupMessage) -> Result<ClientParams, Exit> {
 /// Applies the client's settings to a server; a value the server rejects ends the
 /// login with the server's own error, as a direct connection would.
 async fn apply_or_fail<'a>(mut server: Borrowed<'a>, params: &ClientParams) -> Result<Borrowed<'a>, Exit> {
-    let limit = server.pool().internal_timeout();
+    let limit = server.pool().internal_limits();
     match server.apply_params(params, limit).await {
         Ok(()) => Ok(server),
         Err(e) => {

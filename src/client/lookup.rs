@@ -98,7 +98,7 @@ fn lookup_pool(app: &App, database: &str) -> Option<Result<(Arc<Pool>, String), 
 async fn run(pool: &Arc<Pool>, sql: &str, name: &str) -> Result<Found, LookupError> {
     let server = pool.checkout_checked().await.map_err(LookupError::Pool)?;
     let mut server = Borrowed::new(pool, server);
-    let found = query::run(&mut server, sql, name, pool.internal_timeout()).await;
+    let found = query::run(&mut server, sql, name, pool.internal_limits()).await;
     // A server's ERROR leaves the connection usable; any other failure marked it broken,
     // and the pool closes it.
     server.checkin();

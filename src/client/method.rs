@@ -55,6 +55,21 @@ pub(super) fn login_method<'a>(
     Err(Exit::fatal(sqlstate::INVALID_AUTHORIZATION, message))
 }
 
+/// The console's own user (PgBouncer's): `pgbouncer` logs in to the console without a
+/// password, as an admin, over the Unix socket from a process of the OS user Sluice
+/// runs as, as PgBouncer lets it.
+pub const SOCKET_ADMIN: &str = "pgbouncer";
+
+/// Whether this login is the console's own user's (`SOCKET_ADMIN`).
+pub(super) fn own_socket_admin(cfg: &Config, conn: &ClientConn, user: &str, database: &str) -> bool {
+    if user != SOCKET_ADMIN || !admin::is_admin_database(cfg, database) {
+        return false;
+    }
+    let Stream::Unix(socket) = &conn.stream else { return false };
+    // SAFETY: geteuid cannot fail and touches no memory.
+    socket.peer_cred().is_ok_and(|c| c.uid() == unsafe { libc::geteuid() })
+}
+
 /// The name of the OS user of the process at the other end of a Unix socket (for
 /// `peer`), read from the socket's credentials and the system's user database (on a
 /// blocking thread: the database may be remote, LDAP or sssd).

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::app::{App, ClientGuard};
 use crate::config::secs;
@@ -167,9 +167,13 @@ async fn finish(app: &App, conn: &mut ClientConn, exit: Exit) {
         };
         let _ = tokio::time::timeout(LAST_WORDS_TIMEOUT, last_words).await;
     }
+    let general = &app.config.load().general;
+    if fatal && general.log_pooler_errors {
+        warn!(peer = %conn.peer, "pooler error: {}", exit.reason());
+    }
     match &exit {
         Exit::Cancel => debug!(peer = %conn.peer, "cancel request handled"),
-        _ if app.config.load().general.log_disconnections => {
+        _ if general.log_disconnections => {
             info!(peer = %conn.peer, "client disconnected: {}", exit.reason())
         }
         _ => {}

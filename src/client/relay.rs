@@ -191,6 +191,9 @@ impl Session {
             }
             self.check_phase()?;
             self.follow_reloads();
+            if self.timeouts.fast_close {
+                self.fast_close()?;
+            }
             let server = self.server.as_mut().expect("relay without a server");
             reserve(&mut conn.buf, client_chunk);
             reserve(&mut server.buf, 16 * 1024);
@@ -313,6 +316,26 @@ impl Session {
         (self.track.pending > 0 || !self.to_server.is_empty())
             && self.track.copy_in == CopyIn::Off
             && self.track.dropped_after_terminate < DRAIN_LIMIT
+    }
+
+    /// `server_fast_close`: in session mode, between transactions, a server marked for
+    /// closing (RECONNECT, a reload moving its database, its host name's address gone)
+    /// is closed, and its client with it, so that the client sees its session end.
+    #[cold]
+    #[inline(never)]
+    fn fast_close(&mut self) -> Result<(), Exit> {
+        if self.mode != PoolMode::Session || !self.releasable() {
+            return Ok(());
+        }
+        let server = self.server.as_mut().expect("relay without a server");
+        if !self.pool.close_needed(&server.info) && !self.pool.left_behind(&server.info) {
+            return Ok(());
+        }
+        server.broken = true;
+        Err(Exit::fatal(
+            sqlstate::ADMIN_SHUTDOWN,
+            "server_fast_close: the server connection was closed (RECONNECT, a reload, or a new address for its host)",
+        ))
     }
 
     fn releasable(&self) -> bool {
@@ -480,7 +503,7 @@ impl Session {
         // The ROLLBACK undoes a SET inside the block: the client is told, and keeps the
         // setting it had before (as it would have been given back on PostgreSQL).
         let before = server.reported.clone();
-        if let Err(e) = Box::pin(server.exec("ROLLBACK", self.pool.internal_timeout())).await {
+        if let Err(e) = Box::pin(server.exec("ROLLBACK", self.pool.internal_limits())).await {
             server.broken = true;
             return Err(server_lost(Some(e.to_string())));
         }

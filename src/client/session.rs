@@ -22,7 +22,6 @@ use crate::pool::{Borrowed, Pool, PoolError};
 use crate::prepared::ClientStatements;
 use crate::protocol::{Header, TxStatus, build, fe, sqlstate};
 use crate::server::ServerConn;
-use crate::server::connect::CANCEL_TIMEOUT;
 use crate::stats::{ClientInfo, ClientState, ServerState};
 
 /// The client timeouts in force: read at login, and again whenever a reload or an
@@ -33,6 +32,8 @@ pub struct Timeouts {
     pub query: Option<Duration>,
     pub idle_transaction: Option<Duration>,
     pub client_idle: Option<Duration>,
+    /// `server_fast_close`.
+    pub fast_close: bool,
     /// The pools' reload count when they were read (`Pools::reloads`).
     seen: u64,
 }
@@ -47,6 +48,7 @@ impl Timeouts {
             query: secs(g.query_timeout),
             idle_transaction: secs(g.idle_transaction_timeout),
             client_idle: secs(g.client_idle_timeout),
+            fast_close: g.server_fast_close,
             seen,
         }
     }
@@ -299,7 +301,7 @@ impl Session {
         if !server.carries(&self.params) {
             round_trips = true;
             let mut held = Borrowed::new(&self.pool, server);
-            if let Err(e) = Box::pin(held.apply_params(&self.params, self.pool.internal_timeout())).await {
+            if let Err(e) = Box::pin(held.apply_params(&self.params, self.pool.internal_limits())).await {
                 let exit = Exit::fatal(e.sqlstate(), format!("cannot apply session settings: {e}"));
                 held.checkin();
                 return Err(exit);
@@ -395,7 +397,7 @@ impl Session {
         self.info.set_state(ClientState::Idle);
         if let Some(settings) = self.pool.reset_always().filter(|_| !self.linked().broken) {
             let server = self.linked();
-            if Box::pin(server.exec(&settings.reset_query, settings.internal_timeout)).await.is_err() {
+            if Box::pin(server.exec(&settings.reset_query, settings.internal)).await.is_err() {
                 // Perhaps half done (an ERROR part way through): its state is unknown,
                 // so it is closed, as in `cleanup`.
                 return self.give_back(false);
@@ -414,7 +416,7 @@ impl Session {
             self.info.server_id.store(0, SeqCst);
             // A query is still running or the protocol state is unknown.
             if !self.track.protocol_idle() {
-                server.cancel_in_background();
+                server.cancel_in_background(self.pool.settings().cancel_timeout);
             }
             return self.give_back(false);
         }
@@ -423,7 +425,7 @@ impl Session {
             return self.give_back(false);
         }
         let settings = self.pool.settings();
-        let limit = settings.internal_timeout;
+        let limit = settings.internal;
         let reset = self.mode == PoolMode::Session || settings.reset_query_always;
         let server = self.linked();
         if server.tx != TxStatus::Idle && server.exec("ROLLBACK", limit).await.is_err() {
@@ -484,8 +486,17 @@ impl Session {
         let Some(server) = self.server.as_deref_mut() else { return };
         if server.info.cancels_in_flight() {
             // Rare, and boxed: it would otherwise enlarge every session's future.
-            let settled = tokio::time::timeout(CANCEL_TIMEOUT, server.info.cancels_settled());
-            if Box::pin(settled).await.is_err() {
+            let (limit, info) = (self.pool.settings().cancel_timeout, &server.info);
+            let settled = async move {
+                match limit {
+                    Some(limit) => tokio::time::timeout(limit, info.cancels_settled()).await.is_ok(),
+                    None => {
+                        info.cancels_settled().await;
+                        true
+                    }
+                }
+            };
+            if !Box::pin(settled).await {
                 server.broken = true;
             }
         }

@@ -6,6 +6,7 @@ mod entries;
 pub mod hba;
 pub mod ident;
 mod keep;
+mod kinds;
 mod locate;
 pub mod reference;
 mod userlist;
@@ -22,6 +23,7 @@ use entries::{
     validate_admin, validate_auth_lookups, validate_database, validate_durations, validate_tcp, validate_tls,
     validate_user,
 };
+pub use kinds::*;
 pub use locate::locate_key;
 
 #[derive(Debug, Error)]
@@ -40,141 +42,11 @@ impl ConfigError {
     }
 }
 
+/// `server_check_query`'s value for an empty query (PgBouncer's spelling).
+pub const EMPTY_QUERY: &str = "<empty>";
+
 /// The name of the `[databases]` entry that serves databases not listed (`Config::database`).
 pub const FALLBACK_DATABASE: &str = "*";
-
-/// How long a server connection stays lent to one client.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PoolMode {
-    Session,
-    Transaction,
-    Statement,
-}
-
-impl PoolMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Session => "session",
-            Self::Transaction => "transaction",
-            Self::Statement => "statement",
-        }
-    }
-}
-
-/// How clients prove who they are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-pub enum AuthType {
-    #[serde(rename = "trust")]
-    Trust,
-    #[serde(rename = "md5")]
-    Md5,
-    /// `"scram"` is accepted as a short spelling.
-    #[serde(rename = "scram-sha-256", alias = "scram")]
-    ScramSha256,
-    /// The client's TLS certificate proves the user: its common name must equal the user name.
-    #[serde(rename = "cert")]
-    Cert,
-    /// The password in clear text (PgBouncer's `plain`; deprecated there too).
-    #[serde(rename = "plain")]
-    Plain,
-    /// The method is the `auth_hba_file`'s line that fits the login.
-    #[serde(rename = "hba")]
-    Hba,
-}
-
-impl AuthType {
-    /// The method every login uses; `None` for `hba`, where the file decides.
-    pub fn method(self) -> Option<crate::auth::client::Method> {
-        use crate::auth::client::Method;
-        Some(match self {
-            AuthType::Trust => Method::Trust,
-            AuthType::Md5 => Method::Md5,
-            AuthType::ScramSha256 => Method::ScramSha256,
-            AuthType::Cert => Method::Cert,
-            AuthType::Plain => Method::Password,
-            AuthType::Hba => return None,
-        })
-    }
-}
-
-/// TLS towards clients (PgBouncer's `client_tls_sslmode`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ClientTlsMode {
-    /// SSLRequest is answered 'N'; no TLS.
-    Disable,
-    /// TLS when the client asks for it (same as `prefer` on this side).
-    Allow,
-    Prefer,
-    /// TCP clients must use TLS; plaintext logins get FATAL 28000.
-    Require,
-    /// Like `require`, and the client must present a certificate signed by `client_tls_ca_file`.
-    VerifyCa,
-    /// Same as `verify-ca` (PgBouncer semantics); `auth_type = "cert"` checks the name.
-    VerifyFull,
-}
-
-impl ClientTlsMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Disable => "disable",
-            Self::Allow => "allow",
-            Self::Prefer => "prefer",
-            Self::Require => "require",
-            Self::VerifyCa => "verify-ca",
-            Self::VerifyFull => "verify-full",
-        }
-    }
-
-    /// Whether plaintext TCP logins are refused.
-    pub fn requires_tls(self) -> bool {
-        self >= Self::Require
-    }
-
-    /// Whether clients must present a certificate.
-    pub fn verifies_client(self) -> bool {
-        self >= Self::VerifyCa
-    }
-}
-
-/// TLS towards PostgreSQL (libpq's `sslmode`, without `allow`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ServerTlsMode {
-    /// Plaintext; no SSLRequest is sent.
-    Disable,
-    /// TLS when the server supports it, without checking its certificate; else plaintext.
-    Prefer,
-    /// TLS or fail, without checking the server's certificate.
-    Require,
-    /// TLS, and the certificate chain must lead to `server_tls_ca_file`.
-    VerifyCa,
-    /// Like `verify-ca`, and the certificate must name the host Sluice connected to.
-    VerifyFull,
-}
-
-impl ServerTlsMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Disable => "disable",
-            Self::Prefer => "prefer",
-            Self::Require => "require",
-            Self::VerifyCa => "verify-ca",
-            Self::VerifyFull => "verify-full",
-        }
-    }
-}
-
-/// The TLS versions `client_tls_protocols` and `server_tls_protocols` may list.
-pub const TLS_PROTOCOLS: [&str; 2] = ["tlsv1.2", "tlsv1.3"];
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    Text,
-    Json,
-}
 
 /// The `[general]` section. Durations are seconds (fractions allowed); 0 disables.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -217,7 +89,13 @@ pub struct General {
     pub server_round_robin: bool,
     pub server_reset_query: String,
     pub server_reset_query_always: bool,
+    /// Session mode: a server marked for closing (RECONNECT, a reload moving its
+    /// database, a DNS change) is closed at its transaction's end, with its client.
+    pub server_fast_close: bool,
     pub server_check_delay: f64,
+    /// The query that checks an idle server before a loan: `<empty>` an empty query,
+    /// "" no check.
+    pub server_check_query: String,
     pub server_lifetime: f64,
     pub server_idle_timeout: f64,
     /// Pools of databases the fallback entry `*` serves are dropped once unused this
@@ -227,8 +105,12 @@ pub struct General {
     pub server_login_retry: f64,
     /// How long a lookup of a server's host name is used before it is made again.
     pub dns_max_ttl: f64,
+    /// How long a failed lookup (with no earlier answer) is used before the next.
+    pub dns_nxdomain_ttl: f64,
     /// Limit for each query Sluice itself runs on a server (check, SET, reset, ROLLBACK).
     pub internal_query_timeout: f64,
+    /// How long forwarding a cancel request to a server may take (0: no limit).
+    pub cancel_wait_timeout: f64,
     pub client_login_timeout: f64,
     pub query_wait_timeout: f64,
     pub query_timeout: f64,
@@ -240,6 +122,8 @@ pub struct General {
     pub log_format: LogFormat,
     pub log_connections: bool,
     pub log_disconnections: bool,
+    /// Log the errors Sluice itself sends to clients.
+    pub log_pooler_errors: bool,
     pub tcp_keepalive: bool,
     /// Seconds of silence before the first keepalive probe (0: the kernel's).
     pub tcp_keepidle: u32,
@@ -309,14 +193,18 @@ impl Default for General {
             server_round_robin: false,
             server_reset_query: "DISCARD ALL".into(),
             server_reset_query_always: false,
+            server_fast_close: false,
             server_check_delay: 30.0,
+            server_check_query: EMPTY_QUERY.into(),
             server_lifetime: 3600.0,
             server_idle_timeout: 600.0,
             autodb_idle_timeout: 3600.0,
             server_connect_timeout: 15.0,
             server_login_retry: 15.0,
             dns_max_ttl: 15.0,
+            dns_nxdomain_ttl: 15.0,
             internal_query_timeout: 5.0,
+            cancel_wait_timeout: 10.0,
             client_login_timeout: 60.0,
             query_wait_timeout: 120.0,
             query_timeout: 0.0,
@@ -328,6 +216,7 @@ impl Default for General {
             log_format: LogFormat::Text,
             log_connections: true,
             log_disconnections: true,
+            log_pooler_errors: true,
             tcp_keepalive: true,
             tcp_keepidle: 60,
             tcp_keepintvl: 0,

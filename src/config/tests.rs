@@ -64,6 +64,8 @@ fn semantic_errors_name_file_line_and_key() {
             "server_tls_protocols: \"sslv3\" is not supported; use \"tlsv1.2\" and/or \"tlsv1.3\"",
         ),
         ("listen_backlog = 0", "listen_backlog: must be at least 1"),
+        ("cancel_wait_timeout = -1", "cancel_wait_timeout: must be a number of seconds, 0 or more"),
+        ("dns_nxdomain_ttl = -1", "dns_nxdomain_ttl: must be a number of seconds, 0 or more"),
     ];
     for (line, want) in cases {
         assert_eq!(err(&format!("[general]\n{line}\n")), format!("sluice.toml:2: general.{want}"));

@@ -1,24 +1,39 @@
 //! The check before a loan (`server_check_delay`): a connection idle that long must
-//! answer an empty query before it is lent.
+//! answer `server_check_query` (by default an empty query) before it is lent.
 
 use std::sync::Arc;
 
 use super::{Borrowed, Pool, PoolError, WaitSlot};
+use crate::protocol::TxStatus;
 use crate::server::ServerConn;
 
+/// How long a connection that has just logged in counts as checked (`needs_check`).
+const FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Pool {
-    /// Whether `s` must pass a check before it is lent: idle for `server_check_delay`.
+    /// Whether `s` must pass a check before it is lent: idle for `server_check_delay`,
+    /// unless it logged in within the last second and was never lent since (its login
+    /// just showed it alive; with `server_check_delay = 0` and a check that keeps
+    /// failing, each replacement would otherwise fail its check in turn, for ever).
     pub fn needs_check(&self, s: &ServerConn) -> bool {
         s.last_used.elapsed() >= self.settings.load().check_delay
+            && (s.last_used != s.created || s.created.elapsed() >= FRESH)
     }
 
-    /// The check before a loan: `server` back once an empty query shows it alive; None
-    /// when it fails, and the server is closed (also when the caller is dropped during
-    /// the round trip: its slot is freed).
+    /// The check before a loan: `server` back once `server_check_query` shows it alive
+    /// (answered without an error, and no transaction left open); None when it fails,
+    /// and the server is closed (also when the caller is dropped during the round trip:
+    /// its slot is freed).
     pub async fn checked(&self, server: Box<ServerConn>) -> Option<Box<ServerConn>> {
         let mut held = Borrowed::new(self, server);
-        held.exec("", self.internal_timeout()).await.ok()?;
-        Some(held.take())
+        let settings = self.settings();
+        let failed = match held.exec(&settings.check_query, settings.internal).await {
+            Err(e) => e.to_string(),
+            Ok(()) if held.tx != TxStatus::Idle => "server_check_query left a transaction open".into(),
+            Ok(()) => return Some(held.take()),
+        };
+        tracing::warn!(server = held.id, "server check failed, closing the connection: {failed}");
+        None
     }
 
     /// A checkout whose connection is checked as for any loan, one failing its check

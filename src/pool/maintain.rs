@@ -45,7 +45,7 @@ impl Pool {
         // A host name is looked up again once its answer is `dns_max_ttl` old while the
         // pool has connections to it (the next connect would do it otherwise).
         if let Some(dns) = settings.target.dns.as_ref().filter(|_| total > 0) {
-            dns.refresh(settings.target.addr.port, settings.target.dns_ttl);
+            dns.refresh(settings.target.addr.port, settings.target.dns_ttl.answer);
         }
         for s in retire {
             self.discard(s);

@@ -12,6 +12,7 @@ mod limit;
 mod maintain;
 mod registry;
 mod retry;
+mod settings;
 mod waits;
 use waits::Expiry;
 
@@ -24,9 +25,7 @@ use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::auth::ServerLogin;
-use crate::config::PoolMode;
-use crate::server::{ServerConn, ServerError, ServerTarget, connect};
+use crate::server::{ServerConn, ServerError, connect};
 use crate::stats::{PoolStats, Registry, ServerInfo, ServerState};
 
 pub use borrowed::Borrowed;
@@ -36,55 +35,11 @@ use handoff::{Sender, Waiter};
 pub use learned::{Learned, LoginReply};
 pub use limit::ConnLimit;
 pub use retry::ConnectFailure;
+pub use settings::PoolSettings;
 
 /// (name, value) pairs as a server reports them.
 pub type ParamList = Vec<(String, String)>;
 pub use registry::{PoolKey, Pools};
-
-/// Settings of one pool, replaced as a whole on reload.
-#[derive(Debug, Clone)]
-pub struct PoolSettings {
-    pub target: ServerTarget,
-    pub login: Arc<ServerLogin>,
-    pub mode: PoolMode,
-    pub size: usize,
-    /// The connections kept open however idle: `min_pool_size`, at most `size` (a
-    /// larger one fills the pool, no more).
-    pub kept_open: usize,
-    /// Connections this old are closed when they come back or while idle (zero: after
-    /// one use).
-    pub lifetime: Duration,
-    pub idle_timeout: Option<Duration>,
-    pub connect_timeout: Option<Duration>,
-    pub wait_timeout: Option<Duration>,
-    pub check_delay: Duration,
-    pub reset_query: String,
-    pub reset_query_always: bool,
-    /// Limit for each of Sluice's own queries on a server (`internal_query_timeout`).
-    pub internal_timeout: Option<Duration>,
-    /// How long a failed connect holds new ones back (`server_login_retry`).
-    pub login_retry: Option<Duration>,
-    /// Connections beyond `size` for a client that has waited `reserve_timeout`.
-    pub reserve: usize,
-    pub reserve_timeout: Option<Duration>,
-    /// Idle connections lent oldest first (`server_round_robin`), not newest first.
-    pub round_robin: bool,
-}
-
-impl PoolSettings {
-    /// The connections the pool may hold open for a client waiting since `since`:
-    /// its size, and the reserve once that client has waited `reserve_pool_timeout`.
-    fn room_for(&self, since: Instant) -> usize {
-        let due = self.reserve > 0 && self.reserve_timeout.is_some_and(|t| since.elapsed() >= t);
-        if due { self.most() } else { self.size }
-    }
-
-    /// The most connections the pool holds: its size and its reserve. Beyond it (after
-    /// a reload or SET lowered them) connections are closed as they come back.
-    fn most(&self) -> usize {
-        self.size + self.reserve
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PoolError {
@@ -701,7 +656,7 @@ impl Pool {
     }
 
     /// The limit for Sluice's own queries on this pool's servers.
-    pub fn internal_timeout(&self) -> Option<Duration> {
-        self.settings.load().internal_timeout
+    pub fn internal_limits(&self) -> crate::server::QueryBounds {
+        self.settings.load().internal
     }
 }

@@ -4,18 +4,17 @@
 mod fallback;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use foldhash::HashMap;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use super::settings::settings_with;
 use super::{ConnLimit, Pool, PoolSettings};
 use crate::auth::{ServerLogin, UserStore};
-use crate::config::{Config, secs};
+use crate::config::Config;
 use crate::server::dns::Hosts;
-use crate::server::{ServerAddr, ServerTarget};
 use crate::tls::ServerTls;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -59,9 +58,9 @@ pub struct Pools {
 }
 
 /// The registry's part of new pool settings (`settings_with`).
-struct ServerSide<'a> {
-    tls: Arc<ServerTls>,
-    hosts: &'a Hosts,
+pub(super) struct ServerSide<'a> {
+    pub(super) tls: Arc<ServerTls>,
+    pub(super) hosts: &'a Hosts,
 }
 
 #[derive(Debug, Default)]
@@ -327,6 +326,11 @@ impl Pools {
         self.hosts.names()
     }
 
+    /// The servers' host names and their last answers (`Hosts::list`).
+    pub fn host_answers(&self) -> Vec<(Arc<str>, crate::server::dns::LastAnswer)> {
+        self.hosts.list()
+    }
+
     /// What new pool settings take from the registry.
     fn side(&self) -> ServerSide<'_> {
         ServerSide { tls: self.server_tls.load_full(), hosts: &self.hosts }
@@ -441,53 +445,6 @@ fn keep_updated(pool: &Arc<Pool>, settings: Option<PoolSettings>) -> bool {
             false
         }
     }
-}
-
-fn settings_with(cfg: &Config, side: &ServerSide<'_>, key: &PoolKey, login: Arc<ServerLogin>) -> Option<PoolSettings> {
-    let db_name = key.database.as_str();
-    let db = cfg.database(db_name)?;
-    let g = &cfg.general;
-    let server_user = key.user.clone();
-    let user_cfg = cfg.users.get(&server_user).filter(|_| db.user.is_none());
-    let size = cfg.pool_size(db, user_cfg);
-    let settings = PoolSettings {
-        target: ServerTarget {
-            addr: ServerAddr { host: db.host.as_str().into(), port: db.port },
-            database: db.dbname.clone().unwrap_or_else(|| db_name.to_string()),
-            user: server_user.clone(),
-            tcp: crate::net::listener::TcpOptions::of(g),
-            tls: side.tls.clone(),
-            dns: side.hosts.record(&db.host),
-            dns_ttl: Duration::from_secs_f64(g.dns_max_ttl),
-        },
-        login,
-        mode: cfg.pool_mode(db, user_cfg),
-        size,
-        // None with `server_lifetime = 0`: each connection is used once, so one opened
-        // to be kept would be closed unused, and opened again, every second.
-        // Not for the databases the fallback entry serves: their pools go when unused
-        // (`autodb_idle_timeout`), and kept connections would hold them.
-        kept_open: if g.server_lifetime == 0.0 || cfg.is_fallback_served(db_name) {
-            0
-        } else {
-            db.min_pool_size.unwrap_or(g.min_pool_size).min(size)
-        },
-        // 0: each connection used once, then closed (PgBouncer's meaning).
-        lifetime: Duration::from_secs_f64(g.server_lifetime),
-        idle_timeout: secs(g.server_idle_timeout),
-        connect_timeout: secs(g.server_connect_timeout),
-        wait_timeout: secs(g.query_wait_timeout),
-        // 0: checked every time, as in PgBouncer (validated finite, not negative).
-        check_delay: Duration::from_secs_f64(g.server_check_delay),
-        reset_query: g.server_reset_query.clone(),
-        reset_query_always: g.server_reset_query_always,
-        internal_timeout: secs(g.internal_query_timeout),
-        login_retry: secs(g.server_login_retry),
-        reserve: db.reserve_pool_size.unwrap_or(g.reserve_pool_size),
-        reserve_timeout: secs(g.reserve_pool_timeout),
-        round_robin: g.server_round_robin,
-    };
-    Some(settings)
 }
 
 #[cfg(test)]
@@ -655,7 +612,7 @@ mod tests {
         let found = Arc::new(UserAuth::found("dyn", Some(Secret::Plain("x".into()))));
         users.found().adopt("y", found, users.found().begin());
         let retire_until = |done: &dyn Fn() -> bool| {
-            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
             while !done() && std::time::Instant::now() < deadline {
                 let now = std::time::Instant::now();
                 pools.retire_unused_fallback_pools(pools.reloads(), &cfg, users.found(), &|db| db == "v", now);
@@ -676,16 +633,5 @@ mod tests {
         assert!(dbs().contains(&"x".to_string()));
         assert!(retire_until(&|| !dbs().contains(&"x".to_string())), "{:?}", dbs());
         assert!(dbs().contains(&"w".to_string()), "a paused database lost its pool");
-    }
-
-    /// `server_check_delay = 0` checks a server before every loan, as in PgBouncer.
-    #[test]
-    fn a_zero_check_delay_checks_every_loan() {
-        let text =
-            "[general]\nserver_check_delay = 0\n[databases.a]\nhost = \"127.0.0.1\"\n[users.u]\npassword = \"p\"\n";
-        let cfg = Config::parse(text, Path::new("sluice.toml")).expect("a valid config");
-        let users = UserStore::from_config(&cfg).expect("valid users");
-        let pool = Pools::default().get(&cfg, &users, "a", "u").expect("a pool");
-        assert_eq!(pool.settings().check_delay, std::time::Duration::ZERO);
     }
 }

@@ -20,9 +20,6 @@ use crate::protocol::{ProtocolError, TxStatus, auth_code, be, body, build, read_
 use crate::stats::ServerInfo;
 use crate::tls::{self, ServerTls};
 
-/// How long forwarding a cancel request may take.
-pub const CANCEL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
 /// Where a server lives; also what a CancelRequest is sent to. Cloned per server
 /// connection and per forwarded cancel, hence the shared host name (whose comparison
 /// checks the pointer first).
@@ -52,19 +49,15 @@ impl ServerAddr {
 
     /// Sends a CancelRequest for the given backend key to the server at `at` (see
     /// `open`) and waits until the server has processed it (PostgreSQL closes the
-    /// connection once it has signalled the backend), giving up after `CANCEL_TIMEOUT`
-    /// (a server that cannot be reached: the kernel alone would keep trying to connect
-    /// for about two minutes).
-    pub async fn cancel(&self, at: Option<SocketAddr>, pid: u32, secret: u32) -> std::io::Result<()> {
-        self.cancel_within(at, pid, secret, CANCEL_TIMEOUT).await
-    }
-
-    async fn cancel_within(
+    /// connection once it has signalled the backend), giving up after `limit`
+    /// (`cancel_wait_timeout`: a server that cannot be reached would otherwise have the
+    /// kernel keep trying to connect for about two minutes).
+    pub async fn cancel(
         &self,
         at: Option<SocketAddr>,
         pid: u32,
         secret: u32,
-        limit: std::time::Duration,
+        limit: Option<Duration>,
     ) -> std::io::Result<()> {
         let send = async {
             let mut s = self.open(at).await?;
@@ -76,6 +69,7 @@ impl ServerAddr {
             while s.read(&mut rest).await? > 0 {}
             Ok(())
         };
+        let Some(limit) = limit else { return send.await };
         tokio::time::timeout(limit, send)
             .await
             .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer from the server")))
@@ -102,8 +96,9 @@ pub struct ServerTarget {
     /// What the host name resolved to, shared with the other pools naming it; None for
     /// an IP address or a Unix socket directory.
     pub dns: Option<Arc<HostAddrs>>,
-    /// How long a lookup of the host name is used (`dns_max_ttl`).
-    pub dns_ttl: Duration,
+    /// How long a lookup of the host name is used (`dns_max_ttl`, and
+    /// `dns_nxdomain_ttl` for a failed one).
+    pub dns_ttl: super::dns::DnsTtl,
 }
 
 impl ServerTarget {
@@ -290,7 +285,7 @@ mod tests {
         let _held: Vec<_> = (0..2).filter_map(|_| std::net::TcpStream::connect_timeout(&to, short).ok()).collect();
         let addr = ServerAddr { host: "127.0.0.1".into(), port };
         let started = std::time::Instant::now();
-        let r = addr.cancel_within(None, 1, 2, std::time::Duration::from_millis(300)).await;
+        let r = addr.cancel(None, 1, 2, Some(std::time::Duration::from_millis(300))).await;
         assert_eq!(r.map_err(|e| e.kind()), Err(std::io::ErrorKind::TimedOut));
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
     }
@@ -335,7 +330,7 @@ mod tests {
             tcp: crate::net::listener::TcpOptions::of(&Default::default()),
             tls: Arc::new(Default::default()),
             dns: None,
-            dns_ttl: Duration::ZERO,
+            dns_ttl: Default::default(),
         };
         let login = ServerLogin::plain("secret");
         let info = Arc::new(ServerInfo::new(1, target.addr.clone()));

@@ -43,7 +43,33 @@ impl Hosts {
     pub fn names(&self) -> usize {
         self.map.lock().values().filter(|r| r.strong_count() > 0).count()
     }
+
+    /// The names some pool has, sorted, each with its last answer and how long ago that
+    /// was confirmed (None before the first lookup answered): SHOW DNS_HOSTS.
+    pub fn list(&self) -> Vec<(Arc<str>, LastAnswer)> {
+        let records: Vec<Arc<HostAddrs>> = self.map.lock().values().filter_map(Weak::upgrade).collect();
+        let mut rows: Vec<_> = records
+            .iter()
+            .map(|r| {
+                let last = r.last.lock().as_ref().map(|f| (f.addrs.clone(), f.at.elapsed()));
+                (r.name.clone(), last)
+            })
+            .collect();
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        rows
+    }
 }
+
+/// How long a lookup's outcome is used before the name is looked up again: an answer
+/// (`dns_max_ttl`), and a failure when no answer is on record (`dns_nxdomain_ttl`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DnsTtl {
+    pub answer: Duration,
+    pub failure: Duration,
+}
+
+/// A name's last answer and how long ago it was confirmed; None before the first.
+pub type LastAnswer = Option<(Arc<[IpAddr]>, Duration)>;
 
 /// What a host name resolved to last.
 #[derive(Debug)]
@@ -59,6 +85,9 @@ pub struct HostAddrs {
     turn: AtomicUsize,
     /// A lookup of the janitor's is running (`refresh`).
     refreshing: AtomicBool,
+    /// The last lookup's failure while no answer was on record: the connects within
+    /// `dns_nxdomain_ttl` of it fail with it, without a lookup each.
+    failed: Mutex<Option<(Instant, std::io::ErrorKind, String)>>,
 }
 
 #[derive(Debug, Clone)]
@@ -79,6 +108,7 @@ impl HostAddrs {
             begun: AtomicU64::new(0),
             turn: AtomicUsize::new(0),
             refreshing: AtomicBool::new(false),
+            failed: Mutex::new(None),
         }
     }
 
@@ -89,12 +119,21 @@ impl HostAddrs {
     }
 
     /// The addresses to connect to, in the order to try them, and the epoch they belong
-    /// to: the last answer while younger than `ttl`, else a new lookup's. Each connect
-    /// starts at the next address of the answer (round robin, as PgBouncer).
-    pub async fn addrs(&self, port: u16, ttl: Duration) -> std::io::Result<(Vec<SocketAddr>, u64)> {
-        let (addrs, epoch) = match self.answer_within(ttl) {
+    /// to: the last answer while younger than `ttl.answer`, else a new lookup's (or,
+    /// with no answer on record, the last lookup's failure while younger than
+    /// `ttl.failure`). Each connect starts at the next address of the answer (round
+    /// robin, as PgBouncer).
+    pub async fn addrs(&self, port: u16, ttl: DnsTtl) -> std::io::Result<(Vec<SocketAddr>, u64)> {
+        let (addrs, epoch) = match self.answer_within(ttl.answer) {
             Some(c) => c,
-            None => self.lookup(port).await?,
+            None => {
+                if let Some((at, kind, message)) = self.failed.lock().as_ref()
+                    && at.elapsed() < ttl.failure
+                {
+                    return Err(std::io::Error::new(*kind, format!("{message} (looked up {:.0?} ago)", at.elapsed())));
+                }
+                self.lookup(port).await?
+            }
         };
         let first = self.turn.fetch_add(1, Relaxed) % addrs.len();
         let order = addrs[first..].iter().chain(&addrs[..first]);
@@ -123,7 +162,10 @@ impl HostAddrs {
             Err(e) => e,
         };
         let mut last = self.last.lock();
-        let Some(kept) = last.as_mut() else { return Err(e) };
+        let Some(kept) = last.as_mut() else {
+            *self.failed.lock() = Some((Instant::now(), e.kind(), e.to_string()));
+            return Err(e);
+        };
         kept.at = Instant::now();
         let kept = (kept.addrs.clone(), self.epoch());
         drop(last);
@@ -149,6 +191,7 @@ impl HostAddrs {
         *last = Some(Found { addrs: addrs.clone(), at: Instant::now(), lookup: number });
         let epoch = self.epoch();
         drop(last);
+        *self.failed.lock() = None;
         if let Some(before) = before {
             info!(host = %self.name, "host name now resolves to {addrs:?} (was {before:?}): connections to addresses it no longer has are closed as they come back");
         }
@@ -229,11 +272,11 @@ mod tests {
         let h = HostAddrs::new("localhost");
         let (x, y) = ("10.9.9.9".parse::<IpAddr>().unwrap(), "10.9.9.8".parse::<IpAddr>().unwrap());
         h.note(vec![x, y], 1);
-        let hour = Duration::from_secs(3600);
+        let hour = DnsTtl { answer: Duration::from_secs(3600), failure: Duration::ZERO };
         let at = |ip| SocketAddr::new(ip, 5432);
         assert_eq!(h.addrs(5432, hour).await.unwrap().0, vec![at(x), at(y)], "the cached answer");
         assert_eq!(h.addrs(5432, hour).await.unwrap().0, vec![at(y), at(x)], "the next connect starts at the next");
-        let (addrs, epoch) = h.addrs(5432, Duration::ZERO).await.unwrap();
+        let (addrs, epoch) = h.addrs(5432, DnsTtl::default()).await.unwrap();
         assert!(!addrs.is_empty() && !addrs.contains(&at(x)), "looked up: {addrs:?}");
         assert_eq!(epoch, 1, "localhost is not 10.9.9.x: a change");
     }
@@ -245,12 +288,30 @@ mod tests {
         let hosts = Hosts::default();
         let h = hosts.record("Nowhere.Invalid").unwrap();
         assert!(Arc::ptr_eq(&h, &hosts.record("nowhere.invalid").unwrap()), "names are case-insensitive");
-        assert!(h.addrs(5432, Duration::ZERO).await.is_err(), "no answer on record");
+        assert!(h.addrs(5432, DnsTtl::default()).await.is_err(), "no answer on record");
         let ip = "10.9.9.9".parse::<IpAddr>().unwrap();
         h.note(vec![ip], 1);
-        let (addrs, epoch) = h.addrs(5432, Duration::ZERO).await.unwrap();
+        let (addrs, epoch) = h.addrs(5432, DnsTtl::default()).await.unwrap();
         assert_eq!((addrs, epoch), (vec![SocketAddr::new(ip, 5432)], 0));
         let fresh = h.last.lock().as_ref().unwrap().at.elapsed() < Duration::from_secs(60);
         assert!(fresh, "the failure counts as a try");
+    }
+
+    /// A failed lookup with no answer on record is used for `dns_nxdomain_ttl`: the
+    /// connects meanwhile fail with it without a lookup each; after it, and after an
+    /// answer, the name is looked up again.
+    #[tokio::test]
+    async fn a_failure_with_no_answer_is_used_for_the_nxdomain_ttl() {
+        let h = HostAddrs::new("nowhere.invalid");
+        let remembered = DnsTtl { answer: Duration::ZERO, failure: Duration::from_secs(3600) };
+        let first = h.addrs(5432, remembered).await.expect_err("no such name");
+        let again = h.addrs(5432, remembered).await.expect_err("still failing");
+        assert_eq!((h.begun.load(Relaxed), again.kind()), (1, first.kind()), "looked up once");
+        assert!(again.to_string().starts_with(&first.to_string()), "{again} after {first}");
+        let off = DnsTtl { answer: Duration::ZERO, failure: Duration::ZERO };
+        assert!(h.addrs(5432, off).await.is_err());
+        assert_eq!(h.begun.load(Relaxed), 2, "looked up again once the failure is that old");
+        h.note(vec!["10.9.9.9".parse().unwrap()], 3);
+        assert!(h.failed.lock().is_none(), "an answer ends the failure");
     }
 }

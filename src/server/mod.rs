@@ -67,6 +67,15 @@ impl ServerError {
     }
 }
 
+/// Bounds of Sluice's own queries on a server: each query's (`internal_query_timeout`),
+/// and forwarding the cancel sent for one that runs over it (`cancel_wait_timeout`);
+/// None: no limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueryBounds {
+    pub query: Option<Duration>,
+    pub cancel: Option<Duration>,
+}
+
 /// A row of Sluice's own query: each column's text, None for NULL.
 pub type Row = Vec<Option<Vec<u8>>>;
 
@@ -155,24 +164,20 @@ impl ServerConn {
     /// Runs Sluice's own simple query (SET, DISCARD ALL, ROLLBACK...) and consumes its
     /// whole response. A server's ERROR is returned after the response is drained, so
     /// the connection stays usable; any other failure (lost connection, FATAL, garbled
-    /// reply, no answer within `limit`) marks it broken, so it is closed rather than
+    /// reply, no answer within `limits.query`) marks it broken, so it is closed rather than
     /// lent again.
-    pub async fn exec(&mut self, sql: &str, limit: Option<Duration>) -> Result<(), ServerError> {
+    pub async fn exec(&mut self, sql: &str, limits: QueryBounds) -> Result<(), ServerError> {
         let mut out = BytesMut::new();
         build::query(&mut out, sql);
-        self.round_trip(&out, None, limit).await
+        self.round_trip(&out, None, limits).await
     }
 
     /// Runs Sluice's own extended-protocol messages (ending with Sync, as an auth_query
-    /// lookup's) and gives the last row they returned; `limit` and failures as for
+    /// lookup's) and gives the last row they returned; `limits` and failures as for
     /// `exec`. (Only the last is kept: a query returning many holds no more memory.)
-    pub async fn fetch_last_row(
-        &mut self,
-        messages: &[u8],
-        limit: Option<Duration>,
-    ) -> Result<Option<Row>, ServerError> {
+    pub async fn fetch_last_row(&mut self, messages: &[u8], limits: QueryBounds) -> Result<Option<Row>, ServerError> {
         let mut row = None;
-        self.round_trip(messages, Some(&mut row), limit).await?;
+        self.round_trip(messages, Some(&mut row), limits).await?;
         Ok(row)
     }
 
@@ -180,15 +185,15 @@ impl ServerConn {
         &mut self,
         messages: &[u8],
         rows: Option<&mut Option<Row>>,
-        limit: Option<Duration>,
+        limits: QueryBounds,
     ) -> Result<(), ServerError> {
-        let r = match limit {
+        let r = match limits.query {
             Some(t) => match tokio::time::timeout(t, self.exec_drained(messages, rows)).await {
                 Ok(r) => r,
                 Err(_) => {
                     // The query may still run, or wait for a lock, on the server, which
                     // notices the closed connection only when it ends: cancel it.
-                    self.cancel_in_background();
+                    self.cancel_in_background(limits.cancel);
                     Err(ServerError::InternalTimeout)
                 }
             },
@@ -248,10 +253,11 @@ impl ServerConn {
     }
 
     /// Sends the server a cancel of whatever it runs, from a task of its own (the
-    /// connection is being closed: nothing waits for the answer).
-    pub fn cancel_in_background(&self) {
+    /// connection is being closed: nothing waits for the answer), giving up after
+    /// `limit` (`cancel_wait_timeout`).
+    pub fn cancel_in_background(&self, limit: Option<Duration>) {
         let (addr, at, (pid, secret)) = (self.addr().clone(), self.info.peer(), self.cancel_key());
-        tokio::spawn(async move { addr.cancel(at, pid, secret).await });
+        tokio::spawn(async move { addr.cancel(at, pid, secret, limit).await });
     }
 
     /// A SET or RESET ran on this connection. Settings this server reports
@@ -271,15 +277,15 @@ impl ServerConn {
         self.applied.as_ref().is_some_and(|a| want.same(a))
     }
 
-    /// Makes this connection carry `want`'s settings; `limit` as for `exec`.
-    pub async fn apply_params(&mut self, want: &ClientParams, limit: Option<Duration>) -> Result<(), ServerError> {
+    /// Makes this connection carry `want`'s settings; `limits` as for `exec`.
+    pub async fn apply_params(&mut self, want: &ClientParams, limits: QueryBounds) -> Result<(), ServerError> {
         let sql = match &self.applied {
             Some(applied) => want.diff_sql(applied),
             None => Some(format!("RESET ALL;{}", want.diff_sql(&ClientParams::default()).unwrap_or_default())),
         };
         if let Some(sql) = sql {
             self.applied = None;
-            self.exec(&sql, limit).await?;
+            self.exec(&sql, limits).await?;
         }
         // Even when nothing differed: from now on the check is a pointer comparison.
         self.applied = Some(want.clone());

@@ -1,0 +1,230 @@
+//! PgBouncer settings and behaviours, against a real PostgreSQL: the console's own user
+//! `pgbouncer` on the Unix socket, the check of an idle server before a
+//! loan (`server_check_query`), the bound on forwarding a cancel request
+//! (`cancel_wait_timeout`), the log of the errors Sluice itself sends clients
+//! (`log_pooler_errors`), and session-mode servers closed with their clients
+//! (`server_fast_close`).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+
+use common::{PgCluster, Role, Sluice, Stopped, connect, try_connect, value, wait_until};
+
+fn sluice(pg: &PgCluster, extra: &[(&str, &str)]) -> Sluice {
+    let mut b = Sluice::builder(pg).database("app", &[("pool_size", "1")]);
+    for (k, v) in extra {
+        b = b.general(k, v);
+    }
+    b.start()
+}
+
+/// A TCP proxy to PostgreSQL at `target`: connections are relayed, except those opened
+/// while `hold` is set, which are read and never answered or closed (a server that
+/// cannot be reached, for a cancel request).
+async fn proxy(target: u16, hold: Arc<AtomicBool>) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let held = hold.load(SeqCst);
+            tokio::spawn(async move {
+                if held {
+                    let mut sink = [0u8; 64];
+                    while matches!(client.read(&mut sink).await, Ok(n) if n > 0) {}
+                    std::future::pending::<()>().await;
+                }
+                let Ok(mut server) = TcpStream::connect(("127.0.0.1", target)).await else { return };
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+    });
+    port
+}
+
+/// `server_check_query` is what a loan's check runs (`server_check_delay = 0`: before
+/// every loan): each transaction's check advances the sequence once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_runs_server_check_query() {
+    let pg = PgCluster::start();
+    pg.psql("create sequence checks; grant usage on sequence checks to public");
+    let s = sluice(&pg, &[("server_check_delay", "0"), ("server_check_query", "\"select nextval('checks')\"")]);
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    // (The first loan is of a connection that has just logged in: not checked.)
+    for _ in 0..6 {
+        assert_eq!(value(&a, "select 1").await, "1");
+    }
+    let checks: i64 = pg.psql("select last_value from checks where is_called").parse().unwrap_or(0);
+    assert!(checks >= 5, "{checks} checks for 6 loans");
+}
+
+/// A check query that fails (an ERROR, or a transaction left open) closes that server,
+/// with a warning, and the client is served by a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_check_replaces_the_server() {
+    let pg = PgCluster::start();
+    for (query, why) in [("select no_such_function()", "does not exist"), ("begin", "left a transaction open")] {
+        let s = sluice(&pg, &[("server_check_delay", "0"), ("server_check_query", &common::toml_str(query))]);
+        let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+        let first = value(&a, "select pg_backend_pid()").await;
+        let next = value(&a, "select pg_backend_pid()").await;
+        assert_ne!(next, first, "the server that failed its check was lent");
+        assert_eq!(value(&a, "select now() = statement_timestamp()").await, "t", "lent inside a transaction");
+        let warned = s.log().lines().any(|l| l.contains("server check failed") && l.contains(why));
+        assert!(warned, "{}", s.log());
+    }
+}
+
+/// `server_check_query = ""` turns the check off: a frozen server is lent without one
+/// (the query waits for it), where the default check would have replaced it
+/// (`failures.rs`, `a_frozen_server_fails_its_check_within_internal_query_timeout`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_check_query_turns_the_check_off() {
+    let pg = PgCluster::start();
+    let s =
+        sluice(&pg, &[("server_check_delay", "0"), ("server_check_query", "\"\""), ("internal_query_timeout", "1")]);
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let first = value(&a, "select pg_backend_pid()").await;
+    let frozen = Stopped::new(&first);
+    let query = tokio::spawn(async move { value(&a, "select pg_backend_pid()").await });
+    // A check would have failed within internal_query_timeout (1 s) and the query gone to
+    // a new server; unchecked, it waits for the frozen one.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!query.is_finished(), "the query was served elsewhere: the server was checked");
+    drop(frozen);
+    let next = tokio::time::timeout(Duration::from_secs(20), query).await.expect("no answer once thawed").unwrap();
+    assert_eq!(next, first);
+}
+
+/// `cancel_wait_timeout` bounds the forwarding of a cancel request: to a server that
+/// takes the connection and never answers, the forwarding gives up after it (1 s here,
+/// not the default 10), and the client's cancel connection is closed then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_wait_timeout_bounds_the_forwarding() {
+    let pg = PgCluster::start();
+    let hold = Arc::new(AtomicBool::new(false));
+    let port = proxy(pg.port, hold.clone()).await;
+    let s = Sluice::builder(&pg)
+        .database("app", &[("pool_size", "1"), ("port", &port.to_string())])
+        .general("cancel_wait_timeout", "1")
+        .start();
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let token = a.cancel_token();
+    let sleeper = tokio::spawn(async move { a.simple_query("select pg_sleep(3)").await.map(|_| ()) });
+    let running = "state = 'active' and query = 'select pg_sleep(3)'";
+    assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(running) == 1)));
+    hold.store(true, SeqCst);
+    let started = Instant::now();
+    token.cancel_query(tokio_postgres::NoTls).await.expect("the cancel request was not taken");
+    // The failure is logged as the forwarding gives up.
+    assert!(s.wait_log("forwarding cancel request", Duration::from_secs(5)), "{}", s.log());
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(900), "the forwarding gave up after {took:?}");
+    // The cancel never reached PostgreSQL: the query ran to its end.
+    sleeper.await.unwrap().expect("the query was cancelled");
+}
+
+/// `log_pooler_errors` logs the FATAL that ends a connection and the admin console's
+/// errors; off, neither is logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_pooler_errors_logs_what_sluice_sends() {
+    let pg = PgCluster::start();
+    for on in [true, false] {
+        let s = sluice(&pg, &[("log_pooler_errors", &on.to_string()), ("admin_users", r#"["u_scram"]"#)]);
+        let refused = try_connect(s.port, Role::SCRAM.name, "wrong", "app").await;
+        let Err(refused) = refused else { panic!("a wrong password was taken") };
+        assert_eq!(common::code(&refused), "28P01");
+        let admin = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "pgbouncer").await;
+        assert!(admin.simple_query("SHOW NO_SUCH_THING").await.is_err());
+        // The console's error is logged before its answer: the FATAL's, after the
+        // connection closed; the admin's disconnection comes after both.
+        drop(admin);
+        assert!(s.wait_log_times("client disconnected", 2, Duration::from_secs(10)), "{}", s.log());
+        let log = s.log();
+        let logged = |needle: &str| log.lines().any(|l| l.contains("pooler error") && l.contains(needle));
+        assert_eq!(logged("password authentication failed"), on, "{log}");
+        assert_eq!(logged("unknown SHOW item"), on, "{log}");
+    }
+}
+
+/// `server_fast_close` in session mode: after RECONNECT a client idle between
+/// transactions is closed at once with its server; one inside a transaction finishes
+/// it, then is closed. Without it both go on with their servers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_fast_close_ends_session_mode_clients_with_marked_servers() {
+    let pg = PgCluster::start();
+    for fast in [true, false] {
+        let s = Sluice::builder(&pg)
+            .database("app", &[("pool_size", "2"), ("pool_mode", "\"session\"")])
+            .general("server_fast_close", &fast.to_string())
+            .general("admin_users", r#"["u_scram"]"#)
+            .start();
+        let (idle, idle_task) = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await.unwrap();
+        let (busy, busy_task) = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await.unwrap();
+        let idle_pid = value(&idle, "select pg_backend_pid()").await;
+        busy.simple_query("begin").await.unwrap();
+        let busy_pid = value(&busy, "select pg_backend_pid()").await;
+        let admin = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "pgbouncer").await;
+        admin.simple_query("RECONNECT").await.unwrap();
+        // The transaction goes on either way.
+        assert_eq!(value(&busy, "select 1").await, "1");
+        busy.simple_query("commit").await.unwrap();
+        if fast {
+            // Both connections end (their tasks finish) and both servers close.
+            tokio::time::timeout(Duration::from_secs(10), idle_task).await.expect("the idle client stayed").unwrap();
+            tokio::time::timeout(Duration::from_secs(10), busy_task).await.expect("the client stayed").unwrap();
+            let gone = format!("pid in ({idle_pid}, {busy_pid})");
+            assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(&gone) == 0)));
+            assert!(s.log().contains("server_fast_close"), "{}", s.log());
+        } else {
+            assert_eq!(value(&idle, "select pg_backend_pid()").await, idle_pid);
+            assert_eq!(value(&busy, "select pg_backend_pid()").await, busy_pid);
+        }
+    }
+}
+
+/// `pgbouncer` logs in to the console without a password over the Unix socket from a
+/// process of Sluice's own OS user (this test's), as an admin, as PgBouncer lets it;
+/// over TCP it goes through the usual authentication, and to a pooled database too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgbouncer_logs_in_on_the_socket_as_sluices_own_user() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[]);
+    let on_socket = |db: &str| {
+        let mut config = tokio_postgres::Config::new();
+        config.host_path(&s.socket_dir).port(s.port).user("pgbouncer").dbname(db);
+        config
+    };
+    let (admin, task) = on_socket("pgbouncer").connect(tokio_postgres::NoTls).await.expect("refused on the socket");
+    tokio::spawn(task);
+    admin.simple_query("RECONNECT").await.expect("not an admin");
+    let Err(e) = on_socket("app").connect(tokio_postgres::NoTls).await else {
+        panic!("a pooled login without a password")
+    };
+    assert!(format!("{e:?}").contains("password"), "{e:?}");
+    let Err(e) = try_connect(s.port, "pgbouncer", "", "pgbouncer").await else { panic!("let in over TCP") };
+    assert!(format!("{e:?}").contains("password"), "{e:?}");
+}
+
+/// `server_fast_close` after a reload that moves the database (here to another
+/// `dbname`): a session-mode client idle between transactions is closed at once with
+/// its server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_fast_close_follows_a_reload_moving_the_database() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .database("app", &[("pool_size", "2"), ("pool_mode", "\"session\"")])
+        .general("server_fast_close", "true")
+        .start();
+    let (idle, task) = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await.unwrap();
+    let pid = value(&idle, "select pg_backend_pid()").await;
+    s.reload_replacing("dbname = \"app\"", "dbname = \"postgres\"");
+    tokio::time::timeout(Duration::from_secs(10), task).await.expect("the idle client stayed").unwrap();
+    let gone = format!("pid = {pid}");
+    assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(&gone) == 0)));
+}
