@@ -37,6 +37,7 @@ need_pkg libc6-dev              # crt files and libc for linking
 need_cmd setpriv util-linux     # tests run PostgreSQL as the postgres user when root
 need_cmd md5sum coreutils       # md5 password hashes in tests/common/pg.rs
 need_cmd pgrep procps           # tests that look for leftover processes
+need_cmd openssl openssl         # s_client offers chosen TLS 1.2 suites and curves (tests/tls)
 [[ -e /etc/ssl/certs/ca-certificates.crt ]] || missing+=(ca-certificates)  # cargo downloads
 # Driver suites (tests/drivers.rs runs the programs in tests/drivers; section 3 installs the
 # pinned drivers): the toolchains. Java runs the workload with the source launcher, which needs

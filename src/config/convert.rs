@@ -23,6 +23,7 @@ fn unsupported_why(key: &str) -> &'static str {
         "logfile" | "syslog" | "syslog_ident" | "syslog_facility" => "Sluice logs to stderr",
         "pidfile" | "user" => "Sluice runs in the foreground under a service manager",
         "ignore_startup_parameters" => "not needed: Sluice applies every startup parameter",
+        "client_tls_dheparams" => "not needed: Sluice offers no DHE suites (its TLS 1.2 suites are ECDHE)",
         _ => "no such setting in Sluice",
     }
 }

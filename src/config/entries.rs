@@ -293,6 +293,11 @@ pub(super) fn validate_tls(g: &General, invalid: Invalid) -> Result<(), ConfigEr
             return Err(invalid(key, format!("\"{p}\" is not supported; use \"tlsv1.2\" and/or \"tlsv1.3\"")));
         }
     }
+    use crate::tls::suites::{kx_groups, tls12_suites};
+    for (key, value) in [("client_tls_ciphers", &g.client_tls_ciphers), ("server_tls_ciphers", &g.server_tls_ciphers)] {
+        tls12_suites(value).map_err(|e| invalid(key, e))?;
+    }
+    kx_groups(&g.client_tls_ecdhcurve).map_err(|e| invalid("client_tls_ecdhcurve", e))?;
     let server = g.server_tls_sslmode;
     if server >= ServerTlsMode::VerifyCa && g.server_tls_ca_file.is_empty() {
         return Err(invalid("server_tls_sslmode", format!("\"{}\" needs server_tls_ca_file", server.as_str())));

@@ -58,6 +58,8 @@ impl Config {
         new.client_tls_key_file.clone_from(&old.client_tls_key_file);
         new.client_tls_ca_file.clone_from(&old.client_tls_ca_file);
         new.client_tls_protocols.clone_from(&old.client_tls_protocols);
+        new.client_tls_ciphers.clone_from(&old.client_tls_ciphers);
+        new.client_tls_ecdhcurve.clone_from(&old.client_tls_ecdhcurve);
         if new.auth_type == AuthType::Cert {
             new.auth_type = old.auth_type;
             new.auth_hba_file.clone_from(&old.auth_hba_file);
@@ -75,6 +77,7 @@ impl General {
         self.server_tls_cert_file.clone_from(&running.server_tls_cert_file);
         self.server_tls_key_file.clone_from(&running.server_tls_key_file);
         self.server_tls_protocols.clone_from(&running.server_tls_protocols);
+        self.server_tls_ciphers.clone_from(&running.server_tls_ciphers);
     }
 }
 

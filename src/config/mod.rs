@@ -142,12 +142,18 @@ pub struct General {
     pub client_tls_key_file: String,
     pub client_tls_ca_file: String,
     pub client_tls_protocols: Vec<String>,
+    /// The TLS 1.2 cipher suites offered to clients (OpenSSL syntax or a shortcut).
+    pub client_tls_ciphers: String,
+    /// The key exchange groups offered to clients (`auto` or curve names).
+    pub client_tls_ecdhcurve: String,
     pub server_tls_sslmode: ServerTlsMode,
     pub server_tls_ca_file: String,
     pub server_tls_cert_file: String,
     pub server_tls_key_file: String,
     /// TLS versions offered to servers.
     pub server_tls_protocols: Vec<String>,
+    /// The TLS 1.2 cipher suites offered to PostgreSQL.
+    pub server_tls_ciphers: String,
     /// Name of the admin console's virtual database (`sluice` is an alias).
     pub admin_database: String,
     /// Users allowed every admin console command.
@@ -230,12 +236,15 @@ impl Default for General {
             client_tls_key_file: String::new(),
             client_tls_ca_file: String::new(),
             client_tls_protocols: TLS_PROTOCOLS.iter().map(|p| p.to_string()).collect(),
+            client_tls_ciphers: "default".into(),
+            client_tls_ecdhcurve: "auto".into(),
             // PgBouncer's default (since 1.20) and libpq's.
             server_tls_sslmode: ServerTlsMode::Prefer,
             server_tls_ca_file: String::new(),
             server_tls_cert_file: String::new(),
             server_tls_key_file: String::new(),
             server_tls_protocols: TLS_PROTOCOLS.iter().map(|p| p.to_string()).collect(),
+            server_tls_ciphers: "default".into(),
             admin_database: "pgbouncer".into(),
             admin_users: Vec::new(),
             stats_users: Vec::new(),
@@ -249,27 +258,18 @@ impl Default for General {
 
 impl General {
     /// The settings the client side's TLS setup is loaded from (`tls::ClientTls::load`).
-    pub fn client_tls_keys(&self) -> (ClientTlsMode, &str, &str, &str, &[String]) {
+    pub fn client_tls_keys(&self) -> (ClientTlsMode, [&str; 5], &[String]) {
         let g = self;
-        (
-            g.client_tls_sslmode,
-            &g.client_tls_cert_file,
-            &g.client_tls_key_file,
-            &g.client_tls_ca_file,
-            &g.client_tls_protocols,
-        )
+        let files = [&g.client_tls_cert_file, &g.client_tls_key_file, &g.client_tls_ca_file];
+        let [cert, key, ca] = files.map(String::as_str);
+        (g.client_tls_sslmode, [cert, key, ca, &g.client_tls_ciphers, &g.client_tls_ecdhcurve], &g.client_tls_protocols)
     }
 
     /// The settings the server side's TLS setup is loaded from (`tls::ServerTls::load`).
-    pub fn server_tls_keys(&self) -> (ServerTlsMode, &str, &str, &str, &[String]) {
+    pub fn server_tls_keys(&self) -> (ServerTlsMode, [&str; 4], &[String]) {
         let g = self;
-        (
-            g.server_tls_sslmode,
-            &g.server_tls_ca_file,
-            &g.server_tls_cert_file,
-            &g.server_tls_key_file,
-            &g.server_tls_protocols,
-        )
+        let files = [&g.server_tls_ca_file, &g.server_tls_cert_file, &g.server_tls_key_file, &g.server_tls_ciphers];
+        (g.server_tls_sslmode, files.map(String::as_str), &g.server_tls_protocols)
     }
 }
 

@@ -71,6 +71,15 @@ fn semantic_errors_name_file_line_and_key() {
         assert_eq!(err(&format!("[general]\n{line}\n")), format!("sluice.toml:2: general.{want}"));
     }
     assert!(parse("[general]\nunix_socket_group = \"root\"\n").is_ok());
+    let e = err("[general]\nclient_tls_ciphers = \"RC4:DHE-RSA-AES128-SHA\"\n");
+    assert!(e.starts_with("sluice.toml:2: general.client_tls_ciphers: \"RC4:DHE-RSA-AES128-SHA\" allows none"), "{e}");
+    let e = err("[general]\nserver_tls_ciphers = \"!ALL\"\n");
+    assert!(e.starts_with("sluice.toml:2: general.server_tls_ciphers:"), "{e}");
+    let e = err("[general]\nclient_tls_ecdhcurve = \"none\"\n");
+    assert!(e.starts_with("sluice.toml:2: general.client_tls_ecdhcurve: \"none\" is not supported"), "{e}");
+    assert!(
+        parse("[general]\nclient_tls_ciphers = \"HIGH:!aNULL:!MD5\"\nclient_tls_ecdhcurve = \"prime256v1\"\n").is_ok()
+    );
     let e = err("[general]\ntcp_user_timeout = -5\n");
     assert!(e.starts_with("sluice.toml:2: general.tcp_user_timeout:"), "{e}");
     assert!(parse("[general]\ntcp_keepidle = 32767\ntcp_keepcnt = 127\ntcp_user_timeout = 30000\n").is_ok());

@@ -7,12 +7,12 @@ mod accept;
 mod cn;
 mod connect;
 mod files;
+pub mod suites;
 mod verify;
 
 use std::sync::Arc;
 
 use rustls::client::Resumption;
-use rustls::crypto::CryptoProvider;
 use rustls::server::{NoServerSessionStorage, WebPkiClientVerifier};
 use rustls::{ClientConfig, RootCertStore, ServerConfig, SupportedProtocolVersion};
 
@@ -35,10 +35,6 @@ pub struct TlsError {
 
 fn error(key: &'static str) -> impl Fn(String) -> TlsError {
     move |message| TlsError { key, message }
-}
-
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
 /// One side's TLS: its mode and, unless that is `disable`, the rustls config built
@@ -104,7 +100,9 @@ impl ServerTls {
 
 fn server_config(cfg: &Config) -> Result<ServerConfig, TlsError> {
     let g = &cfg.general;
-    let provider = provider();
+    let tls12 = suites::tls12_suites(&g.client_tls_ciphers).map_err(error("client_tls_ciphers"))?;
+    let groups = suites::kx_groups(&g.client_tls_ecdhcurve).map_err(error("client_tls_ecdhcurve"))?;
+    let provider = Arc::new(suites::provider(&tls12, groups));
     let certs = files::certs(&cfg.resolve(&g.client_tls_cert_file)).map_err(error("client_tls_cert_file"))?;
     let key = files::key(&cfg.resolve(&g.client_tls_key_file)).map_err(error("client_tls_key_file"))?;
     let versions = protocol_versions(&g.client_tls_protocols);
@@ -156,7 +154,8 @@ fn server_roots(cfg: &Config) -> Result<Arc<RootCertStore>, TlsError> {
 /// The rustls config towards PostgreSQL, checking what `proof` asks of its certificate.
 fn client_config(cfg: &Config, proof: Proof) -> Result<ClientConfig, TlsError> {
     let g = &cfg.general;
-    let provider = provider();
+    let tls12 = suites::tls12_suites(&g.server_tls_ciphers).map_err(error("server_tls_ciphers"))?;
+    let provider = Arc::new(suites::provider(&tls12, rustls::crypto::aws_lc_rs::DEFAULT_KX_GROUPS.to_vec()));
     let verifier = ServerVerifier::new(provider.signature_verification_algorithms, proof);
     let builder = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&protocol_versions(&g.server_tls_protocols))

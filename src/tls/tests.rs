@@ -98,7 +98,7 @@ async fn fake_server(pki: &Pki, cert: &str, answer: u8) -> (u16, tokio::task::Jo
     let port = listener.local_addr().unwrap().port();
     let certs = files::certs(&pki.path(&format!("{cert}.crt"))).unwrap();
     let key = files::key(&pki.path(&format!("{cert}.key"))).unwrap();
-    let server = ServerConfig::builder_with_provider(provider())
+    let server = ServerConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_no_client_auth()

@@ -194,3 +194,53 @@ fn hba_lines_tell_tls_from_plaintext_and_cert_lines_take_certificates() {
         assert!(r.stderr.contains(&want), "{}", r.stderr);
     }
 }
+
+/// What `openssl s_client` prints for a TLS 1.2 handshake with Sluice (PostgreSQL's
+/// STARTTLS) offering only `ciphers` and `curves`.
+fn tls12_hello(port: u16, ciphers: &str, curves: &str) -> String {
+    let out = std::process::Command::new("openssl")
+        .args(["s_client", "-starttls", "postgres", "-connect", &format!("127.0.0.1:{port}"), "-tls1_2"])
+        .args(["-cipher", ciphers, "-curves", curves])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run openssl s_client");
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// `client_tls_ciphers` and `client_tls_ecdhcurve`: by default a TLS 1.2 client gets
+/// any of Sluice's suites and curves; after a reload that lists some, only those.
+#[test]
+fn client_tls_ciphers_and_ecdhcurve_limit_what_clients_get() {
+    let certs = TestCerts::generate();
+    let pg = PgCluster::start();
+    let (aes128, aes256) = ("ECDHE-ECDSA-AES128-GCM-SHA256", "ECDHE-ECDSA-AES256-GCM-SHA384");
+    let s = client_tls(Sluice::builder(&pg), "require", &certs.server, &certs).start();
+    // (The client's curves must take in the certificate's, P-256: TLS 1.2's list is
+    // for both.)
+    let refused = [(aes256, "P-256:P-384"), (aes128, "P-256")];
+    for (cipher, curve) in refused {
+        let hello = tls12_hello(s.port, cipher, curve);
+        assert!(hello.contains(&format!("Cipher is {cipher}")), "{cipher} with {curve} refused by default: {hello}");
+    }
+    let mode = "client_tls_sslmode = \"require\"";
+    let limits = format!(
+        "{mode}\nclient_tls_ciphers = \"HIGH:!aRSA:!{aes256}:!CHACHA20\"\nclient_tls_ecdhcurve = \"secp384r1\""
+    );
+    s.reload_replacing(mode, &limits);
+    let hello = tls12_hello(s.port, &format!("{aes256}:{aes128}"), "P-256:P-384");
+    assert!(hello.contains(&format!("Cipher is {aes128}")), "{hello}");
+    assert!(hello.contains("P-384") || hello.contains("secp384r1"), "the curve: {hello}");
+    for (cipher, curve) in refused {
+        let hello = tls12_hello(s.port, cipher, curve);
+        assert!(!hello.contains("Cipher is ECDHE"), "{cipher} with {curve} taken: {hello}");
+    }
+    // Admin SET loads the client TLS setup anew (here on the console's own user's
+    // socket login: TCP logins need TLS).
+    let console = || psql_cmd(s.port, &s.socket_dir.display().to_string(), "pgbouncer", "", "pgbouncer");
+    for (key, value) in [("client_tls_ciphers", "default"), ("client_tls_ecdhcurve", "auto")] {
+        let set = run_sql(console(), &format!("SET {key} = '{value}'"));
+        assert!(set.ok, "{}", set.stderr);
+    }
+    let (cipher, curve) = refused[1];
+    assert!(tls12_hello(s.port, cipher, curve).contains(&format!("Cipher is {cipher}")), "SET did not take");
+}

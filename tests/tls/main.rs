@@ -1,7 +1,8 @@
 //! Black-box TLS tests against real PostgreSQL and the built `sluice` binary, with
 //! certificates generated at run time (tests/common/certs.rs):
 //! - `clients`: psql through Sluice with sslmode require/verify-full, plaintext refused,
-//!   expired and wrong-host certificates, client-certificate authentication;
+//!   expired and wrong-host certificates, client-certificate authentication, the TLS 1.2
+//!   suites and curves offered (`openssl s_client`);
 //! - `direct`: a rustls client for PostgreSQL 17's direct TLS (ALPN), SSLRequest with
 //!   and without ALPN, GSSENCRequest, TLS versions, close_notify and abrupt closes;
 //! - `servers`: Sluice to a PostgreSQL running with ssl = on, per server_tls_sslmode,

@@ -162,7 +162,8 @@ async fn a_huge_pipeline_over_server_tls_does_not_deadlock() {
 }
 
 /// `server_tls_protocols`: the highest version both sides have by default (TLS 1.3
-/// with PostgreSQL 15), TLS 1.2 when only that is listed.
+/// with PostgreSQL 15), TLS 1.2 when only that is listed; `server_tls_ciphers` then
+/// picks the suite.
 #[tokio::test]
 async fn server_tls_protocols_choose_the_version() {
     let certs = TestCerts::generate();
@@ -172,4 +173,13 @@ async fn server_tls_protocols_choose_the_version() {
     let s =
         server_tls(Sluice::builder(&pg), "require", &certs).general("server_tls_protocols", r#"["tlsv1.2"]"#).start();
     assert_eq!(server_side(s.port, "version").await.unwrap(), "TLSv1.2");
+    // `server_tls_ciphers` chooses among TLS 1.2's suites (PostgreSQL's own preference
+    // is another one).
+    let chacha = "ECDHE-ECDSA-CHACHA20-POLY1305";
+    assert_ne!(server_side(s.port, "cipher").await.unwrap(), chacha);
+    let s = server_tls(Sluice::builder(&pg), "require", &certs)
+        .general("server_tls_protocols", r#"["tlsv1.2"]"#)
+        .general("server_tls_ciphers", &format!("\"{chacha}\""))
+        .start();
+    assert_eq!(server_side(s.port, "cipher").await.unwrap(), chacha);
 }
