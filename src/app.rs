@@ -314,7 +314,7 @@ pub fn bind(cfg: &Config) -> Result<Vec<Listener>, AppError> {
         .listen_ips()
         .map_err(|e| AppError::Listen { what: "listen_addr".into(), source: std::io::Error::other(e) })?;
     for ip in &ips {
-        let l = Listener::tcp(*ip, g.listen_port, TcpOptions::of(g), g.listen_backlog)
+        let l = Listener::tcp(*ip, g.listen_port, TcpOptions::of(g), g.listen_backlog, g.so_reuseport)
             .map_err(|source| AppError::Listen { what: format!("{ip} port {}", g.listen_port), source })?;
         out.push(l);
     }

@@ -520,3 +520,46 @@ async fn the_unix_socket_has_its_mode_and_group() {
     let c = common::connect_unix(&s.socket_dir, s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     assert_eq!(value(&c, "select 1").await, "1");
 }
+
+/// `so_reuseport`: a second Sluice (its own Unix socket off) starts on the first's port,
+/// where without the option it cannot; the kernel spreads connections over both; once
+/// the first stops, the second takes every new connection (a restart that refuses
+/// none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn so_reuseport_lets_a_second_process_share_the_port() {
+    let pg = PgCluster::start();
+    let mut first = Sluice::builder(&pg).general("so_reuseport", "true").start();
+    // The first's config, with no Unix socket (a path cannot be shared).
+    let config = |reuse: bool| {
+        let text = first.config();
+        fn own_socket(l: &str) -> &str {
+            if l.starts_with("unix_socket_dir =") { "unix_socket_dir = \"\"" } else { l }
+        }
+        let lines: Vec<&str> = text.lines().map(own_socket).collect();
+        lines.join("\n").replace("so_reuseport = true", &format!("so_reuseport = {reuse}"))
+    };
+    // (Run by hand: the harness's readiness check would see the first's listener.)
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("second.toml");
+    std::fs::write(&path, config(false)).unwrap();
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_sluice")).arg("--config").arg(&path).output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("in use"), "{stderr}");
+    let second = Sluice::start(&config(true));
+    assert!(second.wait_log("listening on 127.0.0.1", Duration::from_secs(10)), "{}", second.log());
+    for _ in 0..24 {
+        let c = connect(first.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+        assert_eq!(value(&c, "select 1").await, "1");
+    }
+    for s in [&first, &second] {
+        assert!(s.log().contains("login peer="), "one process got no connection:\n{}", s.log());
+    }
+    first.terminate();
+    assert!(first.wait_exit(Duration::from_secs(20)).is_some(), "the first did not stop");
+    let before = second.log().matches("login peer=").count();
+    for _ in 0..4 {
+        let c = connect(second.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+        assert_eq!(value(&c, "select 1").await, "1");
+    }
+    assert_eq!(second.log().matches("login peer=").count(), before + 4);
+}

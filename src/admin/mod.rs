@@ -159,10 +159,12 @@ impl AdminSession {
         Ok(())
     }
 
-    /// Answers a command with `e` (logged with `log_pooler_errors`).
+    /// Answers a command with `e` (logged with `log_pooler_errors`: up to its first
+    /// `:`, as what follows may echo the command, passwords included).
     fn error(&mut self, e: &AdminError) {
         if self.app.config.load().general.log_pooler_errors {
-            tracing::warn!(client = self.info.id, "pooler error: {} ({})", e.message, e.code);
+            let what = e.message.split(':').next().unwrap_or_default();
+            tracing::warn!(client = self.info.id, "pooler error: {what} ({})", e.code);
         }
         build::error_response(&mut self.out, Severity::Error, e.code, &e.message);
     }

@@ -191,7 +191,7 @@ impl Session {
             }
             self.check_phase()?;
             self.follow_reloads();
-            if self.timeouts.fast_close {
+            if self.timeouts.fast_close && self.mode == PoolMode::Session {
                 self.fast_close()?;
             }
             let server = self.server.as_mut().expect("relay without a server");
@@ -324,7 +324,7 @@ impl Session {
     #[cold]
     #[inline(never)]
     fn fast_close(&mut self) -> Result<(), Exit> {
-        if self.mode != PoolMode::Session || !self.releasable() {
+        if !self.releasable() {
             return Ok(());
         }
         let server = self.server.as_mut().expect("relay without a server");

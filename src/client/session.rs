@@ -486,17 +486,14 @@ impl Session {
         let Some(server) = self.server.as_deref_mut() else { return };
         if server.info.cancels_in_flight() {
             // Rare, and boxed: it would otherwise enlarge every session's future.
-            let (limit, info) = (self.pool.settings().cancel_timeout, &server.info);
-            let settled = async move {
-                match limit {
-                    Some(limit) => tokio::time::timeout(limit, info.cancels_settled()).await.is_ok(),
-                    None => {
-                        info.cancels_settled().await;
-                        true
-                    }
-                }
+            // With no limit (`cancel_wait_timeout = 0`) the forwarding may never end:
+            // the server is closed at once instead of being waited for.
+            let Some(limit) = self.pool.settings().cancel_timeout else {
+                server.broken = true;
+                return;
             };
-            if !Box::pin(settled).await {
+            let settled = tokio::time::timeout(limit, server.info.cancels_settled());
+            if Box::pin(settled).await.is_err() {
                 server.broken = true;
             }
         }

@@ -40,6 +40,7 @@ start_up_only!(
     unix_socket_mode,
     unix_socket_group,
     listen_backlog,
+    so_reuseport,
     workers,
     log_level,
     log_format,
@@ -100,6 +101,7 @@ mod tests {
         let mut all = General { listen_addr: vec!["::1".into()], unix_socket_dir: "/x".into(), ..General::default() };
         all.unix_socket_mode = "0700".into();
         all.listen_backlog = 7;
+        all.so_reuseport = true;
         all.unix_socket_group = "g".into();
         all.log_level = "debug".into();
         all.log_format = LogFormat::Json;

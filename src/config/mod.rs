@@ -135,6 +135,8 @@ pub struct General {
     pub tcp_user_timeout: u32,
     /// Queue of connections not yet accepted, per listening socket.
     pub listen_backlog: u32,
+    /// SO_REUSEPORT on the TCP listeners: several processes may listen on one port.
+    pub so_reuseport: bool,
     pub max_prepared_statements: usize,
     pub max_client_prepared_statements: usize,
     pub client_tls_sslmode: ClientTlsMode,
@@ -229,6 +231,7 @@ impl Default for General {
             tcp_keepcnt: 0,
             tcp_user_timeout: 0,
             listen_backlog: 4096,
+            so_reuseport: false,
             max_prepared_statements: 200,
             max_client_prepared_statements: 2000,
             client_tls_sslmode: ClientTlsMode::Disable,
@@ -587,6 +590,11 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
     }
     if g.workers > 1024 {
         return Err(invalid("workers", "must be at most 1024".into()));
+    }
+    for (key, text) in [("server_check_query", &g.server_check_query), ("server_reset_query", &g.server_reset_query)] {
+        if text.contains('\0') {
+            return Err(invalid(key, "must not contain a NUL character".into()));
+        }
     }
     validate_durations(g, invalid)?;
     validate_tcp(g, invalid)?;

@@ -66,6 +66,7 @@ fn semantic_errors_name_file_line_and_key() {
         ("listen_backlog = 0", "listen_backlog: must be at least 1"),
         ("cancel_wait_timeout = -1", "cancel_wait_timeout: must be a number of seconds, 0 or more"),
         ("dns_nxdomain_ttl = -1", "dns_nxdomain_ttl: must be a number of seconds, 0 or more"),
+        ("server_check_query = \"select\\u0000\"", "server_check_query: must not contain a NUL character"),
     ];
     for (line, want) in cases {
         assert_eq!(err(&format!("[general]\n{line}\n")), format!("sluice.toml:2: general.{want}"));

@@ -145,9 +145,10 @@ fn kernel_default(sysctl: &str) -> Option<u32> {
 }
 
 impl Listener {
-    /// Binds a TCP listener with `backlog`; accepted connections get `TCP_NODELAY`, and
-    /// the TCP options `tcp` (changed later with `set_listener_options`).
-    pub fn tcp(ip: IpAddr, port: u16, tcp: TcpOptions, backlog: u32) -> std::io::Result<Self> {
+    /// Binds a TCP listener with `backlog` (and `SO_REUSEPORT` when `reuse_port`:
+    /// `so_reuseport`); accepted connections get `TCP_NODELAY`, and the TCP options
+    /// `tcp` (changed later with `set_listener_options`).
+    pub fn tcp(ip: IpAddr, port: u16, tcp: TcpOptions, backlog: u32, reuse_port: bool) -> std::io::Result<Self> {
         let addr = SocketAddr::new(ip, port);
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(addr),
@@ -155,6 +156,9 @@ impl Listener {
             Some(socket2::Protocol::TCP),
         )?;
         socket.set_reuse_address(true)?;
+        if reuse_port {
+            socket.set_reuse_port(true)?;
+        }
         if ip.is_ipv6() {
             socket.set_only_v6(true)?;
         }
@@ -355,9 +359,9 @@ mod tests {
         let set_at_start = || TcpOptions { keepidle: 50, keepintvl: 6, keepcnt: 4, user_timeout: 1500, ..set };
         let ip = "127.0.0.1".parse().unwrap();
         // As bound at start-up (no reload yet).
-        let l = Listener::tcp(ip, 0, TcpOptions { keepintvl: 0, keepcnt: 0, ..sixty }, 16).unwrap();
+        let l = Listener::tcp(ip, 0, TcpOptions { keepintvl: 0, keepcnt: 0, ..sixty }, 16, false).unwrap();
         assert_eq!(accept_one(&l, sixty, false).await, (true, sixty));
-        let bound = Listener::tcp(ip, 0, set_at_start(), 16).unwrap();
+        let bound = Listener::tcp(ip, 0, set_at_start(), 16, false).unwrap();
         assert_eq!(accept_one(&bound, set_at_start(), false).await, (true, set_at_start()));
         // Changed by reloads: each value set, then the kernel's put back, then keepalive off.
         assert_eq!(accept_one(&l, set, true).await, (true, set));
@@ -366,7 +370,7 @@ mod tests {
         let off = TcpOptions { keepalive: false, ..zeros };
         assert!(!accept_one(&l, off, true).await.1.keepalive);
         assert_eq!(accept_one(&l, set, true).await, (true, set));
-        let fresh_off = Listener::tcp(ip, 0, off, 16).unwrap();
+        let fresh_off = Listener::tcp(ip, 0, off, 16, false).unwrap();
         assert_eq!(accept_one(&fresh_off, off, false).await, (true, kernel(false)));
     }
 }

@@ -12,12 +12,13 @@ const FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Pool {
     /// Whether `s` must pass a check before it is lent: idle for `server_check_delay`,
-    /// unless it logged in within the last second and was never lent since (its login
-    /// just showed it alive; with `server_check_delay = 0` and a check that keeps
-    /// failing, each replacement would otherwise fail its check in turn, for ever).
+    /// unless it finished its login within the last second and was never given back
+    /// since (its login just showed it alive; with `server_check_delay = 0` and a check
+    /// that keeps failing, each replacement would otherwise fail its check in turn, for
+    /// ever). `last_used` is the end of the login until the connection is given back.
     pub fn needs_check(&self, s: &ServerConn) -> bool {
-        s.last_used.elapsed() >= self.settings.load().check_delay
-            && (s.last_used != s.created || s.created.elapsed() >= FRESH)
+        let idle = s.last_used.elapsed();
+        idle >= self.settings.load().check_delay && (s.returned || idle >= FRESH)
     }
 
     /// The check before a loan: `server` back once `server_check_query` shows it alive

@@ -505,6 +505,7 @@ impl Pool {
             return self.discard(s);
         }
         s.last_used = now;
+        s.returned = true;
         s.info.set_state(ServerState::Idle, 0);
         let mut inner = self.inner.lock();
         // Checked under the lock: PAUSE and RECONNECT set their flag, then empty the idle

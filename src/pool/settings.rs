@@ -1,4 +1,4 @@
-//! The settings of one pool, worked out from the config (`registry::settings_for`).
+//! The settings of one pool, worked out from the config (`settings_with`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

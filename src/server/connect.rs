@@ -191,6 +191,8 @@ async fn connect_inner(
             }
             be::READY_FOR_QUERY => {
                 conn.tx = TxStatus::Idle;
+                // Idle from the end of its login (`Pool::needs_check`).
+                conn.last_used = crate::clock::CoarseInstant::now();
                 return Ok(conn);
             }
             be::ERROR_RESPONSE => return Err(ServerError::Server(ErrorFields::parse(body(&frame))?)),

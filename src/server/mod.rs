@@ -96,6 +96,8 @@ pub struct ServerConn {
     pub last_used: CoarseInstant,
     /// Set when the connection must not be reused (protocol state unknown).
     pub broken: bool,
+    /// Given back to its pool at least once (lent, or used for a login's round trips).
+    pub returned: bool,
     /// Prepared statements this connection holds (pooled modes).
     pub prepared: crate::prepared::ServerStatements,
     /// What the admin console shows of this connection, and where a cancel for it goes:
@@ -122,6 +124,7 @@ impl ServerConn {
             created: now,
             last_used: now,
             broken: false,
+            returned: false,
             prepared: Default::default(),
             dns_epoch: 0,
         }
