@@ -8,13 +8,17 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use common::{PgCluster, Role, Sluice, Stopped, connect, try_connect, value, wait_until};
+
+/// `proxy`'s `hold`: hold the next connection; one is held.
+const HOLD_NEXT: u8 = 1;
+const HELD: u8 = 2;
 
 fn sluice(pg: &PgCluster, extra: &[(&str, &str)]) -> Sluice {
     let mut b = Sluice::builder(pg).database("app", &[("pool_size", "1")]);
@@ -24,15 +28,15 @@ fn sluice(pg: &PgCluster, extra: &[(&str, &str)]) -> Sluice {
     b.start()
 }
 
-/// A TCP proxy to PostgreSQL at `target`: connections are relayed, except those opened
-/// while `hold` is set, which are read and never answered or closed (a server that
-/// cannot be reached, for a cancel request).
-async fn proxy(target: u16, hold: Arc<AtomicBool>) -> u16 {
+/// A TCP proxy to PostgreSQL at `target`: connections are relayed, except the first
+/// opened once `hold` is `HOLD_NEXT`, which is read and never answered or closed (a
+/// server that cannot be reached, for a cancel request); `hold` is `HELD` then.
+async fn proxy(target: u16, hold: Arc<AtomicU8>) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
         while let Ok((mut client, _)) = listener.accept().await {
-            let held = hold.load(SeqCst);
+            let held = hold.compare_exchange(HOLD_NEXT, HELD, SeqCst, SeqCst).is_ok();
             tokio::spawn(async move {
                 if held {
                     let mut sink = [0u8; 64];
@@ -100,32 +104,52 @@ async fn an_empty_check_query_turns_the_check_off() {
     assert_eq!(next, first);
 }
 
+/// A client of a Sluice whose server is behind `proxy` (`cancel_wait_timeout` as given)
+/// running `select pg_sleep(secs)`, cancelled once the proxy holds new connections: the
+/// Sluice, the query's task (giving the client back), and the server's pid.
+async fn cancel_held(
+    pg: &PgCluster,
+    cancel_wait: &str,
+    secs: u32,
+) -> (Sluice, tokio::task::JoinHandle<tokio_postgres::Client>, String) {
+    let hold = Arc::new(AtomicU8::new(0));
+    let port = proxy(pg.port, hold.clone()).await;
+    let s = Sluice::builder(pg)
+        .database("app", &[("pool_size", "1"), ("port", &port.to_string())])
+        .general("cancel_wait_timeout", cancel_wait)
+        .start();
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let pid = value(&a, "select pg_backend_pid()").await;
+    let token = a.cancel_token();
+    let sql = format!("select pg_sleep({secs})");
+    let query = sql.clone();
+    let sleeper = tokio::spawn(async move {
+        // The cancel never reaches PostgreSQL: the query runs to its end.
+        a.simple_query(&query).await.expect("the query was cancelled");
+        a
+    });
+    let running = format!("state = 'active' and query = '{sql}'");
+    assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(&running) == 1)));
+    hold.store(HOLD_NEXT, SeqCst);
+    token.cancel_query(tokio_postgres::NoTls).await.expect("the cancel request was not taken");
+    let held = || hold.load(SeqCst) == HELD;
+    assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), held)), "no cancel was forwarded");
+    (s, sleeper, pid)
+}
+
 /// `cancel_wait_timeout` bounds the forwarding of a cancel request: to a server that
 /// takes the connection and never answers, the forwarding gives up after it (1 s here,
-/// not the default 10), and the client's cancel connection is closed then.
+/// not the default 10).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_wait_timeout_bounds_the_forwarding() {
     let pg = PgCluster::start();
-    let hold = Arc::new(AtomicBool::new(false));
-    let port = proxy(pg.port, hold.clone()).await;
-    let s = Sluice::builder(&pg)
-        .database("app", &[("pool_size", "1"), ("port", &port.to_string())])
-        .general("cancel_wait_timeout", "1")
-        .start();
-    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
-    let token = a.cancel_token();
-    let sleeper = tokio::spawn(async move { a.simple_query("select pg_sleep(3)").await.map(|_| ()) });
-    let running = "state = 'active' and query = 'select pg_sleep(3)'";
-    assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(running) == 1)));
-    hold.store(true, SeqCst);
     let started = Instant::now();
-    token.cancel_query(tokio_postgres::NoTls).await.expect("the cancel request was not taken");
+    let (s, sleeper, _) = cancel_held(&pg, "1", 3).await;
     // The failure is logged as the forwarding gives up.
     assert!(s.wait_log("forwarding cancel request", Duration::from_secs(5)), "{}", s.log());
     let took = started.elapsed();
     assert!(took >= Duration::from_millis(900), "the forwarding gave up after {took:?}");
-    // The cancel never reached PostgreSQL: the query ran to its end.
-    sleeper.await.unwrap().expect("the query was cancelled");
+    sleeper.await.unwrap();
 }
 
 /// `cancel_wait_timeout = 0`: the forwarding has no limit, so a transaction that ends
@@ -134,25 +158,8 @@ async fn cancel_wait_timeout_bounds_the_forwarding() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_no_cancel_limit_the_server_is_closed_not_waited_for() {
     let pg = PgCluster::start();
-    let hold = Arc::new(AtomicBool::new(false));
-    let port = proxy(pg.port, hold.clone()).await;
-    let s = Sluice::builder(&pg)
-        .database("app", &[("pool_size", "1"), ("port", &port.to_string())])
-        .general("cancel_wait_timeout", "0")
-        .start();
-    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
-    let first = value(&a, "select pg_backend_pid()").await;
-    let token = a.cancel_token();
-    let sleeper = tokio::spawn(async move {
-        a.simple_query("select pg_sleep(1)").await.unwrap();
-        a
-    });
-    let running = "state = 'active' and query = 'select pg_sleep(1)'";
-    assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(running) == 1)));
-    hold.store(true, SeqCst);
-    token.cancel_query(tokio_postgres::NoTls).await.expect("the cancel request was not taken");
+    let (_s, sleeper, first) = cancel_held(&pg, "0", 1).await;
     let a = tokio::time::timeout(Duration::from_secs(10), sleeper).await.expect("the query's end waited").unwrap();
-    hold.store(false, SeqCst);
     let next = tokio::time::timeout(Duration::from_secs(10), value(&a, "select pg_backend_pid()")).await;
     assert_ne!(next.expect("the next query waited for the cancel"), first);
     let gone = format!("pid = {first}");
