@@ -5,7 +5,7 @@
 //! lookup's answer changes). IP addresses and Unix socket directories have no record.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -88,6 +88,11 @@ pub struct HostAddrs {
     /// The last lookup's failure while no answer was on record: the connects within
     /// `dns_nxdomain_ttl` of it fail with it, without a lookup each.
     failed: Mutex<Option<(Instant, std::io::ErrorKind, String)>>,
+    /// Held for a lookup: one runs at a time, and the connects that wait for it take
+    /// its outcome rather than look the name up again each.
+    gate: tokio::sync::Mutex<()>,
+    /// Lookups finished.
+    done: AtomicU64,
 }
 
 #[derive(Debug, Clone)]
@@ -109,6 +114,8 @@ impl HostAddrs {
             turn: AtomicUsize::new(0),
             refreshing: AtomicBool::new(false),
             failed: Mutex::new(None),
+            gate: tokio::sync::Mutex::new(()),
+            done: AtomicU64::new(0),
         }
     }
 
@@ -122,17 +129,14 @@ impl HostAddrs {
     /// to: the last answer while younger than `ttl.answer`, else a new lookup's (or,
     /// with no answer on record, the last lookup's failure while younger than
     /// `ttl.failure`). Each connect starts at the next address of the answer (round
-    /// robin, as PgBouncer).
+    /// robin, as PgBouncer). Connects that find a lookup running wait for it and take
+    /// its outcome.
     pub async fn addrs(&self, port: u16, ttl: DnsTtl) -> std::io::Result<(Vec<SocketAddr>, u64)> {
         let (addrs, epoch) = match self.answer_within(ttl.answer) {
             Some(c) => c,
             None => {
-                if let Some((at, kind, message)) = self.failed.lock().as_ref()
-                    && at.elapsed() < ttl.failure
-                {
-                    return Err(std::io::Error::new(*kind, format!("{message} (looked up {:.0?} ago)", at.elapsed())));
-                }
-                self.lookup(port).await?
+                self.failure_within(ttl.failure)?;
+                self.lookup_shared(port).await?
             }
         };
         let first = self.turn.fetch_add(1, Relaxed) % addrs.len();
@@ -148,12 +152,45 @@ impl HostAddrs {
         last.as_ref().filter(|f| f.at.elapsed() < ttl).map(|f| (f.addrs.clone(), self.epoch()))
     }
 
+    /// The failure of the last lookup, while younger than `ttl` and no answer is on
+    /// record.
+    fn failure_within(&self, ttl: Duration) -> std::io::Result<()> {
+        match self.failed.lock().as_ref() {
+            Some((at, kind, message)) if at.elapsed() < ttl => {
+                Err(std::io::Error::new(*kind, format!("{message} (looked up {:.0?} ago)", at.elapsed())))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A lookup's outcome: this caller's own, or that of a lookup which finished while
+    /// it waited for its turn (the answer on record, else that lookup's failure).
+    async fn lookup_shared(&self, port: u16) -> std::io::Result<(Arc<[IpAddr]>, u64)> {
+        let seen = self.done.load(Acquire);
+        let _turn = self.gate.lock().await;
+        if self.done.load(Acquire) == seen {
+            return self.lookup(port).await;
+        }
+        if let Some(last) = self.last.lock().as_ref() {
+            return Ok((last.addrs.clone(), self.epoch()));
+        }
+        self.failure_within(Duration::MAX)?;
+        Err(std::io::Error::other(format!("host name \"{}\" was not resolved", self.name)))
+    }
+
     /// Looks the name up. A failure with an answer on record keeps that answer for
     /// another `dns_max_ttl` (the server is likely where it was; the lookup is not
     /// repeated at every connect and janitor pass meanwhile).
     async fn lookup(&self, port: u16) -> std::io::Result<(Arc<[IpAddr]>, u64)> {
         let number = self.begun.fetch_add(1, Relaxed) + 1;
         let found = tokio::net::lookup_host((&*self.name, port)).await.map(|a| a.map(|a| a.ip()).collect::<Vec<_>>());
+        let outcome = self.record(found, number);
+        self.done.fetch_add(1, Release);
+        outcome
+    }
+
+    /// Records the outcome of lookup `number`: see [`Self::lookup`].
+    fn record(&self, found: std::io::Result<Vec<IpAddr>>, number: u64) -> std::io::Result<(Arc<[IpAddr]>, u64)> {
         let e = match found {
             Ok(found) if !found.is_empty() => return Ok(self.note(found, number)),
             Ok(_) => {
@@ -213,7 +250,7 @@ impl HostAddrs {
         let this = self.clone();
         tokio::spawn(async move {
             // A failure with no answer on record: the next connect reports it.
-            let _ = this.lookup(port).await;
+            let _ = this.lookup_shared(port).await;
             this.refreshing.store(false, Relaxed);
         });
     }
@@ -295,6 +332,30 @@ mod tests {
         assert_eq!((addrs, epoch), (vec![SocketAddr::new(ip, 5432)], 0));
         let fresh = h.last.lock().as_ref().unwrap().at.elapsed() < Duration::from_secs(60);
         assert!(fresh, "the failure counts as a try");
+    }
+
+    /// Connects that find the answer too old all at once share one lookup: those that
+    /// wait for the running one take its answer, or its failure.
+    #[tokio::test]
+    async fn concurrent_connects_share_one_lookup() {
+        let h = HostAddrs::new("localhost");
+        let stale = DnsTtl::default();
+        let all = futures_util::future::join_all((0..20).map(|_| h.addrs(5432, stale))).await;
+        assert_eq!(h.begun.load(Relaxed), 1, "one lookup for twenty connects");
+        let first = all[0].as_ref().unwrap().0.clone();
+        for a in &all {
+            let mut a = a.as_ref().unwrap().0.clone();
+            a.sort();
+            let mut f = first.clone();
+            f.sort();
+            assert_eq!(a, f, "each took the one answer (each in its turn)");
+        }
+        h.addrs(5432, stale).await.unwrap();
+        assert_eq!(h.begun.load(Relaxed), 2, "a later connect looks up again");
+        let nowhere = HostAddrs::new("nowhere.invalid");
+        let all = futures_util::future::join_all((0..5).map(|_| nowhere.addrs(5432, stale))).await;
+        assert!(all.iter().all(Result::is_err));
+        assert_eq!(nowhere.begun.load(Relaxed), 1, "the waiters took the failure");
     }
 
     /// A failed lookup with no answer on record is used for `dns_nxdomain_ttl`: the
