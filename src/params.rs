@@ -87,6 +87,18 @@ impl ClientParams {
         true
     }
 
+    /// `application_name_add_host`: the client's address and port after its
+    /// `application_name` ("app" when it sent none), as PgBouncer writes them.
+    pub fn add_host(&mut self, peer: &crate::net::listener::Peer) {
+        use crate::net::listener::Peer;
+        let name = self.get("application_name").unwrap_or("app");
+        let named = match peer {
+            Peer::Tcp(addr) => format!("{name} - {addr}"),
+            Peer::Unix => format!("{name} - unix"),
+        };
+        self.set("application_name", &named);
+    }
+
     /// Drops a parameter (it falls back to the server default).
     pub fn remove(&mut self, name: &str) {
         if let Ok(i) = self.list.binary_search_by(|(k, _)| k.as_str().cmp(name)) {
@@ -196,5 +208,20 @@ mod tests {
         assert_eq!(a.get("datestyle"), Some("ISO, MDY"));
         a.remove("datestyle");
         assert_eq!(a.get("datestyle"), None);
+    }
+
+    #[test]
+    fn add_host_follows_the_name_with_the_peer() {
+        use crate::net::listener::Peer;
+        let mut a = p(&[("application_name", "web")]);
+        a.add_host(&Peer::Tcp("10.0.0.7:51234".parse().unwrap()));
+        assert_eq!(a.get("application_name"), Some("web - 10.0.0.7:51234"));
+        let mut b = ClientParams::default();
+        b.add_host(&Peer::Tcp("[::1]:40022".parse().unwrap()));
+        assert_eq!(b.get("application_name"), Some("app - [::1]:40022"));
+        assert!(ClientParams::default().is_empty(), "the shared empty list is left alone");
+        let mut c = p(&[("timezone", "UTC")]);
+        c.add_host(&Peer::Unix);
+        assert_eq!((c.get("application_name"), c.get("timezone")), (Some("app - unix"), Some("UTC")));
     }
 }

@@ -268,3 +268,77 @@ async fn server_fast_close_follows_a_reload_moving_the_database() {
     let gone = format!("pid = {pid}");
     assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(&gone) == 0)));
 }
+
+/// `max_packet_size`: a client's message over it ends that client with 08P01 naming the
+/// key, before any of it reaches the server (which serves the next client); a server's
+/// row over it ends the client too, and that server connection is closed; a reload
+/// raising it lets connected clients send more from their next message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_packet_size_bounds_each_message_either_way() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[("max_packet_size", "2048")]);
+    let long = |n: usize| format!("select length('{}')", "x".repeat(n));
+    let message = |e: &tokio_postgres::Error| e.as_db_error().map(|d| d.message().to_string()).unwrap_or_default();
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let server = value(&a, "select pg_backend_pid()").await;
+    assert_eq!(value(&a, &long(1500)).await, "1500", "under the limit");
+    let e = a.simple_query(&long(3000)).await.expect_err("a query over max_packet_size went through");
+    assert_eq!(common::code(&e), "08P01", "{e}");
+    assert!(message(&e).contains("is 3022 bytes long, over max_packet_size (2048)"), "{e:?}");
+    assert!(a.is_closed() || a.simple_query("select 1").await.is_err(), "the client was kept");
+    let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&b, "select pg_backend_pid()").await, server, "the server was not given back");
+    // A row of 3,000 bytes from the server.
+    let e = b.simple_query("select repeat('y', 3000)").await.expect_err("a row over max_packet_size went through");
+    assert_eq!(common::code(&e), "08P01", "{e}");
+    assert!(message(&e).starts_with("server sent invalid data: message of type 'D'"), "{e:?}");
+    let gone = format!("pid = {server}");
+    assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(&gone) == 0)));
+    // Raised by a reload: a connected client sends more from its next message.
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert!(c.simple_query(&long(1500)).await.is_ok());
+    s.reload_replacing("max_packet_size = 2048", "max_packet_size = 65536");
+    assert_eq!(value(&c, &long(3000)).await, "3000");
+    assert_eq!(value(&c, "select repeat('y', 3000)").await.len(), 3000);
+}
+
+/// `application_name_add_host`: each client's `application_name` gets its address and
+/// port (`app` when it sent none), as the server sees and reports it; a login with such
+/// a name of its own needs no server (it completes while the only one is in another
+/// client's transaction); the name follows the client from server to server, and a
+/// later SET is applied as sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn application_name_add_host_names_each_client_by_its_address() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[("application_name_add_host", "true")]);
+    let open = |name: Option<&'static str>| {
+        let mut c = tokio_postgres::Config::new();
+        c.host("127.0.0.1").port(s.port).user(Role::SCRAM.name).password(Role::SCRAM.password).dbname("app");
+        if let Some(name) = name {
+            c.application_name(name);
+        }
+        async move {
+            let (client, connection) = c.connect(tokio_postgres::NoTls).await.expect("login");
+            tokio::spawn(connection);
+            client
+        }
+    };
+    let a = open(Some("web")).await;
+    let named = value(&a, "show application_name").await;
+    let port = named.strip_prefix("web - 127.0.0.1:").and_then(|p| p.parse::<u16>().ok());
+    assert!(port.is_some_and(|p| p > 0), "{named}");
+    let seen = "select application_name from pg_stat_activity where pid = pg_backend_pid()";
+    assert_eq!(value(&a, seen).await, named, "what the server has");
+    let b = open(None).await;
+    b.simple_query("begin").await.unwrap();
+    let other = value(&b, "show application_name").await;
+    assert!(other.starts_with("app - 127.0.0.1:") && other != named, "{other}");
+    let c = tokio::time::timeout(Duration::from_secs(5), open(Some("batch"))).await;
+    let c = c.expect("the login waited for the server held by a transaction");
+    b.simple_query("commit").await.unwrap();
+    assert!(value(&c, "show application_name").await.starts_with("batch - 127.0.0.1:"));
+    assert_eq!(value(&a, seen).await, named, "a's name on the server others used");
+    a.simple_query("set application_name = 'renamed'").await.unwrap();
+    assert_eq!(value(&a, seen).await, "renamed");
+    assert_eq!(value(&b, seen).await, other);
+}

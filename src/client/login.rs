@@ -90,7 +90,10 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn, deadline: LoginDeadlin
     }
     // Read before authentication: a malformed `options` is refused at once, and SHOW
     // CLIENTS has the application_name while the client authenticates.
-    let params = client_params(&msg)?;
+    let mut params = client_params(&msg)?;
+    if cfg.general.application_name_add_host {
+        params.add_host(&conn.peer);
+    }
     let app_name = params.get("application_name").unwrap_or_default();
     let (info, listed, greeting) = listed_and_proven(app, conn, &cfg, user, database, app_name, deadline).await?;
     let pool = current_pool(app, database, user).ok_or_else(|| {
@@ -577,7 +580,7 @@ async fn work_out_reply(
 ) -> Result<LoginReply, Exit> {
     let learned = &pool.learned;
     let mut defaults = learned.defaults();
-    let unknown = asked.iter().any(|(k, v)| learned.canonical(k, v).is_none());
+    let unknown = asked.iter().any(|(k, v)| learned.spelling(k, v).is_none());
     if defaults.is_none() || unknown {
         let server = login_checkout(app, pool, info, conn).await?;
         let server = apply_or_fail(server, &asked).await?;
@@ -590,7 +593,7 @@ async fn work_out_reply(
     }
     let defaults = defaults.unwrap_or_default();
     // Each value's server spelling, looked up once for the reply and for keeping it.
-    let spelled: Vec<Spelled<'_>> = asked.iter().map(|(k, v)| (k, v, learned.canonical(k, v))).collect();
+    let spelled: Vec<Spelled<'_>> = asked.iter().map(|(k, v)| (k, v, learned.spelling(k, v))).collect();
     let mut kept = asked.clone();
     for (k, _, canon) in &spelled {
         if defaults.iter().any(|(dk, dv)| dk.eq_ignore_ascii_case(k) && canon.as_deref() == Some(dv.as_str())) {

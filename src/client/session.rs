@@ -34,6 +34,8 @@ pub struct Timeouts {
     pub client_idle: Option<Duration>,
     /// `server_fast_close`.
     pub fast_close: bool,
+    /// `max_packet_size`.
+    pub packet_limit: usize,
     /// The pools' reload count when they were read (`Pools::reloads`).
     seen: u64,
 }
@@ -49,6 +51,7 @@ impl Timeouts {
             idle_transaction: secs(g.idle_transaction_timeout),
             client_idle: secs(g.client_idle_timeout),
             fast_close: g.server_fast_close,
+            packet_limit: g.max_packet_size as usize,
             seen,
         }
     }
@@ -143,7 +146,7 @@ impl Session {
             params,
             _cancel_key: key,
             server,
-            track: Track::default(),
+            track: Track::with_packet_limit(timeouts.packet_limit),
             timeouts,
         };
         if let Some(server) = &s.server {
@@ -192,6 +195,8 @@ impl Session {
         // it again.
         let mut idle_from_us: Option<u64> = None;
         loop {
+            // (Before the next message is looked at: `max_packet_size` applies to it.)
+            self.follow_reloads();
             if self.skipping.is_active() {
                 match self.skipping.advance(&mut conn.buf) {
                     Err(e) => return Wanted::Leave(Exit::protocol(e)),
@@ -213,6 +218,10 @@ impl Session {
                 _ if self.skipping.is_active() => {}
                 Err(e) => return Wanted::Leave(Exit::protocol(e)),
                 Ok(Some(h)) if h.tag == fe::TERMINATE => return Wanted::Leave(Exit::Terminated),
+                Ok(Some(h)) if h.frame_len > self.timeouts.packet_limit + 1 => {
+                    let e = crate::protocol::scan::over_limit(h, self.timeouts.packet_limit);
+                    return Wanted::Leave(Exit::protocol(e));
+                }
                 Ok(Some(h)) => {
                     // Too long (None): the relay refuses it.
                     let needed = client_need(self.mode != PoolMode::Session)(h.tag).wanted(h.frame_len).unwrap_or(0);
@@ -231,7 +240,6 @@ impl Session {
             if conn.buf.capacity() - conn.buf.len() < 128 {
                 conn.buf.reserve(1024);
             }
-            self.follow_reloads();
             let idle = self.timeouts.client_idle.map(|d| {
                 let from = *idle_from_us.get_or_insert_with(|| self.info.request_time_us.load(Relaxed));
                 d.saturating_sub(Duration::from_micros(crate::clock::coarse_wall_us().saturating_sub(from)))
@@ -458,6 +466,7 @@ impl Session {
     pub(super) fn follow_reloads(&mut self) {
         if self.app.pools.reloads() != self.timeouts.seen {
             self.timeouts = Timeouts::read(&self.app);
+            self.track.set_packet_limit(self.timeouts.packet_limit);
         }
     }
 

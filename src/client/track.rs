@@ -147,6 +147,19 @@ impl Track {
         }
     }
 
+    /// A Track refusing messages over `limit` either way (`max_packet_size`).
+    pub fn with_packet_limit(limit: usize) -> Track {
+        let mut t = Track::default();
+        t.set_packet_limit(limit);
+        t
+    }
+
+    /// Messages over `limit` either way are refused from now on.
+    pub fn set_packet_limit(&mut self, limit: usize) {
+        self.client_scan.set_limit(limit);
+        self.server_scan.set_limit(limit);
+    }
+
     /// Starts tracking a new link, keeping allocated buffers.
     pub fn reset(&mut self) {
         // Field by field, in place: building a fresh Track and dropping the old one
@@ -189,8 +202,8 @@ impl Track {
         query_times.clear();
         *pending = 0;
         *unsynced = false;
-        *client_scan = Scanner::default();
-        *server_scan = Scanner::default();
+        client_scan.restart();
+        server_scan.restart();
         *terminated = false;
         *dropped_after_terminate = 0;
         *violation = false;

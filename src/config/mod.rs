@@ -139,6 +139,11 @@ pub struct General {
     pub so_reuseport: bool,
     pub max_prepared_statements: usize,
     pub max_client_prepared_statements: usize,
+    /// Adds " - address:port" to each client's `application_name` at login.
+    pub application_name_add_host: bool,
+    /// The longest protocol message let through either way after login, as its length
+    /// field counts.
+    pub max_packet_size: u32,
     pub client_tls_sslmode: ClientTlsMode,
     pub client_tls_cert_file: String,
     pub client_tls_key_file: String,
@@ -234,6 +239,8 @@ impl Default for General {
             so_reuseport: false,
             max_prepared_statements: 200,
             max_client_prepared_statements: 2000,
+            max_packet_size: i32::MAX as u32,
+            application_name_add_host: false,
             client_tls_sslmode: ClientTlsMode::Disable,
             client_tls_cert_file: String::new(),
             client_tls_key_file: String::new(),
@@ -588,6 +595,9 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
     if g.max_client_conn == 0 {
         return Err(invalid("max_client_conn", "must be at least 1".into()));
     }
+    if g.max_packet_size < MIN_PACKET_SIZE {
+        return Err(invalid("max_packet_size", format!("must be at least {MIN_PACKET_SIZE}")));
+    }
     if g.workers > 1024 {
         return Err(invalid("workers", "must be at most 1024".into()));
     }
@@ -604,6 +614,10 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
     validate_tls(g, invalid)?;
     Ok(listen)
 }
+
+/// The least `max_packet_size`: below it common statements, and the server's own
+/// messages (a RowDescription, an ErrorResponse), would not pass.
+const MIN_PACKET_SIZE: u32 = 1024;
 
 /// A validation error outside the file (admin SET, a reload's second look): no line.
 fn unplaced(key: &str, message: String) -> ConfigError {

@@ -67,11 +67,14 @@ fn semantic_errors_name_file_line_and_key() {
         ("cancel_wait_timeout = -1", "cancel_wait_timeout: must be a number of seconds, 0 or more"),
         ("dns_nxdomain_ttl = -1", "dns_nxdomain_ttl: must be a number of seconds, 0 or more"),
         ("server_check_query = \"select\\u0000\"", "server_check_query: must not contain a NUL character"),
+        ("max_packet_size = 1023", "max_packet_size: must be at least 1024"),
     ];
     for (line, want) in cases {
         assert_eq!(err(&format!("[general]\n{line}\n")), format!("sluice.toml:2: general.{want}"));
     }
     assert!(parse("[general]\nunix_socket_group = \"root\"\n").is_ok());
+    assert!(parse("[general]\nmax_packet_size = 1024\n").is_ok());
+    assert!(err("[general]\nmax_packet_size = 4294967296\n").starts_with("sluice.toml:2: general.max_packet_size"));
     let e = err("[general]\nclient_tls_ciphers = \"RC4:DHE-RSA-AES128-SHA\"\n");
     assert!(e.starts_with("sluice.toml:2: general.client_tls_ciphers: \"RC4:DHE-RSA-AES128-SHA\" allows none"), "{e}");
     let e = err("[general]\nserver_tls_ciphers = \"!ALL\"\n");

@@ -89,6 +89,18 @@ impl Learned {
         self.canonical.lock().by_name.get(name)?.get(value).cloned()
     }
 
+    /// The server's spelling of a client's value: for an `application_name` of at most
+    /// 63 printable ASCII characters the value itself (PostgreSQL keeps such a name as
+    /// sent; it cuts longer ones and replaces other characters), else as learned.
+    /// (Names that differ per client, as `application_name_add_host` makes them, need
+    /// no server at login.)
+    pub fn spelling(&self, name: &str, value: &str) -> Option<Arc<str>> {
+        if name == "application_name" && value.len() < 64 && value.bytes().all(|b| (b' '..=b'~').contains(&b)) {
+            return Some(value.into());
+        }
+        self.canonical(name, value)
+    }
+
     /// Keeps the server's spelling of a client's value, within the pool's caps on
     /// count and bytes (past them the value is checked by a server again at the next
     /// such login).
@@ -149,6 +161,20 @@ mod tests {
 
     fn reply(kept: &ClientParams, status: &'static [u8]) -> LoginReply {
         LoginReply { kept: kept.clone(), status: Bytes::from_static(status) }
+    }
+
+    #[test]
+    fn application_names_postgresql_keeps_as_sent_are_spelled_without_a_server() {
+        let l = Learned::default();
+        let name = "web - [::1]:5000";
+        assert_eq!(l.spelling("application_name", name).as_deref(), Some(name));
+        assert_eq!(l.spelling("application_name", &"a".repeat(63)).map(|s| s.len()), Some(63));
+        assert!(l.spelling("application_name", &"a".repeat(64)).is_none(), "cut by PostgreSQL");
+        assert!(l.spelling("application_name", "café").is_none());
+        assert!(l.spelling("application_name", "tab\there").is_none());
+        assert!(l.spelling("timezone", "UTC").is_none(), "other settings are learned");
+        l.learn_canonical("timezone", "utc", "UTC");
+        assert_eq!(l.spelling("timezone", "utc").as_deref(), Some("UTC"));
     }
 
     #[test]

@@ -102,7 +102,7 @@ impl TxStatus {
     }
 }
 
-#[derive(Debug, Error, PartialEq, Eq)]
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
 pub enum ProtocolError {
     #[error("invalid message length {len} for message type '{tag}'", tag = char::from(*.tag))]
     BadLength { tag: u8, len: usize },
@@ -113,6 +113,9 @@ pub enum ProtocolError {
     /// A message type a client may not send once logged in (PostgreSQL's wording).
     #[error("invalid frontend message type {0}")]
     UnknownMessage(u8),
+    /// Longer than `max_packet_size` (the length as its field counts).
+    #[error("message of type '{tag}' is {len} bytes long, over max_packet_size ({limit})", tag = char::from(*.tag))]
+    OverLimit { tag: u8, len: usize, limit: usize },
     #[error("invalid startup packet length {0}")]
     BadStartupLength(usize),
     #[error("{0}")]

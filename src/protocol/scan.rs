@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use bytes::BytesMut;
 
-use super::{HEADER_LEN, Header, ProtocolError};
+use super::{HEADER_LEN, Header, MAX_MESSAGE_LEN, ProtocolError};
 
 /// How much of a message the caller must see before it is passed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,12 +34,20 @@ impl Need {
 }
 
 /// Tracks the message boundary across reads.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub struct Scanner {
     /// Bytes of a streamed message's body not yet seen.
     remaining: usize,
     /// The caller dropped that message: its remaining bytes are dropped as they come.
     dropping: bool,
+    /// The longest message let through, as its length field counts (`max_packet_size`).
+    limit: usize,
+}
+
+impl Default for Scanner {
+    fn default() -> Self {
+        Scanner { remaining: 0, dropping: false, limit: MAX_MESSAGE_LEN }
+    }
 }
 
 /// One message start seen by the scanner.
@@ -53,6 +61,17 @@ pub struct Msg<'a> {
 }
 
 impl Scanner {
+    /// Scanning starts again at a message boundary; the limit stays.
+    pub fn restart(&mut self) {
+        *self = Scanner { limit: self.limit, ..Scanner::default() };
+    }
+
+    /// Messages longer than `limit` (as their length field counts) are refused with
+    /// [`ProtocolError::OverLimit`]; PostgreSQL's own bound, 1 GiB, is the most.
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = limit.min(MAX_MESSAGE_LEN);
+    }
+
     /// Whether the scanner is in the middle of a streamed message.
     pub fn mid_message(&self) -> bool {
         self.remaining > 0
@@ -83,6 +102,9 @@ impl Scanner {
         self.dropping &= self.remaining > 0;
         while self.remaining == 0 {
             let Some(h) = Header::peek(&buf[pos..])? else { break };
+            if h.frame_len > self.limit + 1 {
+                return Err(over_limit(h, self.limit));
+            }
             let start = pos;
             let too_large = || ProtocolError::TooLarge { tag: h.tag, len: h.frame_len };
             let want = need(h.tag).wanted(h.frame_len).ok_or_else(too_large)?;
@@ -106,6 +128,13 @@ impl Scanner {
         }
         Ok(pos)
     }
+}
+
+/// A message over `max_packet_size`. (Out of line: rare.)
+#[cold]
+#[inline(never)]
+pub fn over_limit(h: Header, limit: usize) -> ProtocolError {
+    ProtocolError::OverLimit { tag: h.tag, len: h.frame_len - 1, limit }
 }
 
 /// An edit of the input, in increasing offset order.

@@ -124,20 +124,6 @@ fn next_cstr(text: &str, pos: &mut usize) -> Option<Range<usize>> {
     Some(range)
 }
 
-impl Clone for ProtocolError {
-    fn clone(&self) -> Self {
-        match self {
-            Self::BadLength { tag, len } => Self::BadLength { tag: *tag, len: *len },
-            Self::TooLarge { tag, len } => Self::TooLarge { tag: *tag, len: *len },
-            Self::Malformed(s) => Self::Malformed(s),
-            Self::UnknownMessage(t) => Self::UnknownMessage(*t),
-            Self::Limit(s) => Self::Limit(s),
-            Self::BadStartupLength(n) => Self::BadStartupLength(*n),
-            Self::UnsupportedVersion { major, minor } => Self::UnsupportedVersion { major: *major, minor: *minor },
-        }
-    }
-}
-
 /// Splits a libpq `options` value into `-c name=value` settings. Backslash escapes a
 /// space, as in PostgreSQL's own parser. Other switches are rejected.
 pub fn parse_options(options: &str) -> Result<Vec<(String, String)>, String> {

@@ -55,6 +55,34 @@ fn rejects_bad_lengths_and_oversized_whole_messages() {
     assert_eq!(sc.scan(&big, |_| Need::Stream, |_, _| Ok(()), &mut sp).unwrap(), 5);
 }
 
+/// `max_packet_size`: a message whose length field says more than the limit is refused
+/// at its header, one exactly at it passes, and a restart keeps the limit.
+#[test]
+fn messages_over_the_limit_are_refused_at_their_header() {
+    let mut sc = Scanner::default();
+    sc.set_limit(104);
+    let at_limit = msg(b'D', &[7; 100]);
+    assert_eq!(collect(&mut sc, &at_limit, b"").0, at_limit.len());
+    let over = msg(b'D', &[7; 101]);
+    let mut sp = Splice::new();
+    let mut seen = 0;
+    let r = sc.scan(
+        &over[..5],
+        |_| Need::Stream,
+        |_, _| {
+            seen += 1;
+            Ok(())
+        },
+        &mut sp,
+    );
+    assert_eq!(r, Err(ProtocolError::OverLimit { tag: b'D', len: 105, limit: 104 }));
+    assert_eq!(seen, 0, "reported before any of it passed");
+    sc.restart();
+    assert!(sc.scan(&over, |_| Need::Stream, |_, _| Ok(()), &mut sp).is_err(), "the limit was lost");
+    sc.set_limit(usize::MAX);
+    assert_eq!(sc.limit, MAX_MESSAGE_LEN, "PostgreSQL's bound is the most");
+}
+
 #[test]
 fn prefix_is_seen_then_the_rest_streams() {
     let m = msg(b'B', &[1; 100]);
