@@ -34,7 +34,7 @@ pub struct Timeouts {
     pub client_idle: Option<Duration>,
     /// `server_fast_close`.
     pub fast_close: bool,
-    /// `max_packet_size`.
+    /// `max_packet_size`, at most PostgreSQL's own bound.
     pub packet_limit: usize,
     /// The pools' reload count when they were read (`Pools::reloads`).
     seen: u64,
@@ -51,7 +51,7 @@ impl Timeouts {
             idle_transaction: secs(g.idle_transaction_timeout),
             client_idle: secs(g.client_idle_timeout),
             fast_close: g.server_fast_close,
-            packet_limit: g.max_packet_size as usize,
+            packet_limit: (g.max_packet_size as usize).min(crate::protocol::MAX_MESSAGE_LEN),
             seen,
         }
     }
@@ -213,15 +213,11 @@ impl Session {
                     Ok(false) => {}
                 }
             }
-            match Header::peek(&conn.buf) {
+            match Header::peek_within(&conn.buf, self.timeouts.packet_limit) {
                 // The rest of a cancelled request is still to come: read on.
                 _ if self.skipping.is_active() => {}
                 Err(e) => return Wanted::Leave(Exit::protocol(e)),
                 Ok(Some(h)) if h.tag == fe::TERMINATE => return Wanted::Leave(Exit::Terminated),
-                Ok(Some(h)) if h.frame_len > self.timeouts.packet_limit + 1 => {
-                    let e = crate::protocol::scan::over_limit(h, self.timeouts.packet_limit);
-                    return Wanted::Leave(Exit::protocol(e));
-                }
                 Ok(Some(h)) => {
                     // Too long (None): the relay refuses it.
                     let needed = client_need(self.mode != PoolMode::Session)(h.tag).wanted(h.frame_len).unwrap_or(0);

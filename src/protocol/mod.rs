@@ -136,14 +136,31 @@ impl Header {
     /// Peeks at the header at the start of `buf`. `Ok(None)` when fewer than five bytes
     /// are there. The declared length is validated, never used to allocate.
     pub fn peek(buf: &[u8]) -> Result<Option<Header>, ProtocolError> {
+        Self::peek_within(buf, MAX_MESSAGE_LEN)
+    }
+
+    /// [`Header::peek`] refusing a message longer than `limit` (at most
+    /// `MAX_MESSAGE_LEN`) with [`ProtocolError::OverLimit`]: the same one comparison.
+    #[inline(always)]
+    pub fn peek_within(buf: &[u8], limit: usize) -> Result<Option<Header>, ProtocolError> {
         if buf.len() < HEADER_LEN {
             return Ok(None);
         }
         let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-        if !(4..=MAX_MESSAGE_LEN).contains(&len) {
-            return Err(ProtocolError::BadLength { tag: buf[0], len });
+        if !(4..=limit).contains(&len) {
+            return Err(length_error(buf[0], len, limit));
         }
         Ok(Some(Header { tag: buf[0], frame_len: len + 1 }))
+    }
+}
+
+/// A length out of the protocol's bounds, or over a lower `limit`. (Out of line: rare.)
+#[cold]
+#[inline(never)]
+fn length_error(tag: u8, len: usize, limit: usize) -> ProtocolError {
+    match len {
+        4..=MAX_MESSAGE_LEN => ProtocolError::OverLimit { tag, len, limit },
+        _ => ProtocolError::BadLength { tag, len },
     }
 }
 
@@ -188,6 +205,16 @@ mod tests {
         assert!(matches!(Header::peek(b"Q\x7f\xff\xff\xff"), Err(ProtocolError::BadLength { .. })));
         assert!(Header::peek(b"Q\x40\0\0\0").unwrap().is_some());
         assert!(Header::peek(b"Q\x40\0\0\x01").is_err());
+    }
+
+    #[test]
+    fn a_lower_limit_is_told_from_a_bad_length() {
+        let over = Header::peek_within(b"Q\0\0\x01\x01", 256);
+        assert_eq!(over, Err(ProtocolError::OverLimit { tag: b'Q', len: 257, limit: 256 }));
+        assert!(Header::peek_within(b"Q\0\0\x01\0", 256).unwrap().is_some());
+        let absurd = Header::peek_within(b"Q\x7f\xff\xff\xff", 256);
+        assert!(matches!(absurd, Err(ProtocolError::BadLength { .. })));
+        assert!(matches!(Header::peek_within(b"Q\0\0\0\x03", 256), Err(ProtocolError::BadLength { .. })));
     }
 
     #[test]

@@ -101,10 +101,7 @@ impl Scanner {
         }
         self.dropping &= self.remaining > 0;
         while self.remaining == 0 {
-            let Some(h) = Header::peek(&buf[pos..])? else { break };
-            if h.frame_len > self.limit + 1 {
-                return Err(over_limit(h, self.limit));
-            }
+            let Some(h) = Header::peek_within(&buf[pos..], self.limit)? else { break };
             let start = pos;
             let too_large = || ProtocolError::TooLarge { tag: h.tag, len: h.frame_len };
             let want = need(h.tag).wanted(h.frame_len).ok_or_else(too_large)?;
@@ -128,13 +125,6 @@ impl Scanner {
         }
         Ok(pos)
     }
-}
-
-/// A message over `max_packet_size`. (Out of line: rare.)
-#[cold]
-#[inline(never)]
-pub fn over_limit(h: Header, limit: usize) -> ProtocolError {
-    ProtocolError::OverLimit { tag: h.tag, len: h.frame_len - 1, limit }
 }
 
 /// An edit of the input, in increasing offset order.
