@@ -272,7 +272,8 @@ async fn server_fast_close_follows_a_reload_moving_the_database() {
 /// `max_packet_size`: a client's message over it ends that client with 08P01 naming the
 /// key, before any of it reaches the server (which serves the next client); a server's
 /// row over it ends the client too, and that server connection is closed; a reload
-/// raising it lets connected clients send more from their next message.
+/// raising it lets connected clients send more from their next message, within a
+/// transaction too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_packet_size_bounds_each_message_either_way() {
     let pg = PgCluster::start();
@@ -284,7 +285,7 @@ async fn max_packet_size_bounds_each_message_either_way() {
     assert_eq!(value(&a, &long(1500)).await, "1500", "under the limit");
     let e = a.simple_query(&long(3000)).await.expect_err("a query over max_packet_size went through");
     assert_eq!(common::code(&e), "08P01", "{e}");
-    assert!(message(&e).contains("is 3022 bytes long, over max_packet_size (2048)"), "{e:?}");
+    assert!(message(&e).contains("is 3023 bytes long, over max_packet_size (2048)"), "{e:?}");
     assert!(a.is_closed() || a.simple_query("select 1").await.is_err(), "the client was kept");
     let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     assert_eq!(value(&b, "select pg_backend_pid()").await, server, "the server was not given back");
@@ -294,12 +295,16 @@ async fn max_packet_size_bounds_each_message_either_way() {
     assert!(message(&e).starts_with("server sent invalid data: message of type 'D'"), "{e:?}");
     let gone = format!("pid = {server}");
     assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(&gone) == 0)));
-    // Raised by a reload: a connected client sends more from its next message.
+    // Raised by a reload: a connected client sends more from its next message, also
+    // inside the transaction it is in (its server linked, the relay waiting).
     let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    c.simple_query("begin").await.unwrap();
     assert!(c.simple_query(&long(1500)).await.is_ok());
     s.reload_replacing("max_packet_size = 2048", "max_packet_size = 65536");
     assert_eq!(value(&c, &long(3000)).await, "3000");
     assert_eq!(value(&c, "select repeat('y', 3000)").await.len(), 3000);
+    c.simple_query("commit").await.unwrap();
+    assert_eq!(value(&c, &long(3000)).await, "3000");
 }
 
 /// `application_name_add_host`: each client's `application_name` gets its address and

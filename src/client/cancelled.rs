@@ -52,8 +52,9 @@ pub(super) fn answer(buf: &[u8], out: &mut BytesMut) -> Skipping {
 
 impl Skipping {
     /// Drops what `buf` holds of the cancelled request. True when its Sync was dropped:
-    /// the client is then owed its ReadyForQuery.
-    pub(super) fn advance(&mut self, buf: &mut BytesMut) -> Result<bool, ProtocolError> {
+    /// the client is then owed its ReadyForQuery. A message whose length field says
+    /// more than `limit` is refused (`max_packet_size`), as in the relay.
+    pub(super) fn advance(&mut self, buf: &mut BytesMut, limit: usize) -> Result<bool, ProtocolError> {
         loop {
             match self {
                 Skipping::No => return Ok(false),
@@ -75,7 +76,7 @@ impl Skipping {
                     }
                 }
                 Skipping::ToSync { rest } => {
-                    let Some(h) = Header::peek(buf)? else { return Ok(false) };
+                    let Some(h) = Header::peek_within(buf, limit)? else { return Ok(false) };
                     // PostgreSQL stops skipping at a Terminate too: it is the caller's.
                     if h.tag == fe::TERMINATE {
                         *self = Skipping::No;
@@ -125,12 +126,12 @@ mod tests {
         assert!(String::from_utf8_lossy(&out).contains("57014"));
         // Only part of the Query has arrived; then the rest, and the next request.
         let mut buf = BytesMut::from(&q[..7]);
-        assert!(!s.advance(&mut buf).unwrap());
+        assert!(!s.advance(&mut buf, crate::protocol::MAX_MESSAGE_LEN).unwrap());
         assert!(buf.is_empty() && s.is_active());
         buf.extend_from_slice(&q[7..]);
         let next = msg(fe::QUERY, b"select 1\0");
         buf.extend_from_slice(&next);
-        assert!(!s.advance(&mut buf).unwrap());
+        assert!(!s.advance(&mut buf, crate::protocol::MAX_MESSAGE_LEN).unwrap());
         assert!(!s.is_active());
         assert_eq!(&buf[..], &next[..], "the next request is left alone");
     }
@@ -155,7 +156,7 @@ mod tests {
             let k = 3.min(all.len() - fed);
             buf.extend_from_slice(&all[fed..fed + k]);
             fed += k;
-            if s.advance(&mut buf).unwrap() {
+            if s.advance(&mut buf, crate::protocol::MAX_MESSAGE_LEN).unwrap() {
                 done_at = Some(fed);
             }
         }
@@ -185,7 +186,7 @@ mod tests {
         let mut buf = BytesMut::from(
             &[msg(fe::BIND, &[0u8; 8]), msg(fe::EXECUTE, b"\0\0\0\0\0"), terminate.clone()].concat()[..],
         );
-        assert!(!s.advance(&mut buf).unwrap(), "no ReadyForQuery without a Sync");
+        assert!(!s.advance(&mut buf, crate::protocol::MAX_MESSAGE_LEN).unwrap(), "no ReadyForQuery without a Sync");
         assert!(!s.is_active());
         assert_eq!(&buf[..], &terminate[..]);
     }

@@ -579,12 +579,16 @@ async fn work_out_reply(
     asked: ClientParams,
 ) -> Result<LoginReply, Exit> {
     let learned = &pool.learned;
+    // Names of their own per client (`application_name_add_host`): neither their
+    // spellings nor the settings lists and replies holding them are kept, as no other
+    // client will ask for them (the pool's caps stay for settings that recur).
+    let per_client = app.config.load().general.application_name_add_host;
     let mut defaults = learned.defaults();
     let unknown = asked.iter().any(|(k, v)| learned.spelling(k, v).is_none());
     if defaults.is_none() || unknown {
         let server = login_checkout(app, pool, info, conn).await?;
         let server = apply_or_fail(server, &asked).await?;
-        for (k, v) in asked.iter() {
+        for (k, v) in asked.iter().filter(|(k, _)| !(per_client && *k == "application_name")) {
             let canon = if is_reported(k) { server.reported(k).unwrap_or(v) } else { v };
             learned.learn_canonical(k, v, canon);
         }
@@ -600,10 +604,12 @@ async fn work_out_reply(
             kept.remove(k);
         }
     }
-    learned.intern(&mut kept);
+    if !per_client {
+        learned.intern(&mut kept);
+    }
     let reply = LoginReply { kept, status: reply_status(&defaults, &spelled) };
     // Kept only when every spelling was known.
-    if spelled.iter().all(|(.., canon)| canon.is_some()) {
+    if !per_client && spelled.iter().all(|(.., canon)| canon.is_some()) {
         learned.remember_reply(defaults, asked, &reply);
     }
     Ok(reply)

@@ -165,6 +165,8 @@ impl Session {
     }
 
     async fn relay_loop(&mut self, conn: &mut ClientConn, interrupt: &mut Interrupt<'_, '_>) -> Result<(), Exit> {
+        // (A reload while the client waited for its server.)
+        self.follow_reloads();
         self.forward_client(conn, interrupt, None).await?;
         // Room kept for the client's next read: small (most requests are), bigger once
         // a read fills it (COPY FROM STDIN, large Bind): no reallocation for the usual
@@ -229,6 +231,9 @@ impl Session {
                     _ = interrupt.fired() => Woke::Other,
                 }
             };
+            // What was read is scanned under the settings now in force (a reload while
+            // the relay waited: `max_packet_size`).
+            self.follow_reloads();
             match woke {
                 Woke::Client(n) => {
                     // A full read of at least 1 KB: a stream, not a short request.

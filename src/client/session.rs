@@ -34,7 +34,7 @@ pub struct Timeouts {
     pub client_idle: Option<Duration>,
     /// `server_fast_close`.
     pub fast_close: bool,
-    /// `max_packet_size`, at most PostgreSQL's own bound.
+    /// The largest length field `max_packet_size` lets through.
     pub packet_limit: usize,
     /// The pools' reload count when they were read (`Pools::reloads`).
     seen: u64,
@@ -51,7 +51,7 @@ impl Timeouts {
             idle_transaction: secs(g.idle_transaction_timeout),
             client_idle: secs(g.client_idle_timeout),
             fast_close: g.server_fast_close,
-            packet_limit: (g.max_packet_size as usize).min(crate::protocol::MAX_MESSAGE_LEN),
+            packet_limit: crate::protocol::length_limit(g.max_packet_size),
             seen,
         }
     }
@@ -198,7 +198,7 @@ impl Session {
             // (Before the next message is looked at: `max_packet_size` applies to it.)
             self.follow_reloads();
             if self.skipping.is_active() {
-                match self.skipping.advance(&mut conn.buf) {
+                match self.skipping.advance(&mut conn.buf, self.timeouts.packet_limit) {
                     Err(e) => return Wanted::Leave(Exit::protocol(e)),
                     Ok(true) => {
                         let mut out = BytesMut::new();

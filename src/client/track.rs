@@ -147,14 +147,15 @@ impl Track {
         }
     }
 
-    /// A Track refusing messages over `limit` either way (`max_packet_size`).
+    /// A Track refusing messages whose length field says more than `limit`, either way
+    /// (`max_packet_size`: `protocol::length_limit`).
     pub fn with_packet_limit(limit: usize) -> Track {
         let mut t = Track::default();
         t.set_packet_limit(limit);
         t
     }
 
-    /// Messages over `limit` either way are refused from now on.
+    /// Messages whose length field says more than `limit` are refused from now on.
     pub fn set_packet_limit(&mut self, limit: usize) {
         self.client_scan.set_limit(limit);
         self.server_scan.set_limit(limit);

@@ -113,7 +113,7 @@ pub enum ProtocolError {
     /// A message type a client may not send once logged in (PostgreSQL's wording).
     #[error("invalid frontend message type {0}")]
     UnknownMessage(u8),
-    /// Longer than `max_packet_size` (the length as its field counts).
+    /// Longer than `max_packet_size` (lengths of the whole message, type byte too).
     #[error("message of type '{tag}' is {len} bytes long, over max_packet_size ({limit})", tag = char::from(*.tag))]
     OverLimit { tag: u8, len: usize, limit: usize },
     #[error("invalid startup packet length {0}")]
@@ -139,10 +139,12 @@ impl Header {
         Self::peek_within(buf, MAX_MESSAGE_LEN)
     }
 
-    /// [`Header::peek`] refusing a message longer than `limit` (at most
-    /// `MAX_MESSAGE_LEN`) with [`ProtocolError::OverLimit`]: the same one comparison.
+    /// [`Header::peek`] refusing a message whose length field says more than `limit`
+    /// (at most `MAX_MESSAGE_LEN`) with [`ProtocolError::OverLimit`]: the same one
+    /// comparison.
     #[inline(always)]
     pub fn peek_within(buf: &[u8], limit: usize) -> Result<Option<Header>, ProtocolError> {
+        debug_assert!(limit <= MAX_MESSAGE_LEN);
         if buf.len() < HEADER_LEN {
             return Ok(None);
         }
@@ -154,14 +156,21 @@ impl Header {
     }
 }
 
-/// A length out of the protocol's bounds, or over a lower `limit`. (Out of line: rare.)
+/// A length out of the protocol's bounds, or over a lower `limit`, told as
+/// `max_packet_size` counts: the whole message, its type byte too. (Out of line: rare.)
 #[cold]
 #[inline(never)]
 fn length_error(tag: u8, len: usize, limit: usize) -> ProtocolError {
     match len {
-        4..=MAX_MESSAGE_LEN => ProtocolError::OverLimit { tag, len, limit },
+        4..=MAX_MESSAGE_LEN => ProtocolError::OverLimit { tag, len: len + 1, limit: limit + 1 },
         _ => ProtocolError::BadLength { tag, len },
     }
+}
+
+/// The largest length field `max_packet_size` lets through (it counts the type byte
+/// as well, as PgBouncer does), within PostgreSQL's own bound.
+pub fn length_limit(max_packet_size: u32) -> usize {
+    (max_packet_size as usize).saturating_sub(1).min(MAX_MESSAGE_LEN)
 }
 
 /// Returns the body of a complete frame (everything after the header); empty for a
@@ -210,7 +219,8 @@ mod tests {
     #[test]
     fn a_lower_limit_is_told_from_a_bad_length() {
         let over = Header::peek_within(b"Q\0\0\x01\x01", 256);
-        assert_eq!(over, Err(ProtocolError::OverLimit { tag: b'Q', len: 257, limit: 256 }));
+        assert_eq!(over, Err(ProtocolError::OverLimit { tag: b'Q', len: 258, limit: 257 }));
+        assert_eq!((length_limit(2048), length_limit(u32::MAX)), (2047, MAX_MESSAGE_LEN));
         assert!(Header::peek_within(b"Q\0\0\x01\0", 256).unwrap().is_some());
         let absurd = Header::peek_within(b"Q\x7f\xff\xff\xff", 256);
         assert!(matches!(absurd, Err(ProtocolError::BadLength { .. })));

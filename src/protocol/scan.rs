@@ -40,7 +40,7 @@ pub struct Scanner {
     remaining: usize,
     /// The caller dropped that message: its remaining bytes are dropped as they come.
     dropping: bool,
-    /// The longest message let through, as its length field counts (`max_packet_size`).
+    /// The largest length field let through (`max_packet_size`: `length_limit`).
     limit: usize,
 }
 
@@ -66,7 +66,7 @@ impl Scanner {
         *self = Scanner { limit: self.limit, ..Scanner::default() };
     }
 
-    /// Messages longer than `limit` (as their length field counts) are refused with
+    /// Messages whose length field says more than `limit` are refused with
     /// [`ProtocolError::OverLimit`]; PostgreSQL's own bound, 1 GiB, is the most.
     pub fn set_limit(&mut self, limit: usize) {
         self.limit = limit.min(MAX_MESSAGE_LEN);

@@ -89,8 +89,10 @@ pub struct HostAddrs {
     /// `dns_nxdomain_ttl` of it fail with it, without a lookup each.
     failed: Mutex<Option<(Instant, std::io::ErrorKind, String)>>,
     /// Held for a lookup: one runs at a time, and the connects that wait for it take
-    /// its outcome rather than look the name up again each.
-    gate: tokio::sync::Mutex<()>,
+    /// its outcome rather than look the name up again each. Held by the lookup's own
+    /// task: a connect given up while it waits (its timeout, its client gone) leaves
+    /// the lookup running for the others.
+    gate: Arc<tokio::sync::Mutex<()>>,
     /// Lookups finished.
     done: AtomicU64,
 }
@@ -114,7 +116,7 @@ impl HostAddrs {
             turn: AtomicUsize::new(0),
             refreshing: AtomicBool::new(false),
             failed: Mutex::new(None),
-            gate: tokio::sync::Mutex::new(()),
+            gate: Arc::new(tokio::sync::Mutex::new(())),
             done: AtomicU64::new(0),
         }
     }
@@ -131,12 +133,12 @@ impl HostAddrs {
     /// `ttl.failure`). Each connect starts at the next address of the answer (round
     /// robin, as PgBouncer). Connects that find a lookup running wait for it and take
     /// its outcome.
-    pub async fn addrs(&self, port: u16, ttl: DnsTtl) -> std::io::Result<(Vec<SocketAddr>, u64)> {
+    pub async fn addrs(self: &Arc<Self>, port: u16, ttl: DnsTtl) -> std::io::Result<(Vec<SocketAddr>, u64)> {
         let (addrs, epoch) = match self.answer_within(ttl.answer) {
             Some(c) => c,
             None => {
                 self.failure_within(ttl.failure)?;
-                self.lookup_shared(port).await?
+                self.lookup_shared(port, ttl.answer).await?
             }
         };
         let first = self.turn.fetch_add(1, Relaxed) % addrs.len();
@@ -163,14 +165,25 @@ impl HostAddrs {
         }
     }
 
-    /// A lookup's outcome: this caller's own, or that of a lookup which finished while
-    /// it waited for its turn (the answer on record, else that lookup's failure).
-    async fn lookup_shared(&self, port: u16) -> std::io::Result<(Arc<[IpAddr]>, u64)> {
+    /// A lookup's outcome: that of a lookup which finished while this caller waited for
+    /// its turn (the answer on record, else that lookup's failure), an answer younger
+    /// than `ttl` on record by then, or a lookup of its own, run in a task of its own.
+    async fn lookup_shared(self: &Arc<Self>, port: u16, ttl: Duration) -> std::io::Result<(Arc<[IpAddr]>, u64)> {
         let seen = self.done.load(Acquire);
-        let _turn = self.gate.lock().await;
+        let turn = self.gate.clone().lock_owned().await;
         if self.done.load(Acquire) == seen {
-            return self.lookup(port).await;
+            if let Some(fresh) = self.answer_within(ttl) {
+                return Ok(fresh);
+            }
+            let this = self.clone();
+            let lookup = tokio::spawn(async move {
+                let outcome = this.lookup(port).await;
+                drop(turn);
+                outcome
+            });
+            return lookup.await.unwrap_or_else(|e| Err(std::io::Error::other(e)));
         }
+        drop(turn);
         if let Some(last) = self.last.lock().as_ref() {
             return Ok((last.addrs.clone(), self.epoch()));
         }
@@ -250,7 +263,7 @@ impl HostAddrs {
         let this = self.clone();
         tokio::spawn(async move {
             // A failure with no answer on record: the next connect reports it.
-            let _ = this.lookup_shared(port).await;
+            let _ = this.lookup_shared(port, ttl).await;
             this.refreshing.store(false, Relaxed);
         });
     }
@@ -306,7 +319,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_fresh_answer_is_used_until_it_is_ttl_old_and_taken_in_turn() {
-        let h = HostAddrs::new("localhost");
+        let h = Arc::new(HostAddrs::new("localhost"));
         let (x, y) = ("10.9.9.9".parse::<IpAddr>().unwrap(), "10.9.9.8".parse::<IpAddr>().unwrap());
         h.note(vec![x, y], 1);
         let hour = DnsTtl { answer: Duration::from_secs(3600), failure: Duration::ZERO };
@@ -338,7 +351,7 @@ mod tests {
     /// wait for the running one take its answer, or its failure.
     #[tokio::test]
     async fn concurrent_connects_share_one_lookup() {
-        let h = HostAddrs::new("localhost");
+        let h = Arc::new(HostAddrs::new("localhost"));
         let stale = DnsTtl::default();
         let all = futures_util::future::join_all((0..20).map(|_| h.addrs(5432, stale))).await;
         assert_eq!(h.begun.load(Relaxed), 1, "one lookup for twenty connects");
@@ -352,10 +365,23 @@ mod tests {
         }
         h.addrs(5432, stale).await.unwrap();
         assert_eq!(h.begun.load(Relaxed), 2, "a later connect looks up again");
-        let nowhere = HostAddrs::new("nowhere.invalid");
+        let nowhere = Arc::new(HostAddrs::new("nowhere.invalid"));
         let all = futures_util::future::join_all((0..5).map(|_| nowhere.addrs(5432, stale))).await;
         assert!(all.iter().all(Result::is_err));
         assert_eq!(nowhere.begun.load(Relaxed), 1, "the waiters took the failure");
+    }
+
+    /// A connect given up while its lookup runs (polled once, then dropped) leaves the
+    /// lookup to finish in its task: the next connect takes its answer.
+    #[tokio::test]
+    async fn a_lookup_outlives_the_connect_that_began_it() {
+        use futures_util::FutureExt;
+        let h = Arc::new(HostAddrs::new("localhost"));
+        let stale = DnsTtl::default();
+        assert!(h.addrs(5432, stale).now_or_never().is_none(), "answered before the lookup ran");
+        let (addrs, _) = h.addrs(5432, stale).await.unwrap();
+        assert!(!addrs.is_empty());
+        assert_eq!(h.begun.load(Relaxed), 1, "the given-up connect's lookup served the next one");
     }
 
     /// A failed lookup with no answer on record is used for `dns_nxdomain_ttl`: the
@@ -363,7 +389,7 @@ mod tests {
     /// answer, the name is looked up again.
     #[tokio::test]
     async fn a_failure_with_no_answer_is_used_for_the_nxdomain_ttl() {
-        let h = HostAddrs::new("nowhere.invalid");
+        let h = Arc::new(HostAddrs::new("nowhere.invalid"));
         let remembered = DnsTtl { answer: Duration::ZERO, failure: Duration::from_secs(3600) };
         let first = h.addrs(5432, remembered).await.expect_err("no such name");
         let again = h.addrs(5432, remembered).await.expect_err("still failing");

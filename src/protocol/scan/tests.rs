@@ -75,7 +75,7 @@ fn messages_over_the_limit_are_refused_at_their_header() {
         },
         &mut sp,
     );
-    assert_eq!(r, Err(ProtocolError::OverLimit { tag: b'D', len: 105, limit: 104 }));
+    assert_eq!(r, Err(ProtocolError::OverLimit { tag: b'D', len: 106, limit: 105 }));
     assert_eq!(seen, 0, "reported before any of it passed");
     sc.restart();
     assert!(sc.scan(&over, |_| Need::Stream, |_, _| Ok(()), &mut sp).is_err(), "the limit was lost");
