@@ -2,8 +2,9 @@
 //! `pgbouncer` on the Unix socket, the check of an idle server before a
 //! loan (`server_check_query`), the bound on forwarding a cancel request
 //! (`cancel_wait_timeout`), the log of the errors Sluice itself sends clients
-//! (`log_pooler_errors`), and session-mode servers closed with their clients
-//! (`server_fast_close`).
+//! (`log_pooler_errors`), session-mode servers closed with their clients
+//! (`server_fast_close`), `max_packet_size`, `application_name_add_host`, and
+//! `auth_type = "any"`.
 
 mod common;
 
@@ -346,4 +347,24 @@ async fn application_name_add_host_names_each_client_by_its_address() {
     a.simple_query("set application_name = 'renamed'").await.unwrap();
     assert_eq!(value(&a, seen).await, "renamed");
     assert_eq!(value(&b, seen).await, other);
+}
+
+/// `auth_type = "any"`: no password asked whatever name a client gives, every client
+/// served by the database's own user's pool (one server for two names), and the console
+/// open to anyone as an admin, as in PgBouncer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_auth_serves_every_name_as_the_databases_own_user() {
+    let pg = PgCluster::start();
+    let user = common::toml_str(Role::SCRAM.name);
+    let forced = [("user", user.as_str()), ("pool_size", "1")];
+    let s = Sluice::builder(&pg).general("auth_type", "\"any\"").database("app", &forced).start();
+    let a = connect(s.port, "nobody_listed", "", "app").await;
+    assert_eq!(value(&a, "select current_user").await, Role::SCRAM.name);
+    let b = connect(s.port, Role::MD5.name, "not its password", "app").await;
+    assert_eq!(value(&b, "select current_user").await, Role::SCRAM.name);
+    assert_eq!(value(&a, "select pg_backend_pid()").await, value(&b, "select pg_backend_pid()").await);
+    let console = connect(s.port, "a_stranger", "", "pgbouncer").await;
+    console.simple_query("RECONNECT").await.expect("not an admin");
+    let Err(e) = try_connect(s.port, "nobody_listed", "", "no_such_db").await else { panic!("an unknown database") };
+    assert_eq!(common::code(&e), "3D000", "{e:?}");
 }

@@ -296,6 +296,10 @@ async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, 
         Ok(chosen) => chosen,
         Err(refused) => return Ok(Proof::Refused(refused)),
     };
+    if method == Method::Any {
+        // Nothing to check, and no user to look up: the database's own user logs in.
+        return Ok(Proof::Proven(BytesMut::new()));
+    }
     let users = app.users.load_full();
     let (auth_user, candidate) = match users.get(user) {
         Some(u) => (Some(u.clone()), None),
@@ -335,8 +339,7 @@ async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, 
 }
 
 /// Login to the admin console: the usual authentication, then `admin_users` or
-/// `stats_users` must list the user (but for `pgbouncer` on the Unix socket from
-/// Sluice's own OS user: `method::own_socket_admin`).
+/// `stats_users` must list the user (but for `method::admin_by_login`'s logins).
 async fn admin_login(
     app: &Arc<App>,
     conn: &mut ClientConn,
@@ -350,7 +353,7 @@ async fn admin_login(
     // As pooled clients are (KILL never reaches the console's clients; KILL_CLIENT and
     // the shutdown do).
     let (info, listed, mut out) = listed_and_proven(app, conn, cfg, user, database, app_name, deadline).await?;
-    let own = super::method::own_socket_admin(cfg, conn, user, database).then_some(admin::Role::Admin);
+    let own = super::method::admin_by_login(cfg, conn, user, database).then_some(admin::Role::Admin);
     let Some(role) = own.or_else(|| admin::role_of(cfg, user)) else {
         warn!(peer = %conn.peer, user, "admin console login refused: not in admin_users or stats_users");
         return Err(Exit::fatal(

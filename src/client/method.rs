@@ -70,6 +70,13 @@ pub(super) fn own_socket_admin(cfg: &Config, conn: &ClientConn, user: &str, data
     socket.peer_cred().is_ok_and(|c| c.uid() == unsafe { libc::geteuid() })
 }
 
+/// Whether a console login is an admin's whatever `admin_users` lists: the console's own
+/// user's (`own_socket_admin`), or anyone's under `auth_type = "any"`, where no name is
+/// checked (PgBouncer's rule).
+pub(super) fn admin_by_login(cfg: &Config, conn: &ClientConn, user: &str, database: &str) -> bool {
+    cfg.general.auth_type == crate::config::AuthType::Any || own_socket_admin(cfg, conn, user, database)
+}
+
 /// The name of the OS user of the process at the other end of a Unix socket (for
 /// `peer`), read from the socket's credentials and the system's user database (on a
 /// blocking thread: the database may be remote, LDAP or sssd).

@@ -125,8 +125,8 @@ fn setting(key: &str, value: &str, default: Option<&Value>) -> Result<Value, Str
             let items = value.split(',').map(str::trim).filter(|s| !s.is_empty());
             Value::Array(items.map(|s| Value::String(s.to_string())).collect())
         }
-        _ if key == "auth_type" && !["md5", "scram-sha-256", "trust", "cert", "plain", "hba"].contains(&value) => {
-            return Err("Sluice supports md5, scram-sha-256, trust, cert, plain and hba".into());
+        _ if key == "auth_type" && Value::String(value.into()).try_into::<super::AuthType>().is_err() => {
+            return Err("Sluice supports md5, scram-sha-256, trust, cert, plain, hba and any (not pam)".into());
         }
         _ => Value::String(value.to_string()),
     })
@@ -328,6 +328,10 @@ dns_max_ttl = 30
         assert_eq!(cfg.general.auth_type, super::super::AuthType::Md5);
         let bad = from_pgbouncer_ini("[pgbouncer]\nauth_type = pam\nmax_client_conn = many\n").unwrap();
         assert_eq!(bad.notes.len(), 2, "{:?}", bad.notes);
+        let any =
+            from_pgbouncer_ini("[databases]\napp = host=127.0.0.1 user=app\n[pgbouncer]\nauth_type = any\n").unwrap();
+        let cfg = super::super::Config::parse(&any.toml, std::path::Path::new("x.toml")).unwrap();
+        assert_eq!((cfg.general.auth_type, any.notes.len()), (super::super::AuthType::Any, 0), "{:?}", any.notes);
     }
 
     #[test]

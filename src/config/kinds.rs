@@ -41,6 +41,10 @@ pub enum AuthType {
     /// The method is the `auth_hba_file`'s line that fits the login.
     #[serde(rename = "hba")]
     Hba,
+    /// No authentication and the client's user name ignored (PgBouncer's `any`): every
+    /// database logs in as its own `user`, and anyone may use the admin console as an admin.
+    #[serde(rename = "any")]
+    Any,
 }
 
 impl AuthType {
@@ -53,6 +57,7 @@ impl AuthType {
             AuthType::ScramSha256 => Method::ScramSha256,
             AuthType::Cert => Method::Cert,
             AuthType::Plain => Method::Password,
+            AuthType::Any => Method::Any,
             AuthType::Hba => return None,
         })
     }

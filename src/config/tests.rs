@@ -266,6 +266,15 @@ fn cert_auth_needs_verified_client_certificates() {
 }
 
 #[test]
+fn any_auth_needs_every_database_to_have_its_own_user() {
+    let e = err("[general]\nauth_type = \"any\"\n[databases.own]\nuser = \"app\"\n[databases.theirs]\nport = 5433\n");
+    assert!(e.starts_with("sluice.toml:5: databases.theirs.user:"), "{e}");
+    assert!(e.contains("auth_type = \"any\" needs every database to have its own user"), "{e}");
+    let ok = parse("[general]\nauth_type = \"any\"\n[databases.own]\nuser = \"app\"\n").unwrap();
+    assert_eq!(ok.general.auth_type, AuthType::Any);
+}
+
+#[test]
 fn tls_protocols_are_checked_and_paths_resolved() {
     let e = err("[general]\nclient_tls_protocols = [\"tlsv1.1\"]\n");
     assert!(e.contains("general.client_tls_protocols: \"tlsv1.1\" is not supported"), "{e}");
