@@ -302,9 +302,10 @@ async fn kill_and_shutdown_reach_a_client_in_authentication() {
     a.simple_query(&format!("KILL_CLIENT {id}")).await.unwrap();
     assert_eq!(ending(first).await.unwrap(), (b'E', "57P01".to_string(), true));
     // A pooled login and a console login, both authenticating, and a connection that
-    // has not sent its startup packet (refused as new logins are while shutting down).
-    // `mute` first: the others' answers show it was accepted before the SIGTERM.
-    let mute = Raw::open(s.port);
+    // has sent only part of its startup packet (refused as new logins are while shutting
+    // down). `mute` first: the others' answers show it was accepted before the SIGTERM.
+    let mut mute = Raw::open(s.port);
+    mute.send(&[0, 0, 0]);
     let second = silent(s.port, "app");
     let console = silent(s.port, "pgbouncer");
     drop(a);

@@ -226,13 +226,19 @@ async fn server_connections_follow_tcp_keepalive() {
 /// tcp_keepalive is on for client connections by default (the first probe after 60 s);
 /// a reload changing tcp_keepidle, then one turning keepalive off, apply from the next
 /// connection on (the listening socket is changed at once), and connections made before
-/// keep theirs.
+/// keep theirs; with `tcp_defer_accept` off a connection is taken up before its data.
 #[cfg(target_os = "linux")]
 #[test]
 fn tcp_keepalive_follows_a_reload() {
     let pg = PgCluster::start();
     let s = Sluice::builder(&pg).start();
-    let connect = || std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    // Each sends the first bytes of a startup packet: under `tcp_defer_accept` (the
+    // default) a connection is taken up once data has come.
+    let connect = || {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+        std::io::Write::write_all(&mut c, &[0, 0, 0]).unwrap();
+        c
+    };
     let timer = |c: &std::net::TcpStream| keepalive_timer(s.port, c.local_addr().unwrap().port());
     let before = connect();
     assert!(timer(&before).is_some_and(|t| t <= 60), "{:?}", timer(&before));
@@ -252,6 +258,10 @@ fn tcp_keepalive_follows_a_reload() {
     reload("tcp_keepalive", "false", "tcp_keepalive off for connections from now on");
     let after = connect();
     assert_eq!(timer(&after), None);
+    // With tcp_defer_accept off a connection that has sent nothing is taken up too.
+    reload("tcp_defer_accept", "false", "tcp_keepalive off, tcp_defer_accept off for connections from now on");
+    let silent = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    assert_eq!(timer(&silent), None, "Sluice's side is listed, with no keepalive");
     assert!(timer(&before).is_some_and(|t| t <= 60));
     assert!(timer(&idle_500).is_some());
 }

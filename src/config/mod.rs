@@ -133,6 +133,9 @@ pub struct General {
     pub tcp_keepcnt: u32,
     /// Milliseconds sent data may stay unacknowledged (0: the kernel's).
     pub tcp_user_timeout: u32,
+    /// `TCP_DEFER_ACCEPT` on the TCP listeners (Linux): a connection is accepted once
+    /// its first data (the startup packet) has come.
+    pub tcp_defer_accept: bool,
     /// Queue of connections not yet accepted, per listening socket.
     pub listen_backlog: u32,
     /// SO_REUSEPORT on the TCP listeners: several processes may listen on one port.
@@ -235,6 +238,7 @@ impl Default for General {
             tcp_keepintvl: 0,
             tcp_keepcnt: 0,
             tcp_user_timeout: 0,
+            tcp_defer_accept: cfg!(target_os = "linux"),
             listen_backlog: 4096,
             so_reuseport: false,
             max_prepared_statements: 200,

@@ -63,7 +63,15 @@ pub struct TcpOptions {
     pub keepcnt: u32,
     /// Milliseconds sent data may stay unacknowledged before the connection is dropped.
     pub user_timeout: u32,
+    /// `TCP_DEFER_ACCEPT` (a listening socket's only, Linux): connections wait in the
+    /// kernel until their first data comes (`tcp_defer_accept`).
+    pub defer_accept: bool,
 }
+
+/// How long a connection with no data yet waits in the kernel under `TCP_DEFER_ACCEPT`
+/// (PgBouncer's fixed value); after it, it is accepted anyway, and `client_login_timeout`
+/// takes over.
+const DEFER_ACCEPT_SECS: libc::c_int = 45;
 
 impl TcpOptions {
     pub fn of(g: &crate::config::General) -> Self {
@@ -73,6 +81,24 @@ impl TcpOptions {
             keepintvl: g.tcp_keepintvl,
             keepcnt: g.tcp_keepcnt,
             user_timeout: g.tcp_user_timeout,
+            defer_accept: g.tcp_defer_accept,
+        }
+    }
+
+    /// `apply` on a listening socket, and `TCP_DEFER_ACCEPT` (Linux; set or cleared
+    /// whenever the socket is not fresh).
+    fn apply_listening(&self, sock: socket2::SockRef<'_>, fresh: bool) {
+        #[cfg(target_os = "linux")]
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&*sock);
+        self.apply(sock, fresh);
+        #[cfg(target_os = "linux")]
+        if self.defer_accept || !fresh {
+            let secs: libc::c_int = if self.defer_accept { DEFER_ACCEPT_SECS } else { 0 };
+            let size = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            let value = (&secs as *const libc::c_int).cast();
+            // SAFETY: a valid socket, and an int option given by pointer and size.
+            let r = unsafe { libc::setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT, value, size) };
+            failed(if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }, fresh);
         }
     }
 
@@ -124,6 +150,9 @@ impl TcpOptions {
         if self.user_timeout > 0 {
             out.push_str(&format!(", tcp_user_timeout {} ms", self.user_timeout));
         }
+        if !self.defer_accept {
+            out.push_str(", tcp_defer_accept off");
+        }
         out
     }
 }
@@ -165,7 +194,7 @@ impl Listener {
         socket.set_nonblocking(true)?;
         if INHERITS_OPTIONS {
             socket.set_nodelay(true)?;
-            tcp.apply(socket2::SockRef::from(&socket), true);
+            tcp.apply_listening(socket2::SockRef::from(&socket), true);
         }
         socket.bind(&addr.into())?;
         socket.listen(backlog.try_into().unwrap_or(i32::MAX))?;
@@ -248,7 +277,7 @@ impl Drop for Listener {
 /// (changed by a reload). Linux only: elsewhere `accept` sets them.
 pub fn set_listener_options(l: &TcpListener, tcp: &TcpOptions) {
     if INHERITS_OPTIONS {
-        tcp.apply(socket2::SockRef::from(l), false);
+        tcp.apply_listening(socket2::SockRef::from(l), false);
     }
 }
 
@@ -334,6 +363,7 @@ mod tests {
             keepintvl: secs(sock.keepalive_interval().unwrap()),
             keepcnt: sock.keepalive_retries().unwrap(),
             user_timeout: sock.tcp_user_timeout().unwrap().map_or(0, |d| d.as_millis() as u32),
+            defer_accept: tcp.defer_accept,
         };
         (sock.nodelay().unwrap(), got)
     }
@@ -348,6 +378,7 @@ mod tests {
             keepintvl: d("tcp_keepalive_intvl"),
             keepcnt: d("tcp_keepalive_probes"),
             user_timeout: 0,
+            defer_accept: false,
         }
     }
 
@@ -355,7 +386,8 @@ mod tests {
     #[tokio::test]
     async fn accepted_connections_inherit_the_listeners_options() {
         let sixty = TcpOptions { keepidle: 60, ..kernel(true) };
-        let set = TcpOptions { keepalive: true, keepidle: 45, keepintvl: 7, keepcnt: 3, user_timeout: 2500 };
+        let set =
+            TcpOptions { keepalive: true, keepidle: 45, keepintvl: 7, keepcnt: 3, user_timeout: 2500, ..kernel(true) };
         let set_at_start = || TcpOptions { keepidle: 50, keepintvl: 6, keepcnt: 4, user_timeout: 1500, ..set };
         let ip = "127.0.0.1".parse().unwrap();
         // As bound at start-up (no reload yet).
@@ -365,12 +397,48 @@ mod tests {
         assert_eq!(accept_one(&bound, set_at_start(), false).await, (true, set_at_start()));
         // Changed by reloads: each value set, then the kernel's put back, then keepalive off.
         assert_eq!(accept_one(&l, set, true).await, (true, set));
-        let zeros = TcpOptions { keepalive: true, keepidle: 0, keepintvl: 0, keepcnt: 0, user_timeout: 0 };
+        let zeros = TcpOptions { keepalive: true, keepidle: 0, keepintvl: 0, keepcnt: 0, user_timeout: 0, ..set };
         assert_eq!(accept_one(&l, zeros, true).await, (true, kernel(true)));
         let off = TcpOptions { keepalive: false, ..zeros };
         assert!(!accept_one(&l, off, true).await.1.keepalive);
         assert_eq!(accept_one(&l, set, true).await, (true, set));
         let fresh_off = Listener::tcp(ip, 0, off, 16, false).unwrap();
         assert_eq!(accept_one(&fresh_off, off, false).await, (true, kernel(false)));
+    }
+
+    /// Under `TCP_DEFER_ACCEPT` a connection that has sent nothing is not accepted, and
+    /// one that has sent its first bytes is, though it came later; a reload turns it
+    /// on and off for the connections that come next.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn deferred_accepts_wait_for_the_first_data() {
+        use tokio::io::AsyncWriteExt;
+        let on = TcpOptions { defer_accept: true, ..kernel(true) };
+        let off = TcpOptions { defer_accept: false, ..on };
+        let ip = "127.0.0.1".parse().unwrap();
+        let accepted_port = |a: (Stream, Peer)| match a.1 {
+            Peer::Tcp(addr) => addr.port(),
+            Peer::Unix => panic!("not TCP"),
+        };
+        let within = std::time::Duration::from_secs(10);
+        for (bound, reloaded) in [(on, None), (off, Some(on))] {
+            let l = Listener::tcp(ip, 0, bound, 16, false).unwrap();
+            let Listener::Tcp(listener) = &l else { panic!("not TCP") };
+            if let Some(tcp) = reloaded {
+                set_listener_options(listener, &tcp);
+            }
+            let addr = listener.local_addr().unwrap();
+            let _silent = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let mut talking = tokio::net::TcpStream::connect(addr).await.unwrap();
+            talking.write_all(&[0, 0, 0, 8]).await.unwrap();
+            let first = tokio::time::timeout(within, l.accept(|| on)).await.expect("not accepted").unwrap();
+            assert_eq!(accepted_port(first), talking.local_addr().unwrap().port(), "the silent one first");
+        }
+        let l = Listener::tcp(ip, 0, on, 16, false).unwrap();
+        let Listener::Tcp(listener) = &l else { panic!("not TCP") };
+        set_listener_options(listener, &off);
+        let silent = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let first = tokio::time::timeout(within, l.accept(|| off)).await.expect("deferred after a reload off").unwrap();
+        assert_eq!(accepted_port(first), silent.local_addr().unwrap().port());
     }
 }

@@ -523,8 +523,10 @@ fn notices_pass_through_and_login_timeout_applies() {
     let m = c.until_ready();
     assert_eq!(tags(&m), "NCZ");
     assert_eq!(field(&m[0].1, b'M'), "hello there");
-    // A client that never finishes its login is closed with an error.
+    // A client that never finishes its login (here, its startup packet) is closed with
+    // an error.
     let mut idle = Raw::open(s.port);
+    idle.send(&[0, 0, 0]);
     idle.expect_error("08P01", "client_login_timeout");
     assert!(idle.closed());
 }
