@@ -368,3 +368,32 @@ async fn any_auth_serves_every_name_as_the_databases_own_user() {
     let Err(e) = try_connect(s.port, "nobody_listed", "", "no_such_db").await else { panic!("an unknown database") };
     assert_eq!(common::code(&e), "3D000", "{e:?}");
 }
+
+/// `disable_pqexec`: a simple Query ends the client with 08P01 (here inside a
+/// transaction begun with the extended protocol, which keeps working), its server goes
+/// back rolled back (a pool of one serves the next client), the console still takes
+/// simple queries, and a reload turning it off applies to a connected client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disable_pqexec_refuses_simple_queries() {
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[("disable_pqexec", "true"), ("admin_users", "[\"u_scram\"]")]);
+    let login = || connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app");
+    let a = login().await;
+    // Statements kept: one dropped sends a Close ahead of the Query, which the FATAL
+    // would then answer in tokio-postgres's eyes.
+    let (begin, create) =
+        (a.prepare("begin").await.unwrap(), a.prepare("create table kept_out (x int)").await.unwrap());
+    a.execute(&begin, &[]).await.expect("extended BEGIN");
+    a.execute(&create, &[]).await.expect("extended statement");
+    let Err(e) = a.simple_query("select 1").await else { panic!("a simple query ran") };
+    assert_eq!(common::code(&e), "08P01", "{e:?}");
+    assert!(format!("{e:?}").contains("PQexec disallowed"), "{e:?}");
+    assert!(a.is_closed() || a.execute("select 1", &[]).await.is_err(), "the client goes on");
+    let b = login().await;
+    let row = b.query_one("select count(*) from pg_tables where tablename = 'kept_out'", &[]).await.unwrap();
+    assert_eq!(row.get::<_, i64>(0), 0, "the transaction was not rolled back");
+    let console = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "pgbouncer").await;
+    console.simple_query("SHOW POOLS").await.expect("the console takes simple queries");
+    s.reload_replacing("disable_pqexec = true", "disable_pqexec = false");
+    b.simple_query("select 1").await.expect("refused after the reload");
+}

@@ -8,7 +8,7 @@
 use bytes::BytesMut;
 
 use super::extended::ClientCtx;
-use super::track::{self, Track};
+use super::track::Track;
 use crate::config::PoolMode;
 use crate::prepared::{ClientStatements, Generations, ServerStatements};
 use crate::protocol::scan::{Need, Splice};
@@ -17,12 +17,12 @@ use crate::stats::PoolStats;
 
 /// The relay's need function for client messages (`pooled`: transaction or statement mode).
 pub fn client_need(pooled: bool) -> impl Fn(u8) -> Need {
-    track::client_need(pooled)
+    super::needs::client_need(pooled, false)
 }
 
 /// The relay's need function for server messages.
 pub fn server_need(tag: u8) -> Need {
-    track::server_need(tag)
+    super::needs::server_need(tag)
 }
 
 /// One client linked to one server: the tracking state of the relay plus the client's

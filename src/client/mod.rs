@@ -11,6 +11,7 @@ mod interrupt;
 mod login;
 mod lookup;
 mod method;
+mod needs;
 mod relay;
 mod seen;
 mod session;

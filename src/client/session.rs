@@ -36,6 +36,8 @@ pub struct Timeouts {
     pub fast_close: bool,
     /// The largest length field `max_packet_size` lets through.
     pub packet_limit: usize,
+    /// `disable_pqexec`: a simple Query ends the client.
+    pub refuse_query: bool,
     /// The pools' reload count when they were read (`Pools::reloads`).
     seen: u64,
 }
@@ -52,6 +54,7 @@ impl Timeouts {
             client_idle: secs(g.client_idle_timeout),
             fast_close: g.server_fast_close,
             packet_limit: crate::protocol::length_limit(g.max_packet_size),
+            refuse_query: g.disable_pqexec,
             seen,
         }
     }
@@ -146,7 +149,7 @@ impl Session {
             params,
             _cancel_key: key,
             server,
-            track: Track::with_packet_limit(timeouts.packet_limit),
+            track: Track::with_rules(timeouts.packet_limit, timeouts.refuse_query),
             timeouts,
         };
         if let Some(server) = &s.server {
@@ -219,8 +222,11 @@ impl Session {
                 Err(e) => return Wanted::Leave(Exit::protocol(e)),
                 Ok(Some(h)) if h.tag == fe::TERMINATE => return Wanted::Leave(Exit::Terminated),
                 Ok(Some(h)) => {
-                    // Too long (None): the relay refuses it.
-                    let needed = client_need(self.mode != PoolMode::Session)(h.tag).wanted(h.frame_len).unwrap_or(0);
+                    let need = client_need(self.mode != PoolMode::Session, self.timeouts.refuse_query)(h.tag);
+                    // Refused (too long, or turned off) before any server is taken for it.
+                    let Some(needed) = need.wanted(h.frame_len) else {
+                        return Wanted::Leave(Exit::protocol(need.refusal(h)));
+                    };
                     if conn.buf.len() >= needed {
                         return Wanted::Server;
                     }
@@ -462,7 +468,7 @@ impl Session {
     pub(super) fn follow_reloads(&mut self) {
         if self.app.pools.reloads() != self.timeouts.seen {
             self.timeouts = Timeouts::read(&self.app);
-            self.track.set_packet_limit(self.timeouts.packet_limit);
+            self.track.set_rules(self.timeouts.packet_limit, self.timeouts.refuse_query);
         }
     }
 

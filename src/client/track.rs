@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 pub(super) use super::copy::{CopyIn, EarlySyncs};
 use super::copy::{EndedAhead, before, probe_portal, probe_reply, unit_reached};
 use super::extended::{ClientCtx, Extended};
+pub(super) use super::needs::{client_need, server_need};
 pub(super) use super::seen::Seen;
 use crate::config::PoolMode;
 use crate::params::is_reported;
-use crate::prepared::{MAX_PARSE_LEN, NAME_PREFIX};
 use crate::protocol::fields::{ErrorFields, parameter_status};
-use crate::protocol::scan::{Need, Scanner, Splice};
-use crate::protocol::{MAX_INSPECTED_LEN, ProtocolError, TxStatus, be, body, fe, sqlstate};
+use crate::protocol::scan::{Scanner, Splice};
+use crate::protocol::{ProtocolError, TxStatus, be, body, fe, sqlstate};
 use crate::stats::{ExchangeStats, PoolStats};
 
 /// Protocol state of the linked exchange.
@@ -39,6 +39,8 @@ pub struct Track {
     pub unsynced: bool,
     pub(super) client_scan: Scanner,
     pub(super) server_scan: Scanner,
+    /// Simple Query messages end the client (`disable_pqexec`); kept across links.
+    pub(super) refuse_query: bool,
     pub(super) terminated: bool,
     /// Bytes of answers read and dropped since the client's Terminate.
     pub(super) dropped_after_terminate: usize,
@@ -84,34 +86,6 @@ pub struct Track {
     pub(super) early_syncs: EarlySyncs,
 }
 
-/// How much of each client message the relay reads.
-pub(super) fn client_need(pooled: bool) -> impl Fn(u8) -> Need {
-    move |tag| match tag {
-        fe::TERMINATE => Need::Whole(MAX_INSPECTED_LEN),
-        _ if !pooled => Need::Stream,
-        fe::PARSE => Need::Whole(MAX_PARSE_LEN),
-        fe::BIND | fe::DESCRIBE => Need::Prefix(NAME_PREFIX),
-        fe::CLOSE => Need::Whole(MAX_INSPECTED_LEN),
-        fe::QUERY => Need::Prefix(256),
-        _ => Need::Stream,
-    }
-}
-
-/// How much of each server message the relay reads.
-pub(super) fn server_need(tag: u8) -> Need {
-    match tag {
-        be::READY_FOR_QUERY | be::PARAMETER_STATUS | be::ROW_DESCRIPTION | be::COMMAND_COMPLETE => {
-            Need::Whole(MAX_INSPECTED_LEN)
-        }
-        // Can be long (it may quote a long value): its fields come first.
-        be::ERROR_RESPONSE => Need::Prefix(ERROR_PREFIX),
-        _ => Need::Stream,
-    }
-}
-
-/// How much of an ErrorResponse the relay reads before passing the rest on.
-const ERROR_PREFIX: usize = 64 * 1024;
-
 /// The fields of a server ErrorResponse the relay saw (or the first `ERROR_PREFIX`
 /// bytes of it).
 pub(super) fn error_fields(m: &crate::protocol::scan::Msg) -> Result<ErrorFields, ProtocolError> {
@@ -148,17 +122,19 @@ impl Track {
     }
 
     /// A Track refusing messages whose length field says more than `limit`, either way
-    /// (`max_packet_size`: `protocol::length_limit`).
-    pub fn with_packet_limit(limit: usize) -> Track {
+    /// (`max_packet_size`: `protocol::length_limit`), and simple Query messages when
+    /// `refuse_query` (`disable_pqexec`).
+    pub fn with_rules(limit: usize, refuse_query: bool) -> Track {
         let mut t = Track::default();
-        t.set_packet_limit(limit);
+        t.set_rules(limit, refuse_query);
         t
     }
 
-    /// Messages whose length field says more than `limit` are refused from now on.
-    pub fn set_packet_limit(&mut self, limit: usize) {
+    /// `with_rules`' rules from the next message on.
+    pub fn set_rules(&mut self, limit: usize, refuse_query: bool) {
         self.client_scan.set_limit(limit);
         self.server_scan.set_limit(limit);
+        self.refuse_query = refuse_query;
     }
 
     /// Starts tracking a new link, keeping allocated buffers.
@@ -176,6 +152,7 @@ impl Track {
             unsynced,
             client_scan,
             server_scan,
+            refuse_query: _,
             terminated,
             dropped_after_terminate,
             violation,
@@ -273,6 +250,7 @@ impl Track {
         let was_busy = self.awaiting_server();
         let Track {
             client_scan,
+            refuse_query,
             pending,
             unsynced,
             terminated,
@@ -290,7 +268,7 @@ impl Track {
         } = self;
         let n = client_scan.scan(
             buf,
-            client_need(ctx.is_some()),
+            client_need(ctx.is_some(), *refuse_query),
             |m, sp| {
                 if *terminated {
                     // Nothing after a Terminate reaches the server (PostgreSQL reads no
@@ -685,7 +663,7 @@ mod tests {
         let partial = [b'Q', 0, 0, 0, 100, b's', b'e', b'l'];
         let mut sp = Splice::new();
         for scan in [&mut t.client_scan, &mut t.server_scan] {
-            scan.scan(&partial, |_| Need::Stream, |_, _| Ok(()), &mut sp).unwrap();
+            scan.scan(&partial, |_| crate::protocol::scan::Need::Stream, |_, _| Ok(()), &mut sp).unwrap();
             assert!(scan.mid_message());
         }
         t.reset();

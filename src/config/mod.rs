@@ -133,6 +133,8 @@ pub struct General {
     pub tcp_keepcnt: u32,
     /// Milliseconds sent data may stay unacknowledged (0: the kernel's).
     pub tcp_user_timeout: u32,
+    /// Clients may not use the simple query protocol (PgBouncer's `disable_pqexec`).
+    pub disable_pqexec: bool,
     /// `TCP_DEFER_ACCEPT` on the TCP listeners (Linux): a connection is accepted once
     /// its first data (the startup packet) has come.
     pub tcp_defer_accept: bool,
@@ -239,6 +241,7 @@ impl Default for General {
             tcp_keepcnt: 0,
             tcp_user_timeout: 0,
             tcp_defer_accept: cfg!(target_os = "linux"),
+            disable_pqexec: false,
             listen_backlog: 4096,
             so_reuseport: false,
             max_prepared_statements: 200,

@@ -120,6 +120,9 @@ pub enum ProtocolError {
     BadStartupLength(usize),
     #[error("{0}")]
     Limit(&'static str),
+    /// A message of a type the config turns off (`disable_pqexec`), saying so.
+    #[error("{0}")]
+    Disallowed(&'static str),
     #[error("unsupported frontend protocol {major}.{minor}")]
     UnsupportedVersion { major: u16, minor: u16 },
 }

@@ -18,6 +18,8 @@ pub enum Need {
     Whole(usize),
     /// The first `n` bytes of the frame (or all of it, if shorter); the rest streams.
     Prefix(usize),
+    /// Not taken at all: [`ProtocolError::Disallowed`], saying why.
+    Refused(&'static str),
 }
 
 impl Need {
@@ -29,6 +31,16 @@ impl Need {
             Need::Whole(max) if frame_len > max => None,
             Need::Whole(_) => Some(frame_len),
             Need::Prefix(n) => Some(n.min(frame_len)),
+            Need::Refused(_) => None,
+        }
+    }
+
+    /// Why a message of this need that `wanted` gave no length for is refused.
+    #[cold]
+    pub fn refusal(self, h: Header) -> ProtocolError {
+        match self {
+            Need::Refused(why) => ProtocolError::Disallowed(why),
+            _ => ProtocolError::TooLarge { tag: h.tag, len: h.frame_len },
         }
     }
 }
@@ -103,8 +115,8 @@ impl Scanner {
         while self.remaining == 0 {
             let Some(h) = Header::peek_within(&buf[pos..], self.limit)? else { break };
             let start = pos;
-            let too_large = || ProtocolError::TooLarge { tag: h.tag, len: h.frame_len };
-            let want = need(h.tag).wanted(h.frame_len).ok_or_else(too_large)?;
+            let need = need(h.tag);
+            let want = need.wanted(h.frame_len).ok_or_else(|| need.refusal(h))?;
             let avail = (buf.len() - pos).min(h.frame_len);
             if avail < want {
                 break;
