@@ -24,6 +24,14 @@ fn unsupported_why(key: &str) -> &'static str {
         "pidfile" | "user" => "Sluice runs in the foreground under a service manager",
         "ignore_startup_parameters" => "not needed: Sluice applies every startup parameter",
         "client_tls_dheparams" => "not needed: Sluice offers no DHE suites (its TLS 1.2 suites are ECDHE)",
+        "pkt_buf" | "sbuf_loopcnt" => "not needed: Sluice sizes its buffers to the messages and takes turns itself",
+        "tcp_socket_buffer" => "not there: Sluice leaves socket buffer sizes to the kernel, which grows them as needed",
+        "suspend_timeout" => "not there: Sluice has no SUSPEND (online restart is not built)",
+        "dns_zone_check_period" => "not needed: Sluice looks host names up again every dns_max_ttl while they are used",
+        "resolv_conf" => "Sluice uses the system's resolver (/etc/resolv.conf)",
+        "service_name" | "job_name" => "Windows service settings: not needed",
+        "peer_id" => "not there: peering is not built",
+        "track_extra_parameters" => "not needed: Sluice applies every startup parameter and follows SETs",
         _ => "no such setting in Sluice",
     }
 }
@@ -67,7 +75,8 @@ pub fn from_pgbouncer_ini(text: &str) -> Result<Converted, String> {
                         i + 1
                     ));
                 }
-                match setting(&key, value, known.get(&key)) {
+                let (key, value) = verbosity(&key, value).unwrap_or((key.as_str(), value));
+                match setting(key, value, known.get(key)) {
                     Ok(v) => general.push_str(&format!("{key} = {v}\n")),
                     Err(why) => {
                         let note = format!("line {}: {key} = {value}: {why}", i + 1);
@@ -101,6 +110,16 @@ pub fn from_pgbouncer_ini(text: &str) -> Result<Converted, String> {
          # `sluice --check --config FILE`, and see docs/from-pgbouncer.md.\n\n[general]\n{general}{databases}{users}"
     );
     Ok(out)
+}
+
+/// PgBouncer's `verbose` (0: its usual log, 1 and up: more) as Sluice's `log_level`.
+fn verbosity<'a>(key: &str, value: &'a str) -> Option<(&'static str, &'a str)> {
+    (key == "verbose").then(|| match value.trim().parse::<u32>() {
+        Ok(0) => ("log_level", "info"),
+        Ok(1) => ("log_level", "debug"),
+        Ok(_) => ("log_level", "trace"),
+        Err(_) => ("verbose", value),
+    })
 }
 
 /// Marks a database entry that named no host, filled in once the whole file is read.
@@ -326,6 +345,9 @@ dns_max_ttl = 30
         let c = from_pgbouncer_ini("[pgbouncer]\nlisten_addr = *\n").unwrap();
         let cfg = super::super::Config::parse(&c.toml, std::path::Path::new("x.toml")).unwrap();
         assert_eq!(cfg.general.auth_type, super::super::AuthType::Md5);
+        let loud = from_pgbouncer_ini("[pgbouncer]\nverbose = 2\n").unwrap();
+        let cfg = super::super::Config::parse(&loud.toml, std::path::Path::new("x.toml")).unwrap();
+        assert_eq!((cfg.general.log_level.as_str(), loud.notes.len()), ("trace", 0), "{:?}", loud.notes);
         let bad = from_pgbouncer_ini("[pgbouncer]\nauth_type = pam\nmax_client_conn = many\n").unwrap();
         assert_eq!(bad.notes.len(), 2, "{:?}", bad.notes);
         let any =
