@@ -397,3 +397,43 @@ async fn disable_pqexec_refuses_simple_queries() {
     s.reload_replacing("disable_pqexec = true", "disable_pqexec = false");
     b.simple_query("select 1").await.expect("refused after the reload");
 }
+
+/// A database's `timezone` and `datestyle` are its server connections' startup settings:
+/// a client without its own gets them, one with its own (`options`) keeps its own on the
+/// same server; `connect_query` runs once per new server connection, and an ERROR in it
+/// is logged and the connection used; a reload changing it replaces the connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_startup_settings_and_connect_query() {
+    let pg = PgCluster::start();
+    pg.psql("create sequence connects; grant usage on sequence connects to public");
+    let db = [
+        ("pool_size", "1"),
+        ("timezone", "\"Asia/Tokyo\""),
+        ("datestyle", "\"SQL, DMY\""),
+        ("connect_query", "\"select nextval('connects')\""),
+    ];
+    let s = Sluice::builder(&pg).database("app", &db).start();
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&a, "show timezone").await, "Asia/Tokyo");
+    assert_eq!(value(&a, "show datestyle").await, "SQL, DMY");
+    let server = value(&a, "select pg_backend_pid()").await;
+    let mut own = tokio_postgres::Config::new();
+    own.host("127.0.0.1").port(s.port).user(Role::SCRAM.name).password(Role::SCRAM.password).dbname("app");
+    let (b, task) = own.options("-c TimeZone=UTC").connect(tokio_postgres::NoTls).await.expect("login");
+    tokio::spawn(task);
+    assert_eq!(value(&b, "show timezone").await, "UTC");
+    assert_eq!(value(&b, "select pg_backend_pid()").await, server, "a pool of one");
+    assert_eq!(value(&a, "show timezone").await, "Asia/Tokyo");
+    assert_eq!(pg.psql("select last_value from connects where is_called"), "1", "one server, one connect_query");
+    s.reload_replacing("select nextval('connects')", "select no_such_function()");
+    let next = value(&a, "select pg_backend_pid()").await;
+    assert_ne!(next, server, "the connection from before the reload was lent");
+    assert!(s.wait_log("connect_query failed", Duration::from_secs(10)), "{}", s.log());
+    assert_eq!(value(&a, "show timezone").await, "Asia/Tokyo");
+    // One that leaves a transaction open fails the connect: no client gets that server.
+    let open = Sluice::builder(&pg).database("app", &[("connect_query", "\"begin\"")]).start();
+    let Err(e) = try_connect(open.port, Role::SCRAM.name, Role::SCRAM.password, "app").await else {
+        panic!("served by a server left in a transaction")
+    };
+    assert!(format!("{e:?}").contains("connect_query left a transaction open"), "{e:?}");
+}

@@ -218,9 +218,8 @@ fn database(name: &str, conn: &str, line: usize, notes: &mut Vec<String>) -> Str
         let key = if key == "reserve_pool" { "reserve_pool_size".to_string() } else { key };
         let v = match key.as_str() {
             "host" if value.contains(',') => Err("host lists are not supported".to_string()),
-            "host" | "dbname" | "user" | "password" | "pool_mode" | "auth_user" | "auth_query" | "auth_dbname" => {
-                Ok(Value::String(value.clone()))
-            }
+            "host" | "dbname" | "user" | "password" | "pool_mode" | "auth_user" | "auth_query" | "auth_dbname"
+            | "client_encoding" | "datestyle" | "timezone" | "connect_query" => Ok(Value::String(value.clone())),
             "port" | "pool_size" | "min_pool_size" | "reserve_pool_size" | "max_db_connections" => integer(&value),
             _ => Err("no such database setting in Sluice".to_string()),
         };

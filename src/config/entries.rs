@@ -40,9 +40,20 @@ pub(super) fn validate_database(name: &str, db: &Database, g: &General, invalid:
             "a SCRAM secret cannot log in as a database's own user; give a plain password or an md5 hash".into(),
         ));
     }
-    for (key, value) in [("dbname", &db.dbname), ("user", &db.user)] {
+    let strings = [
+        ("dbname", &db.dbname),
+        ("user", &db.user),
+        ("client_encoding", &db.client_encoding),
+        ("datestyle", &db.datestyle),
+        ("timezone", &db.timezone),
+        ("connect_query", &db.connect_query),
+    ];
+    for (key, value) in strings {
         if value.as_deref() == Some("") {
             return Err(invalid(key, "must not be empty (leave it out for the default)".into()));
+        }
+        if value.as_deref().is_some_and(|v| v.contains('\0')) {
+            return Err(invalid(key, "must not contain a NUL character".into()));
         }
     }
     Ok(())

@@ -312,6 +312,23 @@ pub struct Database {
     pub auth_user: Option<String>,
     pub auth_query: Option<String>,
     pub auth_dbname: Option<String>,
+    /// Sent in the startup packet of each server connection (PgBouncer's database
+    /// settings): the server's defaults for this database's pools.
+    pub client_encoding: Option<String>,
+    pub datestyle: Option<String>,
+    pub timezone: Option<String>,
+    /// Run on each new server connection before it is lent.
+    pub connect_query: Option<String>,
+}
+
+impl Database {
+    /// The settings each server connection's startup packet carries for this database
+    /// (besides user and database), by their PostgreSQL names.
+    pub fn server_params(&self) -> Vec<(&'static str, String)> {
+        let named =
+            [("client_encoding", &self.client_encoding), ("DateStyle", &self.datestyle), ("TimeZone", &self.timezone)];
+        named.into_iter().filter_map(|(k, v)| Some((k, v.clone()?))).collect()
+    }
 }
 
 /// A `[users.NAME]` entry.

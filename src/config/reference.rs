@@ -23,6 +23,10 @@ pub fn keys() -> Vec<(&'static str, String)> {
         auth_user: Some(String::new()),
         auth_query: Some(String::new()),
         auth_dbname: Some(String::new()),
+        client_encoding: Some(String::new()),
+        datestyle: Some(String::new()),
+        timezone: Some(String::new()),
+        connect_query: Some(String::new()),
     };
     let user = User {
         password: Some(String::new()),

@@ -47,6 +47,10 @@ fn wrong_type_and_bad_enum_name_line() {
 fn semantic_errors_name_file_line_and_key() {
     let e = err("[general]\nauth_type = \"trust\"\n[databases.app]\nhost = \"h\"\nport = 0\n");
     assert_eq!(e, "sluice.toml:5: databases.app.port: must be between 1 and 65535");
+    let e = err("[general]\nauth_type = \"trust\"\n[databases.app]\ntimezone = \"\"\n");
+    assert_eq!(e, "sluice.toml:4: databases.app.timezone: must not be empty (leave it out for the default)");
+    let e = err("[general]\nauth_type = \"trust\"\n[databases.app]\nconnect_query = \"select 1\\u0000\"\n");
+    assert_eq!(e, "sluice.toml:4: databases.app.connect_query: must not contain a NUL character");
     let e = err("[general]\nlisten_addr = [\"not a host\"]\n");
     assert!(e.starts_with("sluice.toml:2: general.listen_addr:"), "{e}");
     let e = err("[general]\nquery_timeout = -1\n");

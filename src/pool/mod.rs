@@ -260,7 +260,8 @@ impl Pool {
         }
         let new = Arc::new(settings);
         self.settings.store(new.clone());
-        let moved = old.target.addr != new.target.addr || old.target.database != new.target.database;
+        // (Or its connections begin otherwise: new startup settings, a new connect_query.)
+        let moved = !old.target.same_sessions(&new.target);
         if moved {
             self.learned.forget();
         }

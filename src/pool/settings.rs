@@ -87,6 +87,8 @@ pub(super) fn settings_with(
                 answer: Duration::from_secs_f64(g.dns_max_ttl),
                 failure: Duration::from_secs_f64(g.dns_nxdomain_ttl),
             },
+            params: db.server_params(),
+            connect_query: db.connect_query.clone(),
         },
         login,
         mode: cfg.pool_mode(db, user_cfg),

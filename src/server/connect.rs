@@ -99,9 +99,25 @@ pub struct ServerTarget {
     /// How long a lookup of the host name is used (`dns_max_ttl`, and
     /// `dns_nxdomain_ttl` for a failed one).
     pub dns_ttl: super::dns::DnsTtl,
+    /// Settings sent in each connection's startup packet after `user` and `database`
+    /// (the database's `client_encoding`, `datestyle`, `timezone`): the server's
+    /// defaults, which the pool learns as its connections' settings.
+    pub params: Vec<(&'static str, String)>,
+    /// Run on each new connection before it is lent (the database's `connect_query`).
+    pub connect_query: Option<String>,
 }
 
 impl ServerTarget {
+    /// Whether connections to `other` are interchangeable with this target's: the same
+    /// server, database, startup settings and `connect_query` (not necessarily the
+    /// same TCP or DNS options).
+    pub fn same_sessions(&self, other: &ServerTarget) -> bool {
+        self.addr == other.addr
+            && self.database == other.database
+            && self.params == other.params
+            && self.connect_query == other.connect_query
+    }
+
     /// A socket to the server and, for a host name, the address it went to and the
     /// name's epoch then: the first of the name's addresses that accepts.
     async fn open(&self) -> std::io::Result<(Stream, Option<(SocketAddr, u64)>)> {
@@ -174,9 +190,20 @@ async fn connect_inner(
     let mut conn = Box::new(ServerConn::new(stream, info));
     conn.dns_epoch = at.map_or(0, |(_, epoch)| epoch);
     let mut out = BytesMut::new();
-    build::startup_message(&mut out, &[("user", &target.user), ("database", &target.database)]);
+    let mut params = vec![("user", target.user.as_str()), ("database", target.database.as_str())];
+    params.extend(target.params.iter().map(|(k, v)| (*k, v.as_str())));
+    build::startup_message(&mut out, &params);
     conn.stream.send(&out).await?;
     authenticate(&mut conn, target, login).await?;
+    let conn = logged_in(conn).await?;
+    match &target.connect_query {
+        Some(query) => run_connect_query(conn, query).await,
+        None => Ok(conn),
+    }
+}
+
+/// Reads the login reply up to the first ReadyForQuery.
+async fn logged_in(mut conn: Box<ServerConn>) -> Result<Box<ServerConn>, ServerError> {
     loop {
         let frame = read_message(&mut conn.stream, &mut conn.buf).await?;
         match frame[0] {
@@ -198,6 +225,21 @@ async fn connect_inner(
             be::ERROR_RESPONSE => return Err(ServerError::Server(ErrorFields::parse(body(&frame))?)),
             _ => {} // NoticeResponse, NegotiateProtocolVersion: nothing to do
         }
+    }
+}
+
+/// Runs the database's `connect_query` on a new connection (bounded, with the login, by
+/// `server_connect_timeout`). An ERROR is logged and the connection kept, as in PgBouncer;
+/// one left in a transaction, or any other failure, fails the connect.
+async fn run_connect_query(mut conn: Box<ServerConn>, query: &str) -> Result<Box<ServerConn>, ServerError> {
+    match conn.exec(query, super::QueryBounds { query: None, cancel: None }).await {
+        Ok(()) if conn.tx != TxStatus::Idle => Err(ServerError::ConnectQueryOpen),
+        Ok(()) => Ok(conn),
+        Err(ServerError::Server(e)) if !conn.broken => {
+            tracing::warn!(server = conn.id, "connect_query failed (the connection is used anyway): {}", e.message);
+            Ok(conn)
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -333,6 +375,8 @@ mod tests {
             tls: Arc::new(Default::default()),
             dns: None,
             dns_ttl: Default::default(),
+            params: Vec::new(),
+            connect_query: None,
         };
         let login = ServerLogin::plain("secret");
         let info = Arc::new(ServerInfo::new(1, target.addr.clone()));

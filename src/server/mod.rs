@@ -32,6 +32,8 @@ pub enum ServerError {
     ConnectTimeout,
     #[error("server did not answer within internal_query_timeout")]
     InternalTimeout,
+    #[error("the database's connect_query left a transaction open")]
+    ConnectQueryOpen,
     #[error("{0}")]
     Login(#[from] crate::auth::LoginError),
     #[error("server login failed: {0}")]
