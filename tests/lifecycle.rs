@@ -251,11 +251,11 @@ fn tcp_keepalive_follows_a_reload() {
     reload(
         "tcp_keepidle",
         "500",
-        "tcp_keepalive on (tcp_keepidle 500 s, tcp_keepintvl the kernel's, tcp_keepcnt the kernel's) for connections from now on",
+        "tcp_keepalive on (tcp_keepidle 500 s, tcp_keepintvl the kernel's, tcp_keepcnt the kernel's), tcp_defer_accept on for connections from now on",
     );
     let idle_500 = connect();
     assert!(timer(&idle_500).is_some_and(|t| (400..=500).contains(&t)), "{:?}", timer(&idle_500));
-    reload("tcp_keepalive", "false", "tcp_keepalive off for connections from now on");
+    reload("tcp_keepalive", "false", "tcp_keepalive off, tcp_defer_accept on for connections from now on");
     let after = connect();
     assert_eq!(timer(&after), None);
     // With tcp_defer_accept off a connection that has sent nothing is taken up too.

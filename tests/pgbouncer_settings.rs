@@ -410,10 +410,11 @@ async fn database_startup_settings_and_connect_query() {
         ("pool_size", "1"),
         ("timezone", "\"Asia/Tokyo\""),
         ("datestyle", "\"SQL, DMY\""),
-        ("connect_query", "\"select nextval('connects')\""),
+        ("connect_query", "\"select nextval('connects'); set timezone = 'Europe/Paris'\""),
     ];
     let s = Sluice::builder(&pg).database("app", &db).start();
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    // (The connect_query's SET of a reported setting is undone before the first loan.)
     assert_eq!(value(&a, "show timezone").await, "Asia/Tokyo");
     assert_eq!(value(&a, "show datestyle").await, "SQL, DMY");
     let server = value(&a, "select pg_backend_pid()").await;
@@ -425,15 +426,18 @@ async fn database_startup_settings_and_connect_query() {
     assert_eq!(value(&b, "select pg_backend_pid()").await, server, "a pool of one");
     assert_eq!(value(&a, "show timezone").await, "Asia/Tokyo");
     assert_eq!(pg.psql("select last_value from connects where is_called"), "1", "one server, one connect_query");
-    s.reload_replacing("select nextval('connects')", "select no_such_function()");
+    s.reload_replacing("select nextval('connects'); set", "select no_such_function(); set");
     let next = value(&a, "select pg_backend_pid()").await;
     assert_ne!(next, server, "the connection from before the reload was lent");
     assert!(s.wait_log("connect_query failed", Duration::from_secs(10)), "{}", s.log());
     assert_eq!(value(&a, "show timezone").await, "Asia/Tokyo");
-    // One that leaves a transaction open fails the connect: no client gets that server.
-    let open = Sluice::builder(&pg).database("app", &[("connect_query", "\"begin\"")]).start();
-    let Err(e) = try_connect(open.port, Role::SCRAM.name, Role::SCRAM.password, "app").await else {
-        panic!("served by a server left in a transaction")
-    };
-    assert!(format!("{e:?}").contains("connect_query left a transaction open"), "{e:?}");
+    // One that leaves a transaction open (or aborted) fails the connect: no client gets
+    // that server.
+    for query in ["\"begin\"", "\"begin; select 1/0\""] {
+        let open = Sluice::builder(&pg).database("app", &[("connect_query", query)]).start();
+        let Err(e) = try_connect(open.port, Role::SCRAM.name, Role::SCRAM.password, "app").await else {
+            panic!("served by a server left in a transaction by {query}")
+        };
+        assert!(format!("{e:?}").contains("connect_query left a transaction open"), "{query}: {e:?}");
+    }
 }

@@ -18,7 +18,7 @@ use super::{ClientConn, Exit, WAITING_INPUT_LIMIT};
 use crate::admin::{self, AdminSession};
 use crate::app::{App, Phase};
 use crate::auth::client::{AuthFailure, Method, Shown, authenticate};
-use crate::config::{Config, PoolMode, secs};
+use crate::config::{AuthType, Config, PoolMode, secs};
 use crate::net::listener::Peer;
 use crate::net::{ReadError, Stream, read_startup};
 use crate::params::{ClientParams, NOT_SETTINGS, is_reported};
@@ -38,10 +38,17 @@ pub enum LoggedIn {
 /// The client's pool, from the config as it is now (a reload may have been applied
 /// while the client authenticated): a pool created from the config read at the start of
 /// the login would keep that config's settings until the next reload.
-fn current_pool(app: &App, database: &str, user: &str) -> Option<Arc<crate::pool::Pool>> {
+/// A client proven by nothing (`anonymous`: the config read at its login's start said
+/// `auth_type = "any"`) is served only by a database's own user, while the config
+/// still says `any`.
+fn current_pool(app: &App, database: &str, user: &str, anonymous: bool) -> Option<Arc<crate::pool::Pool>> {
     loop {
         let seen = app.pools.reloads();
         let (cfg, users) = (app.config.load(), app.users.load());
+        let forced = cfg.general.auth_type == AuthType::Any && cfg.database(database).is_some_and(|d| d.user.is_some());
+        if anonymous && !forced {
+            return None;
+        }
         if let Ok(pool) = app.pools.get_current(seen, &cfg, &users, database, user) {
             return pool;
         }
@@ -96,7 +103,7 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn, deadline: LoginDeadlin
     }
     let app_name = params.get("application_name").unwrap_or_default();
     let (info, listed, greeting) = listed_and_proven(app, conn, &cfg, user, database, app_name, deadline).await?;
-    let pool = current_pool(app, database, user).ok_or_else(|| {
+    let pool = current_pool(app, database, user, cfg.general.auth_type == AuthType::Any).ok_or_else(|| {
         if app.config.load().database(database).is_none() {
             // Removed by a reload while the client authenticated.
             return Exit::fatal(sqlstate::INVALID_CATALOG_NAME, format!("database \"{database}\" does not exist"));

@@ -31,7 +31,9 @@ fn unsupported_why(key: &str) -> &'static str {
         "resolv_conf" => "Sluice uses the system's resolver (/etc/resolv.conf)",
         "service_name" | "job_name" => "Windows service settings: not needed",
         "peer_id" => "not there: peering is not built",
-        "track_extra_parameters" => "not needed: Sluice applies every startup parameter and follows SETs",
+        "track_extra_parameters" => {
+            "not needed: Sluice applies every startup parameter, and follows SETs of the settings PostgreSQL reports"
+        }
         _ => "no such setting in Sluice",
     }
 }

@@ -460,12 +460,19 @@ impl Config {
     }
 
     /// Whether every user's secrets can check logins under this configuration's
-    /// `auth_type` (as at load; for a reload that kept the running `auth_type`).
+    /// `auth_type` (as at load; for a reload that kept the running `auth_type`), and,
+    /// under `any`, whether every database has its own user.
     pub fn check_users(&self) -> Result<(), String> {
         for (name, user) in &self.users {
             let from_file = self.from_auth_file.contains_key(name);
             validate_user(user, &self.general, from_file, &unplaced)
                 .map_err(|e| keyed(&format!("users.{name}."), e))?;
+        }
+        let unforced = self.databases.iter().find(|(_, db)| db.user.is_none()).map(|(n, _)| n);
+        if let Some(name) = unforced.filter(|_| self.general.auth_type == AuthType::Any) {
+            return Err(format!(
+                "databases.{name}.user: auth_type = \"any\" needs every database to have its own user"
+            ));
         }
         Ok(())
     }

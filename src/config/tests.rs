@@ -276,6 +276,13 @@ fn any_auth_needs_every_database_to_have_its_own_user() {
     assert!(e.contains("auth_type = \"any\" needs every database to have its own user"), "{e}");
     let ok = parse("[general]\nauth_type = \"any\"\n[databases.own]\nuser = \"app\"\n").unwrap();
     assert_eq!(ok.general.auth_type, AuthType::Any);
+    assert_eq!(ok.check_users(), Ok(()));
+    // A reload keeping a running `any` (its new `cert` could not be set up) is checked
+    // again, against the new file's databases.
+    let mut kept = parse("[general]\nauth_type = \"md5\"\n[databases.theirs]\n").unwrap();
+    kept.general.auth_type = AuthType::Any;
+    let e = kept.check_users().unwrap_err();
+    assert_eq!(e, "databases.theirs.user: auth_type = \"any\" needs every database to have its own user");
 }
 
 #[test]

@@ -71,6 +71,7 @@ pub struct TcpOptions {
 /// How long a connection with no data yet waits in the kernel under `TCP_DEFER_ACCEPT`
 /// (PgBouncer's fixed value); after it, it is accepted anyway, and `client_login_timeout`
 /// takes over.
+#[cfg(target_os = "linux")]
 const DEFER_ACCEPT_SECS: libc::c_int = 45;
 
 impl TcpOptions {
@@ -150,9 +151,7 @@ impl TcpOptions {
         if self.user_timeout > 0 {
             out.push_str(&format!(", tcp_user_timeout {} ms", self.user_timeout));
         }
-        if !self.defer_accept {
-            out.push_str(", tcp_defer_accept off");
-        }
+        out.push_str(if self.defer_accept { ", tcp_defer_accept on" } else { ", tcp_defer_accept off" });
         out
     }
 }

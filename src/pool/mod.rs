@@ -247,10 +247,10 @@ impl Pool {
         self.settings.load_full()
     }
 
-    /// Applies reloaded settings. When the server address, database name or
-    /// `server_tls_sslmode` changed, every connection opened before is closed: idle ones
-    /// at once, lent ones as they come back (new certificates alone keep existing
-    /// connections).
+    /// Applies reloaded settings. When the server address, database name, startup
+    /// settings, `connect_query` or `server_tls_sslmode` changed, every connection opened
+    /// before is closed: idle ones at once, lent ones as they come back (new certificates
+    /// alone keep existing connections).
     pub fn update(self: &Arc<Self>, mut settings: PoolSettings) {
         let old = self.settings.load_full();
         if old.login.same_credentials(&settings.login) {

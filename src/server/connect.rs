@@ -103,8 +103,10 @@ pub struct ServerTarget {
     /// (the database's `client_encoding`, `datestyle`, `timezone`): the server's
     /// defaults, which the pool learns as its connections' settings.
     pub params: Vec<(&'static str, String)>,
-    /// Run on each new connection before it is lent (the database's `connect_query`).
+    /// Run on each new connection before it is lent (the database's `connect_query`),
+    /// within these bounds (`internal_query_timeout`, `cancel_wait_timeout`).
     pub connect_query: Option<String>,
+    pub connect_query_bounds: super::QueryBounds,
 }
 
 impl ServerTarget {
@@ -197,7 +199,7 @@ async fn connect_inner(
     authenticate(&mut conn, target, login).await?;
     let conn = logged_in(conn).await?;
     match &target.connect_query {
-        Some(query) => run_connect_query(conn, query).await,
+        Some(query) => run_connect_query(conn, query, target.connect_query_bounds).await,
         None => Ok(conn),
     }
 }
@@ -228,18 +230,28 @@ async fn logged_in(mut conn: Box<ServerConn>) -> Result<Box<ServerConn>, ServerE
     }
 }
 
-/// Runs the database's `connect_query` on a new connection (bounded, with the login, by
-/// `server_connect_timeout`). An ERROR is logged and the connection kept, as in PgBouncer;
-/// one left in a transaction, or any other failure, fails the connect.
-async fn run_connect_query(mut conn: Box<ServerConn>, query: &str) -> Result<Box<ServerConn>, ServerError> {
-    match conn.exec(query, super::QueryBounds { query: None, cancel: None }).await {
-        Ok(()) if conn.tx != TxStatus::Idle => Err(ServerError::ConnectQueryOpen),
-        Ok(()) => Ok(conn),
-        Err(ServerError::Server(e)) if !conn.broken => {
+/// Runs the database's `connect_query` on a new connection (within `bounds`, and with
+/// the login within `server_connect_timeout`). An ERROR is logged and the connection
+/// kept, as in PgBouncer; one left in a transaction (aborted too), or any other failure,
+/// fails the connect. The settings the login reported stay the ones the pool learns: a
+/// SET of a reported setting in the query is undone before the first loan (the
+/// connection counts as carrying it for a client, and the loan applies the client's).
+async fn run_connect_query(
+    mut conn: Box<ServerConn>,
+    query: &str,
+    bounds: super::QueryBounds,
+) -> Result<Box<ServerConn>, ServerError> {
+    let reported = conn.reported.clone();
+    let ran = conn.exec(query, bounds).await;
+    conn.reported = reported;
+    match ran {
+        Err(e) if conn.broken => Err(e),
+        _ if conn.tx != TxStatus::Idle => Err(ServerError::ConnectQueryOpen),
+        Err(ServerError::Server(e)) => {
             tracing::warn!(server = conn.id, "connect_query failed (the connection is used anyway): {}", e.message);
             Ok(conn)
         }
-        Err(e) => Err(e),
+        ran => ran.map(|()| conn),
     }
 }
 
@@ -377,6 +389,7 @@ mod tests {
             dns_ttl: Default::default(),
             params: Vec::new(),
             connect_query: None,
+            connect_query_bounds: Default::default(),
         };
         let login = ServerLogin::plain("secret");
         let info = Arc::new(ServerInfo::new(1, target.addr.clone()));
