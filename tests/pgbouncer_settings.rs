@@ -431,6 +431,13 @@ async fn database_startup_settings_and_connect_query() {
     assert_ne!(next, server, "the connection from before the reload was lent");
     assert!(s.wait_log("connect_query failed", Duration::from_secs(10)), "{}", s.log());
     assert_eq!(value(&a, "show timezone").await, "Asia/Tokyo");
+    // What a client is told at login is what it runs with: the startup setting, not the
+    // connect_query's SET (the first login learns the pool's defaults).
+    let trust = Sluice::builder(&pg).general("auth_type", "\"trust\"").database("app", &db).start();
+    let mut raw = common::raw::Raw::open(trust.port);
+    raw.send(&common::raw::startup(&[("user", Role::TRUST.name), ("database", "app")], 3 << 16));
+    let told = raw.until_ready().into_iter().find(|(tag, body)| *tag == b'S' && body.starts_with(b"TimeZone\0"));
+    assert_eq!(told.map(|(_, body)| body), Some(b"TimeZone\0Asia/Tokyo\0".to_vec()), "told another TimeZone");
     // One that leaves a transaction open (or aborted) fails the connect: no client gets
     // that server.
     for query in ["\"begin\"", "\"begin; select 1/0\""] {

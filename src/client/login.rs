@@ -45,8 +45,7 @@ fn current_pool(app: &App, database: &str, user: &str, anonymous: bool) -> Optio
     loop {
         let seen = app.pools.reloads();
         let (cfg, users) = (app.config.load(), app.users.load());
-        let forced = cfg.general.auth_type == AuthType::Any && cfg.database(database).is_some_and(|d| d.user.is_some());
-        if anonymous && !forced {
+        if anonymous && !cfg.serves_anonymous(database) {
             return None;
         }
         if let Ok(pool) = app.pools.get_current(seen, &cfg, &users, database, user) {

@@ -193,7 +193,7 @@ impl Session {
             }
             self.check_phase()?;
             self.follow_reloads();
-            if self.timeouts.fast_close && self.mode == PoolMode::Session {
+            if self.rules.fast_close && self.mode == PoolMode::Session {
                 self.fast_close()?;
             }
             let server = self.server.as_mut().expect("relay without a server");
@@ -201,12 +201,11 @@ impl Session {
             reserve(&mut server.buf, 16 * 1024);
             let client_room = conn.buf.capacity() - conn.buf.len();
             let t = &self.track;
-            let query_deadline =
-                self.timeouts.query.zip(t.timed_from).map(|(d, s)| s + d).filter(|_| t.awaiting_server());
+            let query_deadline = self.rules.query.zip(t.timed_from).map(|(d, s)| s + d).filter(|_| t.awaiting_server());
             // Nothing due from the server (no Execute answered only at a later Sync).
             let idle_in_tx = !t.awaiting_server() && t.tx.is_some_and(|s| s != TxStatus::Idle);
             let idle_deadline =
-                self.timeouts.idle_transaction.zip(t.idle_since).map(|(d, s)| s + d).filter(|_| idle_in_tx);
+                self.rules.idle_transaction.zip(t.idle_since).map(|(d, s)| s + d).filter(|_| idle_in_tx);
             let woke = if !self.to_server.is_empty() || self.track.ext.holding() || self.track.terminated {
                 self.wait_on_server(interrupt, query_deadline).await?
             } else {

@@ -11,8 +11,9 @@ use tokio::io::AsyncReadExt;
 
 use super::cancelled::{self, Skipping, cancellable};
 use super::interrupt::Interrupt;
+use super::needs::client_need;
 use super::relay::send_to_client;
-use super::track::{Track, client_need};
+use super::track::Track;
 use super::{ClientConn, Exit, WAITING_INPUT_LIMIT};
 use crate::app::App;
 use crate::cancel::CancelKey;
@@ -24,11 +25,12 @@ use crate::protocol::{Header, TxStatus, build, fe, sqlstate};
 use crate::server::ServerConn;
 use crate::stats::{ClientInfo, ClientState, ServerState};
 
-/// The client timeouts in force: read at login, and again whenever a reload or an
-/// admin SET has been applied since (`Session::follow_reloads`), as PgBouncer applies
-/// the values in force to clients already connected.
+/// The client settings in force (timeouts, `server_fast_close`, `max_packet_size`,
+/// `disable_pqexec`): read at login, and again whenever a reload or an admin SET has
+/// been applied since (`Session::follow_reloads`), as PgBouncer applies the values in
+/// force to clients already connected.
 #[derive(Debug, Clone, Copy)]
-pub struct Timeouts {
+pub struct ClientRules {
     pub query: Option<Duration>,
     pub idle_transaction: Option<Duration>,
     pub client_idle: Option<Duration>,
@@ -42,13 +44,13 @@ pub struct Timeouts {
     seen: u64,
 }
 
-impl Timeouts {
-    fn read(app: &App) -> Timeouts {
+impl ClientRules {
+    fn read(app: &App) -> ClientRules {
         // The count first: the config is put in place before the count goes up, so
         // this config is at least as new as the count says.
         let seen = app.pools.reloads();
         let g = &app.config.load().general;
-        Timeouts {
+        ClientRules {
             query: secs(g.query_timeout),
             idle_transaction: secs(g.idle_transaction_timeout),
             client_idle: secs(g.client_idle_timeout),
@@ -72,7 +74,7 @@ pub struct Session {
     _cancel_key: CancelKey,
     pub(super) server: Option<Box<ServerConn>>,
     pub(super) track: Track,
-    pub(super) timeouts: Timeouts,
+    pub(super) rules: ClientRules,
     pub(super) limits: Limits,
     /// The client's named prepared statements (pooled modes).
     pub(super) stmts: ClientStatements,
@@ -130,7 +132,7 @@ impl Session {
         key: CancelKey,
         server: Option<Box<ServerConn>>,
     ) -> Session {
-        let timeouts = Timeouts::read(app);
+        let rules = ClientRules::read(app);
         let g = &app.config.load().general;
         let limits = Limits {
             server_statements: g.max_prepared_statements,
@@ -149,8 +151,8 @@ impl Session {
             params,
             _cancel_key: key,
             server,
-            track: Track::with_rules(timeouts.packet_limit, timeouts.refuse_query),
-            timeouts,
+            track: Track::with_rules(rules.packet_limit, rules.refuse_query),
+            rules,
         };
         if let Some(server) = &s.server {
             s.info.server_id.store(server.id, Release);
@@ -201,7 +203,7 @@ impl Session {
             // (Before the next message is looked at: `max_packet_size` applies to it.)
             self.follow_reloads();
             if self.skipping.is_active() {
-                match self.skipping.advance(&mut conn.buf, self.timeouts.packet_limit) {
+                match self.skipping.advance(&mut conn.buf, self.rules.packet_limit) {
                     Err(e) => return Wanted::Leave(Exit::protocol(e)),
                     Ok(true) => {
                         let mut out = BytesMut::new();
@@ -216,13 +218,13 @@ impl Session {
                     Ok(false) => {}
                 }
             }
-            match Header::peek_within(&conn.buf, self.timeouts.packet_limit) {
+            match Header::peek_within(&conn.buf, self.rules.packet_limit) {
                 // The rest of a cancelled request is still to come: read on.
                 _ if self.skipping.is_active() => {}
                 Err(e) => return Wanted::Leave(Exit::protocol(e)),
                 Ok(Some(h)) if h.tag == fe::TERMINATE => return Wanted::Leave(Exit::Terminated),
                 Ok(Some(h)) => {
-                    let need = client_need(self.mode != PoolMode::Session, self.timeouts.refuse_query)(h.tag);
+                    let need = client_need(self.mode != PoolMode::Session, self.rules.refuse_query)(h.tag);
                     // Refused (too long, or turned off) before any server is taken for it.
                     let Some(needed) = need.wanted(h.frame_len) else {
                         return Wanted::Leave(Exit::protocol(need.refusal(h)));
@@ -242,7 +244,7 @@ impl Session {
             if conn.buf.capacity() - conn.buf.len() < 128 {
                 conn.buf.reserve(1024);
             }
-            let idle = self.timeouts.client_idle.map(|d| {
+            let idle = self.rules.client_idle.map(|d| {
                 let from = *idle_from_us.get_or_insert_with(|| self.info.request_time_us.load(Relaxed));
                 d.saturating_sub(Duration::from_micros(crate::clock::coarse_wall_us().saturating_sub(from)))
             });
@@ -461,14 +463,14 @@ impl Session {
         }
     }
 
-    /// Reads the client timeouts again if a reload or admin SET was applied since they
+    /// Reads the client settings again if a reload or admin SET was applied since they
     /// were read: a wait begun from here on (the relay's, or the idle client's) counts
     /// with the values in force.
     #[inline]
     pub(super) fn follow_reloads(&mut self) {
-        if self.app.pools.reloads() != self.timeouts.seen {
-            self.timeouts = Timeouts::read(&self.app);
-            self.track.set_rules(self.timeouts.packet_limit, self.timeouts.refuse_query);
+        if self.app.pools.reloads() != self.rules.seen {
+            self.rules = ClientRules::read(&self.app);
+            self.track.set_rules(self.rules.packet_limit, self.rules.refuse_query);
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 pub(super) use super::copy::{CopyIn, EarlySyncs};
 use super::copy::{EndedAhead, before, probe_portal, probe_reply, unit_reached};
 use super::extended::{ClientCtx, Extended};
-pub(super) use super::needs::{client_need, server_need};
+use super::needs::{client_need, server_need};
 pub(super) use super::seen::Seen;
 use crate::config::PoolMode;
 use crate::params::is_reported;

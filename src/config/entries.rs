@@ -23,8 +23,7 @@ pub(super) fn validate_database(name: &str, db: &Database, g: &General, invalid:
         return Err(invalid("min_pool_size", format!("is larger than the pool size ({size})")));
     }
     if g.auth_type == AuthType::Any && db.user.is_none() {
-        // The client's name is ignored, so it cannot name the server login either.
-        return Err(invalid("user", "auth_type = \"any\" needs every database to have its own user".into()));
+        return Err(invalid("user", super::ANY_NEEDS_USER.into()));
     }
     if db.password.is_some() && db.user.is_none() {
         return Err(invalid("password", "is only used together with user".into()));

@@ -470,11 +470,15 @@ impl Config {
         }
         let unforced = self.databases.iter().find(|(_, db)| db.user.is_none()).map(|(n, _)| n);
         if let Some(name) = unforced.filter(|_| self.general.auth_type == AuthType::Any) {
-            return Err(format!(
-                "databases.{name}.user: auth_type = \"any\" needs every database to have its own user"
-            ));
+            return Err(format!("databases.{name}.user: {ANY_NEEDS_USER}"));
         }
         Ok(())
+    }
+
+    /// Whether this config serves a login proven by nothing (`auth_type = "any"`) to
+    /// `database`: only while it says `any`, and through the database's own user.
+    pub fn serves_anonymous(&self, database: &str) -> bool {
+        self.general.auth_type == AuthType::Any && self.database(database).is_some_and(|d| d.user.is_some())
     }
 
     /// The host names in `listen_addr` (not `*`, not IP addresses).
@@ -645,6 +649,10 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
     validate_tls(g, invalid)?;
     Ok(listen)
 }
+
+/// Why a database without its own `user` is refused under `auth_type = "any"`: the
+/// client's name is ignored, so it cannot name the server login either.
+const ANY_NEEDS_USER: &str = "auth_type = \"any\" needs every database to have its own user";
 
 /// The least `max_packet_size`: below it common statements, and the server's own
 /// messages (a RowDescription, an ErrorResponse), would not pass.

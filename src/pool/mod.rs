@@ -460,7 +460,14 @@ impl Pool {
             let listed = Opening::list(self, info.clone());
             // Boxed: opening a connection (TLS, SCRAM) is rare, and its state would
             // otherwise enlarge every client task that may wait for a server.
-            let mut s = match Box::pin(connect(&settings.target, &settings.login, settings.connect_timeout, info)).await
+            let mut s = match Box::pin(connect(
+                &settings.target,
+                &settings.login,
+                settings.connect_timeout,
+                settings.internal,
+                info,
+            ))
+            .await
             {
                 Ok(s) => s,
                 Err(e) => {

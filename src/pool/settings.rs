@@ -75,8 +75,6 @@ pub(super) fn settings_with(
     let server_user = key.user.clone();
     let user_cfg = cfg.users.get(&server_user).filter(|_| db.user.is_none());
     let size = cfg.pool_size(db, user_cfg);
-    let internal =
-        crate::server::QueryBounds { query: secs(g.internal_query_timeout), cancel: secs(g.cancel_wait_timeout) };
     let settings = PoolSettings {
         target: ServerTarget {
             addr: ServerAddr { host: db.host.as_str().into(), port: db.port },
@@ -91,7 +89,6 @@ pub(super) fn settings_with(
             },
             params: db.server_params(),
             connect_query: db.connect_query.clone(),
-            connect_query_bounds: internal,
         },
         login,
         mode: cfg.pool_mode(db, user_cfg),
@@ -121,7 +118,10 @@ pub(super) fn settings_with(
         },
         reset_query: g.server_reset_query.clone(),
         reset_query_always: g.server_reset_query_always,
-        internal,
+        internal: crate::server::QueryBounds {
+            query: secs(g.internal_query_timeout),
+            cancel: secs(g.cancel_wait_timeout),
+        },
         cancel_timeout: secs(g.cancel_wait_timeout),
         login_retry: secs(g.server_login_retry),
         reserve: db.reserve_pool_size.unwrap_or(g.reserve_pool_size),

@@ -103,10 +103,8 @@ pub struct ServerTarget {
     /// (the database's `client_encoding`, `datestyle`, `timezone`): the server's
     /// defaults, which the pool learns as its connections' settings.
     pub params: Vec<(&'static str, String)>,
-    /// Run on each new connection before it is lent (the database's `connect_query`),
-    /// within these bounds (`internal_query_timeout`, `cancel_wait_timeout`).
+    /// Run on each new connection before it is lent (the database's `connect_query`).
     pub connect_query: Option<String>,
-    pub connect_query_bounds: super::QueryBounds,
 }
 
 impl ServerTarget {
@@ -160,15 +158,17 @@ impl ServerTarget {
     }
 }
 
-/// Opens and authenticates a server connection within `timeout`; `info` lists it (in
+/// Opens and authenticates a server connection within `timeout`, and runs the target's
+/// `connect_query` within `bounds` (the pool's for its own queries); `info` lists it (in
 /// state `new` until the pool lends it).
 pub async fn connect(
     target: &ServerTarget,
     login: &ServerLogin,
     timeout: Option<Duration>,
+    bounds: super::QueryBounds,
     info: Arc<ServerInfo>,
 ) -> Result<Box<ServerConn>, ServerError> {
-    let fut = connect_inner(target, login, info);
+    let fut = connect_inner(target, login, bounds, info);
     match timeout {
         Some(t) => tokio::time::timeout(t, fut).await.map_err(|_| ServerError::ConnectTimeout)?,
         None => fut.await,
@@ -178,6 +178,7 @@ pub async fn connect(
 async fn connect_inner(
     target: &ServerTarget,
     login: &ServerLogin,
+    bounds: super::QueryBounds,
     info: Arc<ServerInfo>,
 ) -> Result<Box<ServerConn>, ServerError> {
     let (stream, at) = target.open().await?;
@@ -199,7 +200,7 @@ async fn connect_inner(
     authenticate(&mut conn, target, login).await?;
     let conn = logged_in(conn).await?;
     match &target.connect_query {
-        Some(query) => run_connect_query(conn, query, target.connect_query_bounds).await,
+        Some(query) => run_connect_query(conn, query, bounds).await,
         None => Ok(conn),
     }
 }
@@ -389,11 +390,10 @@ mod tests {
             dns_ttl: Default::default(),
             params: Vec::new(),
             connect_query: None,
-            connect_query_bounds: Default::default(),
         };
         let login = ServerLogin::plain("secret");
         let info = Arc::new(ServerInfo::new(1, target.addr.clone()));
-        let r = connect(&target, &login, Some(Duration::from_secs(10)), info).await;
+        let r = connect(&target, &login, Some(Duration::from_secs(10)), Default::default(), info).await;
         let e = r.expect_err("the impostor was taken for the server");
         assert!(e.to_string().contains("without its SCRAM signature"), "{e}");
         impostor.await.unwrap();
