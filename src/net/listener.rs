@@ -151,7 +151,11 @@ impl TcpOptions {
         if self.user_timeout > 0 {
             out.push_str(&format!(", tcp_user_timeout {} ms", self.user_timeout));
         }
-        out.push_str(if self.defer_accept { ", tcp_defer_accept on" } else { ", tcp_defer_accept off" });
+        out.push_str(match (self.defer_accept, cfg!(target_os = "linux")) {
+            (true, true) => ", tcp_defer_accept on",
+            (true, false) => ", tcp_defer_accept on (ignored: Linux only)",
+            (false, _) => ", tcp_defer_accept off",
+        });
         out
     }
 }
