@@ -158,12 +158,123 @@ pub fn is_reported(name: &str) -> bool {
     REPORTED.iter().any(|r| r.eq_ignore_ascii_case(name))
 }
 
+/// (name, value) pairs as a server reports them.
+pub type ParamList = Vec<(String, String)>;
+
+/// A session's settings: those it keeps (`kept`: asked for or set, less those equal to
+/// a server default at login) and the server defaults it was told at login (`told`:
+/// what it believes of every reported setting it did not set). A server that started
+/// with other values than those told (a reload changed the database's `timezone`, the
+/// server was restarted with other defaults) is given the told ones too, so a client
+/// never finds a setting changed under it; PgBouncer keeps each client's values the
+/// same way.
+#[derive(Debug)]
+pub struct ClientSettings {
+    pub kept: ClientParams,
+    told: Arc<ParamList>,
+    /// What a server started with `startup` is given, worked out from `kept` as it was
+    /// (`from`); one kept, for the servers of a pool whose defaults moved.
+    other: Option<Box<Other>>,
+}
+
+#[derive(Debug)]
+struct Other {
+    startup: Arc<ParamList>,
+    from: ClientParams,
+    want: ClientParams,
+}
+
+impl ClientSettings {
+    pub fn new(kept: ClientParams, told: Arc<ParamList>) -> Self {
+        ClientSettings { kept, told, other: None }
+    }
+
+    /// Whether a server that started with `startup` needs no more than `kept`.
+    #[inline]
+    pub fn told_as(&self, startup: &Arc<ParamList>) -> bool {
+        Arc::ptr_eq(&self.told, startup)
+    }
+
+    /// The settings a server that started with `startup` must carry for this client.
+    pub fn wanted_on(&mut self, startup: &Arc<ParamList>) -> ClientParams {
+        if let Some(o) = &self.other
+            && Arc::ptr_eq(&o.startup, startup)
+            && o.from.same(&self.kept)
+        {
+            return o.want.clone();
+        }
+        match carried_over(&self.kept, &self.told, startup) {
+            // The two agree on every setting the client did not set: told as well.
+            None => {
+                self.told = startup.clone();
+                self.other = None;
+                self.kept.clone()
+            }
+            Some(want) => {
+                let (startup, from) = (startup.clone(), self.kept.clone());
+                self.other = Some(Box::new(Other { startup, from, want: want.clone() }));
+                want
+            }
+        }
+    }
+
+    /// DISCARD ALL ran on a server that started with `startup`: the client's settings
+    /// are that server's defaults now (PostgreSQL told it of each one that changed).
+    pub fn discarded(&mut self, startup: &Arc<ParamList>) {
+        *self = ClientSettings::new(ClientParams::default(), startup.clone());
+    }
+}
+
+/// `kept`, plus the value it was told of each reported setting it did not set where a
+/// server that started with `startup` has another; None when there is none.
+fn carried_over(kept: &ClientParams, told: &ParamList, startup: &ParamList) -> Option<ClientParams> {
+    let mut want: Option<ClientParams> = None;
+    for (name, value) in told {
+        let name = name.to_ascii_lowercase();
+        if !is_reported(&name) || kept.get(&name).is_some() {
+            continue;
+        }
+        let theirs = startup.iter().find(|(n, _)| n.eq_ignore_ascii_case(&name)).map(|(_, v)| v);
+        if theirs != Some(value) {
+            want.get_or_insert_with(|| kept.clone()).set(&name, value);
+        }
+    }
+    want
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn p(list: &[(&str, &str)]) -> ClientParams {
         ClientParams::new(list.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect())
+    }
+
+    fn list(l: &[(&str, &str)]) -> Arc<ParamList> {
+        Arc::new(l.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect())
+    }
+
+    #[test]
+    fn servers_started_otherwise_get_the_values_a_client_was_told() {
+        let told = list(&[("TimeZone", "UTC"), ("DateStyle", "ISO, MDY"), ("server_version", "15.1")]);
+        let mut s = ClientSettings::new(p(&[("application_name", "a")]), told.clone());
+        assert!(s.told_as(&told));
+        // Only a reported setting the client did not set, where the server's differs.
+        let moved = list(&[("TimeZone", "Asia/Tokyo"), ("DateStyle", "ISO, MDY"), ("server_version", "15.2")]);
+        assert!(!s.told_as(&moved));
+        let want = s.wanted_on(&moved);
+        assert_eq!(want, p(&[("application_name", "a"), ("timezone", "UTC")]));
+        assert!(s.wanted_on(&moved).is_shared_with(&want), "worked out once");
+        // A setting the client made its own wins over the value it was told.
+        s.kept.set("TimeZone", "Europe/Paris");
+        assert_eq!(s.wanted_on(&moved), p(&[("application_name", "a"), ("timezone", "Europe/Paris")]));
+        // Servers that differ only where it does not matter: told as well, from then on.
+        let mut s = ClientSettings::new(ClientParams::default(), told);
+        let upgraded = list(&[("TimeZone", "UTC"), ("DateStyle", "ISO, MDY"), ("server_version", "15.2")]);
+        assert!(s.wanted_on(&upgraded).same(&ClientParams::default()));
+        assert!(s.told_as(&upgraded));
+        s.discarded(&moved);
+        assert!(s.told_as(&moved) && s.kept.is_empty());
     }
 
     #[test]

@@ -431,6 +431,15 @@ async fn database_startup_settings_and_connect_query() {
     assert_ne!(next, server, "the connection from before the reload was lent");
     assert!(s.wait_log("connect_query failed", Duration::from_secs(10)), "{}", s.log());
     assert_eq!(value(&a, "show timezone").await, "Asia/Tokyo");
+    // A reload changing the database's timezone: a client from before keeps the value
+    // it was told at login, a new one gets the new value, on the same server.
+    s.reload_replacing("\"Asia/Tokyo\"", "\"America/Denver\"");
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&c, "show timezone").await, "America/Denver");
+    assert_eq!(value(&a, "show timezone").await, "Asia/Tokyo", "changed under a client");
+    assert_eq!(value(&c, "show timezone").await, "America/Denver");
+    assert_eq!(value(&c, "select pg_backend_pid()").await, value(&a, "select pg_backend_pid()").await);
+    assert_ne!(value(&a, "select pg_backend_pid()").await, next, "replaced by the reload");
     // What a client is told at login is what it runs with: the startup setting, not the
     // connect_query's SET (the first login learns the pool's defaults).
     let trust = Sluice::builder(&pg).general("auth_type", "\"trust\"").database("app", &db).start();

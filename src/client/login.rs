@@ -21,7 +21,7 @@ use crate::auth::client::{AuthFailure, Method, Shown, authenticate};
 use crate::config::{AuthType, Config, PoolMode, secs};
 use crate::net::listener::Peer;
 use crate::net::{ReadError, Stream, read_startup};
-use crate::params::{ClientParams, NOT_SETTINGS, is_reported};
+use crate::params::{ClientParams, ClientSettings, NOT_SETTINGS, is_reported};
 use crate::pool::{Borrowed, LoginReply, ParamList, Pool};
 use crate::protocol::startup::{self, StartupMessage, StartupPacket};
 use crate::protocol::{TxStatus, build, sqlstate};
@@ -547,7 +547,8 @@ async fn start_session_mode(
     // A client gone before its reply: the borrowed server is closed on the way out.
     conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;
     let server = server.take();
-    Ok(Session::new(app, info, pool, PoolMode::Session, params, key, Some(server)))
+    let settings = ClientSettings::new(params, server.startup.clone());
+    Ok(Session::new(app, info, pool, PoolMode::Session, settings, key, Some(server)))
 }
 
 /// Transaction and statement mode: the client is told the server defaults overlaid
@@ -574,7 +575,7 @@ async fn start_pooled(
     build::backend_key_data(&mut out, key.pid, key.secret);
     build::ready_for_query(&mut out, TxStatus::Idle);
     conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;
-    Ok(Session::new(app, info, pool, mode, reply.kept, key, None))
+    Ok(Session::new(app, info, pool, mode, ClientSettings::new(reply.kept, reply.told), key, None))
 }
 
 /// The login reply for a client asking for `asked`: the server spellings of its
@@ -616,10 +617,10 @@ async fn work_out_reply(
     if !per_client {
         learned.intern(&mut kept);
     }
-    let reply = LoginReply { kept, status: reply_status(&defaults, &spelled) };
+    let reply = LoginReply { kept, status: reply_status(&defaults, &spelled), told: defaults };
     // Kept only when every spelling was known.
     if !per_client && spelled.iter().all(|(.., canon)| canon.is_some()) {
-        learned.remember_reply(defaults, asked, &reply);
+        learned.remember_reply(asked, &reply);
     }
     Ok(reply)
 }

@@ -443,7 +443,7 @@ impl Session {
         }
         for (k, v) in self.track.param_updates.drain(..) {
             server.set_reported(&k, &v);
-            self.params.set(&k, &v);
+            self.settings.kept.set(&k, &v);
             if let Some(applied) = server.applied.as_mut() {
                 applied.set(&k, &v);
             }
@@ -470,7 +470,7 @@ impl Session {
         let server = self.server.as_mut().expect("relay without a server");
         if std::mem::take(&mut self.track.ext.discarded) {
             // The client ran DISCARD ALL: its settings are the server defaults now.
-            self.params = crate::params::ClientParams::default();
+            self.settings.discarded(&server.startup);
             server.applied = Some(crate::params::ClientParams::default());
         }
         if let Err(exit) = written {
@@ -516,7 +516,7 @@ impl Session {
         for (k, v) in &server.reported {
             let changed = !before.iter().any(|(bk, bv)| bk == k && bv == v);
             if changed && crate::params::is_reported(k) {
-                self.params.set(k, v);
+                self.settings.kept.set(k, v);
                 build::parameter_status(&mut out, k.as_bytes(), v.as_bytes());
             }
         }

@@ -18,7 +18,7 @@ use super::{ClientConn, Exit, WAITING_INPUT_LIMIT};
 use crate::app::App;
 use crate::cancel::CancelKey;
 use crate::config::{PoolMode, secs};
-use crate::params::ClientParams;
+use crate::params::ClientSettings;
 use crate::pool::{Borrowed, Pool, PoolError};
 use crate::prepared::ClientStatements;
 use crate::protocol::{Header, TxStatus, build, fe, sqlstate};
@@ -68,7 +68,7 @@ pub struct Session {
     pub(super) info: Arc<ClientInfo>,
     pub(super) pool: Arc<Pool>,
     pub(super) mode: PoolMode,
-    pub(super) params: ClientParams,
+    pub(super) settings: ClientSettings,
     /// Kept for its `Drop`, which unregisters the client's cancel key; a cancel finds
     /// the linked server through `info.server_id`.
     _cancel_key: CancelKey,
@@ -128,7 +128,7 @@ impl Session {
         info: Arc<ClientInfo>,
         pool: Arc<Pool>,
         mode: PoolMode,
-        params: ClientParams,
+        settings: ClientSettings,
         key: CancelKey,
         server: Option<Box<ServerConn>>,
     ) -> Session {
@@ -148,7 +148,7 @@ impl Session {
             handoff: Default::default(),
             pool,
             mode,
-            params,
+            settings,
             _cancel_key: key,
             server,
             track: Track::with_rules(rules.packet_limit, rules.refuse_query),
@@ -307,18 +307,23 @@ impl Session {
             }
             break server;
         };
-        // Boxed: rarely needed (settings differ), and large enough to double the
-        // size of every client task if kept inline. Borrowed across the round trips: a
-        // session ending during them closes the server and frees its slot.
-        if !server.carries(&self.params) {
-            round_trips = true;
-            let mut held = Borrowed::new(&self.pool, server);
-            if let Err(e) = Box::pin(held.apply_params(&self.params, self.pool.internal_limits())).await {
-                let exit = Exit::fatal(e.sqlstate(), format!("cannot apply session settings: {e}"));
-                held.checkin();
-                return Err(exit);
+        // The client's settings, and the values it was told at login where the server
+        // started with others (`ClientSettings`). Boxed: rarely needed (settings
+        // differ), and large enough to double the size of every client task if kept
+        // inline. Borrowed across the round trips: a session ending during them closes
+        // the server and frees its slot.
+        if !server.carries_for(&self.settings) {
+            let want = self.settings.wanted_on(&server.startup);
+            if !server.carries(&want) {
+                round_trips = true;
+                let mut held = Borrowed::new(&self.pool, server);
+                if let Err(e) = Box::pin(held.apply_params(&want, self.pool.internal_limits())).await {
+                    let exit = Exit::fatal(e.sqlstate(), format!("cannot apply session settings: {e}"));
+                    held.checkin();
+                    return Err(exit);
+                }
+                server = held.take();
             }
-            server = held.take();
         }
         self.pool.stats.waited(since.map_or(Duration::ZERO, |s| s.elapsed()));
         // A connection taken at once (`since` unset) and used as it was starts in the

@@ -52,13 +52,13 @@ pub struct LoginReply {
     pub kept: ClientParams,
     /// The ParameterStatus messages of the login reply.
     pub status: Bytes,
+    /// The server defaults it was worked out from (`ClientSettings`): it is used only
+    /// while they are still the pool's.
+    pub told: Arc<ParamList>,
 }
 
 #[derive(Debug)]
 struct Remembered {
-    /// The defaults the reply was worked out from: it is used only while they are
-    /// still the pool's.
-    defaults: Arc<ParamList>,
     asked: ClientParams,
     reply: LoginReply,
 }
@@ -68,13 +68,15 @@ impl Learned {
         self.defaults.lock().clone()
     }
 
-    /// Records the parameters of a fresh server connection. Other values than those
-    /// known (a restarted or upgraded server) replace them, which retires the login
-    /// replies worked out from the old ones.
-    pub fn set_defaults(&self, reported: &ParamList) {
+    /// Records the parameters of a fresh server connection, and returns them shared
+    /// with the pool's other connections that reported the same. Other values than
+    /// those known (a restarted or upgraded server) replace them, which retires the
+    /// login replies worked out from the old ones.
+    pub fn set_defaults(&self, reported: &ParamList) -> Arc<ParamList> {
         let mut defaults = self.defaults.lock();
-        if defaults.as_deref() != Some(reported) {
-            *defaults = Some(Arc::new(reported.clone()));
+        match defaults.as_ref() {
+            Some(known) if **known == *reported => known.clone(),
+            _ => defaults.insert(Arc::new(reported.clone())).clone(),
         }
     }
 
@@ -134,19 +136,21 @@ impl Learned {
     pub fn reply(&self, asked: &ClientParams) -> Option<LoginReply> {
         let defaults = self.defaults()?;
         let replies = self.replies.lock();
-        let r = replies.iter().find(|r| Arc::ptr_eq(&r.defaults, &defaults) && r.asked.same(asked))?;
+        let r = replies.iter().find(|r| Arc::ptr_eq(&r.reply.told, &defaults) && r.asked.same(asked))?;
         Some(r.reply.clone())
     }
 
-    /// Keeps a login reply worked out from `defaults` (bounded; stale ones are replaced).
-    pub fn remember_reply(&self, defaults: Arc<ParamList>, asked: ClientParams, reply: &LoginReply) {
-        if !self.defaults().is_some_and(|d| Arc::ptr_eq(&d, &defaults)) {
+    /// Keeps a login reply worked out from the defaults it names (bounded; stale ones
+    /// are replaced).
+    pub fn remember_reply(&self, asked: ClientParams, reply: &LoginReply) {
+        let defaults = &reply.told;
+        if !self.defaults().is_some_and(|d| Arc::ptr_eq(&d, defaults)) {
             return;
         }
         let mut replies = self.replies.lock();
-        replies.retain(|r| Arc::ptr_eq(&r.defaults, &defaults));
+        replies.retain(|r| Arc::ptr_eq(&r.reply.told, defaults));
         if replies.len() < MAX_SETS && !replies.iter().any(|r| r.asked.same(&asked)) {
-            replies.push(Remembered { defaults, asked, reply: reply.clone() });
+            replies.push(Remembered { asked, reply: reply.clone() });
         }
     }
 }
@@ -159,8 +163,8 @@ mod tests {
         ClientParams::new(list.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
     }
 
-    fn reply(kept: &ClientParams, status: &'static [u8]) -> LoginReply {
-        LoginReply { kept: kept.clone(), status: Bytes::from_static(status) }
+    fn reply(kept: &ClientParams, status: &'static [u8], told: &Arc<ParamList>) -> LoginReply {
+        LoginReply { kept: kept.clone(), status: Bytes::from_static(status), told: told.clone() }
     }
 
     #[test]
@@ -182,17 +186,17 @@ mod tests {
         let l = Learned::default();
         let asked = params(&[("application_name", "a")]);
         assert!(l.reply(&asked).is_none(), "no defaults yet");
-        l.set_defaults(&vec![("TimeZone".into(), "UTC".into())]);
-        let d = l.defaults().unwrap();
-        l.remember_reply(d.clone(), asked.clone(), &reply(&asked, b"S"));
+        let d = l.set_defaults(&vec![("TimeZone".into(), "UTC".into())]);
+        assert!(Arc::ptr_eq(&d, &l.defaults().unwrap()));
+        l.remember_reply(asked.clone(), &reply(&asked, b"S", &d));
         assert_eq!(l.reply(&asked).unwrap().status, Bytes::from_static(b"S"));
         assert!(l.reply(&params(&[("application_name", "b")])).is_none());
         // The same defaults reported again keep the reply; other ones retire it.
-        l.set_defaults(&vec![("TimeZone".into(), "UTC".into())]);
+        assert!(Arc::ptr_eq(&d, &l.set_defaults(&vec![("TimeZone".into(), "UTC".into())])), "shared");
         assert!(l.reply(&asked).is_some());
         l.set_defaults(&vec![("TimeZone".into(), "Europe/Paris".into())]);
         assert!(l.reply(&asked).is_none());
-        l.remember_reply(l.defaults().unwrap(), asked.clone(), &reply(&asked, b"S"));
+        l.remember_reply(asked.clone(), &reply(&asked, b"S", &l.defaults().unwrap()));
         // Forgotten (the pool moved to another server): the old reply is not used.
         l.forget();
         l.set_defaults(&vec![("TimeZone".into(), "UTC".into())]);
@@ -201,8 +205,8 @@ mod tests {
         // A reply worked out from defaults replaced meanwhile is not kept, and does
         // not displace current ones.
         let now = l.defaults().unwrap();
-        l.remember_reply(now, asked.clone(), &reply(&asked, b"T"));
-        l.remember_reply(d, asked.clone(), &reply(&asked, b""));
+        l.remember_reply(asked.clone(), &reply(&asked, b"T", &now));
+        l.remember_reply(asked.clone(), &reply(&asked, b"", &d));
         assert_eq!(l.reply(&asked).unwrap().status, Bytes::from_static(b"T"));
     }
 

@@ -37,8 +37,7 @@ pub use limit::ConnLimit;
 pub use retry::ConnectFailure;
 pub use settings::PoolSettings;
 
-/// (name, value) pairs as a server reports them.
-pub type ParamList = Vec<(String, String)>;
+pub use crate::params::ParamList;
 pub use registry::{PoolKey, Pools};
 
 #[derive(Debug, thiserror::Error)]
@@ -494,10 +493,10 @@ impl Pool {
             }
             s.info.set_state(ServerState::Active, 0);
             listed.keep();
-            // Not from a connection opened before a reload moved the pool: its server
-            // is no longer the pool's.
+            // The pool learns its defaults from its connections, not from one opened
+            // before a reload moved the pool (its server is no longer the pool's).
             if Arc::ptr_eq(&settings, &self.settings.load()) {
-                self.learned.set_defaults(&s.reported);
+                s.startup = self.learned.set_defaults(&s.startup);
             }
             return Ok(s);
         }

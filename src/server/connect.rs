@@ -198,7 +198,8 @@ async fn connect_inner(
     build::startup_message(&mut out, &params);
     conn.stream.send(&out).await?;
     authenticate(&mut conn, target, login).await?;
-    let conn = logged_in(conn).await?;
+    let mut conn = logged_in(conn).await?;
+    conn.startup = Arc::new(conn.reported.clone());
     match &target.connect_query {
         Some(query) => run_connect_query(conn, query, bounds).await,
         None => Ok(conn),
@@ -234,18 +235,16 @@ async fn logged_in(mut conn: Box<ServerConn>) -> Result<Box<ServerConn>, ServerE
 /// Runs the database's `connect_query` on a new connection (within `bounds`, and with
 /// the login within `server_connect_timeout`). An ERROR is logged and the connection
 /// kept, as in PgBouncer; one left in a transaction (aborted too), or any other failure,
-/// fails the connect. The settings the login reported stay the ones the pool learns: a
-/// SET of a reported setting in the query is undone before the first loan (the
-/// connection counts as carrying it for a client, and the loan applies the client's).
+/// fails the connect. The settings the login reported (`startup`) stay the ones the
+/// pool learns: a SET of a reported setting in the query is undone before the first
+/// loan (the connection counts as carrying it for a client, and the loan applies the
+/// client's).
 async fn run_connect_query(
     mut conn: Box<ServerConn>,
     query: &str,
     bounds: super::QueryBounds,
 ) -> Result<Box<ServerConn>, ServerError> {
-    let reported = conn.reported.clone();
-    let ran = conn.exec(query, bounds).await;
-    conn.reported = reported;
-    match ran {
+    match conn.exec(query, bounds).await {
         Err(e) if conn.broken => Err(e),
         _ if conn.tx != TxStatus::Idle => Err(ServerError::ConnectQueryOpen),
         Err(ServerError::Server(e)) => {

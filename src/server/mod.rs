@@ -90,6 +90,11 @@ pub struct ServerConn {
     pub buf: BytesMut,
     /// Parameters as the server last reported them (server spelling of names).
     pub reported: Vec<(String, String)>,
+    /// Parameters as the server reported them at login (before any `connect_query`),
+    /// shared by the pool's connections that reported the same
+    /// (`Learned::set_defaults`): a client told others is given its values
+    /// (`ClientSettings`).
+    pub startup: Arc<crate::params::ParamList>,
     /// The client settings this connection currently carries; None when unknown
     /// (after a failed SET), which makes the next checkout start with RESET ALL.
     pub applied: Option<ClientParams>,
@@ -121,6 +126,7 @@ impl ServerConn {
             stream,
             buf: BytesMut::with_capacity(16 * 1024),
             reported: Vec::new(),
+            startup: Arc::default(),
             applied: Some(ClientParams::default()),
             tx: TxStatus::Idle,
             created: now,
@@ -275,6 +281,12 @@ impl ServerConn {
         if self.applied.as_ref().is_some_and(|a| a.iter().any(|(k, _)| self.reported(k).is_none())) {
             self.applied = None;
         }
+    }
+
+    /// Whether this connection already carries the client's settings.
+    #[inline]
+    pub fn carries_for(&self, client: &crate::params::ClientSettings) -> bool {
+        self.carries(&client.kept) && client.told_as(&self.startup)
     }
 
     /// Whether this connection already carries `want`'s settings.
