@@ -38,7 +38,46 @@ fn unsupported_why(key: &str) -> &'static str {
     }
 }
 
+/// How deep `%include`s may nest: deeper is taken for a loop (a file including itself).
+const MAX_INCLUDE_DEPTH: usize = 10;
+
+/// A line of the config: where it is (`line N`, or `FILE line N` in an included
+/// file) and its text.
+struct Line {
+    at: String,
+    text: String,
+}
+
+/// Converts a PgBouncer config; its `%include FILE` lines are read in their place
+/// (a relative path from the current directory, as PgBouncer reads them).
 pub fn from_pgbouncer_ini(text: &str) -> Result<Converted, String> {
+    let mut lines = Vec::new();
+    expand(&mut lines, text, None, 0)?;
+    convert(&lines)
+}
+
+/// `text`'s lines into `lines`, each `%include` replaced by the lines of its file.
+fn expand(lines: &mut Vec<Line>, text: &str, file: Option<&str>, depth: usize) -> Result<(), String> {
+    let place = |n: usize| match file {
+        Some(f) => format!("{f} line {n}"),
+        None => format!("line {n}"),
+    };
+    for (i, raw) in text.lines().enumerate() {
+        let Some(path) = raw.trim().strip_prefix("%include").filter(|p| p.starts_with([' ', '\t'])) else {
+            lines.push(Line { at: place(i + 1), text: raw.to_string() });
+            continue;
+        };
+        let path = path.trim();
+        if depth == MAX_INCLUDE_DEPTH {
+            return Err(format!("{}: %include {path}: nested more than {MAX_INCLUDE_DEPTH} deep", place(i + 1)));
+        }
+        let included = std::fs::read_to_string(path).map_err(|e| format!("{}: %include {path}: {e}", place(i + 1)))?;
+        expand(lines, &included, Some(path), depth + 1)?;
+    }
+    Ok(())
+}
+
+fn convert(lines: &[Line]) -> Result<Converted, String> {
     let known = match Value::try_from(General::default()) {
         Ok(Value::Table(t)) => t,
         _ => return Err("internal: the general section does not serialize".into()),
@@ -47,7 +86,7 @@ pub fn from_pgbouncer_ini(text: &str) -> Result<Converted, String> {
     let (mut general, mut databases, mut users) = (String::new(), String::new(), String::new());
     let (mut seen, mut socket_dir) = (Vec::new(), "/tmp".to_string());
     let mut section = String::new();
-    for (i, raw) in text.lines().enumerate() {
+    for Line { at, text: raw } in lines {
         let line = raw.trim();
         if line.is_empty() || line.starts_with(';') || line.starts_with('#') {
             continue;
@@ -57,7 +96,7 @@ pub fn from_pgbouncer_ini(text: &str) -> Result<Converted, String> {
             continue;
         }
         let Some((key, value)) = line.split_once('=') else {
-            let note = format!("line {}: not converted: {line}", i + 1);
+            let note = format!("{at}: not converted: {line}");
             general.push_str(&format!("# {note}\n"));
             out.notes.push(note);
             continue;
@@ -72,24 +111,23 @@ pub fn from_pgbouncer_ini(text: &str) -> Result<Converted, String> {
                 seen.push(key.clone());
                 if key == "auth_user" {
                     out.notes.push(format!(
-                        "line {}: auth_user = {value}: Sluice logs in as it with the password from auth_file or \
-                         [users]; one the server trusts needs an entry too: [users.\"{value}\"] without a password",
-                        i + 1
+                        "{at}: auth_user = {value}: Sluice logs in as it with the password from auth_file or \
+                         [users]; one the server trusts needs an entry too: [users.\"{value}\"] without a password"
                     ));
                 }
                 let (key, value) = verbosity(&key, value).unwrap_or((key.as_str(), value));
                 match setting(key, value, known.get(key)) {
                     Ok(v) => general.push_str(&format!("{key} = {v}\n")),
                     Err(why) => {
-                        let note = format!("line {}: {key} = {value}: {why}", i + 1);
+                        let note = format!("{at}: {key} = {value}: {why}");
                         general.push_str(&format!("# {note}\n"));
                         out.notes.push(note);
                     }
                 }
             }
-            "databases" => databases.push_str(&database(&unquote_name(key), value, i + 1, &mut out.notes)),
-            "users" => users.push_str(&user(&unquote_name(key), value, i + 1, &mut out.notes)),
-            other => out.notes.push(format!("line {}: section [{other}] not converted", i + 1)),
+            "databases" => databases.push_str(&database(&unquote_name(key), value, at, &mut out.notes)),
+            "users" => users.push_str(&user(&unquote_name(key), value, at, &mut out.notes)),
+            other => out.notes.push(format!("{at}: section [{other}] not converted")),
         }
     }
     // PgBouncer's defaults where Sluice's differ.
@@ -212,7 +250,7 @@ fn quoted_value(s: &str) -> (String, &str) {
 }
 
 /// A `[databases]` line as a `[databases."NAME"]` table.
-fn database(name: &str, conn: &str, line: usize, notes: &mut Vec<String>) -> String {
+fn database(name: &str, conn: &str, line: &str, notes: &mut Vec<String>) -> String {
     let title = Value::String(name.to_string());
     let mut out = format!("\n[databases.{title}]\n");
     let mut host = false;
@@ -236,7 +274,7 @@ fn database(name: &str, conn: &str, line: usize, notes: &mut Vec<String>) -> Str
 }
 
 /// A `[users]` line as a `[users."NAME"]` table.
-fn user(name: &str, settings: &str, line: usize, notes: &mut Vec<String>) -> String {
+fn user(name: &str, settings: &str, line: &str, notes: &mut Vec<String>) -> String {
     let mut out = format!("\n[users.{}]\n", Value::String(name.to_string()));
     for (key, value) in pairs(settings) {
         let v = match key.as_str() {
@@ -255,12 +293,12 @@ fn integer(value: &str) -> Result<Value, String> {
 
 /// One setting of a `[databases]` or `[users]` line (`at`: its line and whose it is):
 /// converted into `out`, or kept there as a comment with a note saying why.
-fn entry(out: &mut String, notes: &mut Vec<String>, at: (usize, &str), kv: (&str, &str), v: Result<Value, String>) {
+fn entry(out: &mut String, notes: &mut Vec<String>, at: (&str, &str), kv: (&str, &str), v: Result<Value, String>) {
     let ((line, whose), (key, value)) = (at, kv);
     match v {
         Ok(v) => out.push_str(&format!("{key} = {v}\n")),
         Err(why) => {
-            notes.push(format!("line {line}: {whose}: {key}={value}: {why}"));
+            notes.push(format!("{line}: {whose}: {key}={value}: {why}"));
             out.push_str(&format!("# not converted ({why}): {key} = {value}\n"));
         }
     }
@@ -334,6 +372,29 @@ dns_max_ttl = 30
             assert!(c.notes.iter().any(|n| n.contains(what)), "{what}: {:?}", c.notes);
         }
         assert!(toml.contains("# line 21: logfile = /var/log/pgbouncer/pgbouncer.log"), "{toml}");
+    }
+
+    #[test]
+    fn includes_are_read_in_place_and_named_in_notes() {
+        let dir = std::env::temp_dir().join(format!("sluice-include-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (db, more, looped) = (dir.join("db.ini"), dir.join("more.ini"), dir.join("loop.ini"));
+        std::fs::write(&db, format!("[databases]\nother = host=db3\n%include {}\n", more.display())).unwrap();
+        std::fs::write(&more, "[pgbouncer]\nno_such_key = 1\n").unwrap();
+        std::fs::write(&looped, format!("%include {}\n", looped.display())).unwrap();
+        let ini = format!("[pgbouncer]\nlisten_port = 6433\n%include {}\nmax_client_conn = 7\n", db.display());
+        let c = from_pgbouncer_ini(&ini).unwrap();
+        assert!(c.toml.contains("[databases.\"other\"]\nhost = \"db3\""), "{}", c.toml);
+        // The included file's last section goes on, as in PgBouncer.
+        assert!(c.toml.contains("listen_port = 6433\n") && c.toml.contains("max_client_conn = 7\n"), "{}", c.toml);
+        let note = format!("{} line 2: no_such_key = 1: no such setting in Sluice", more.display());
+        assert!(c.notes.contains(&note), "{:?}", c.notes);
+        let e = from_pgbouncer_ini(&format!("%include {}", looped.display())).err().unwrap();
+        assert!(e.contains("line 1: %include") && e.contains("nested more than 10 deep"), "{e}");
+        let missing = dir.join("missing.ini");
+        let e = from_pgbouncer_ini(&format!("[pgbouncer]\n%include {}", missing.display())).err().unwrap();
+        assert!(e.starts_with(&format!("line 2: %include {}: ", missing.display())), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
