@@ -25,7 +25,6 @@ fn unsupported_why(key: &str) -> &'static str {
         "ignore_startup_parameters" => "not needed: Sluice applies every startup parameter",
         "client_tls_dheparams" => "not needed: Sluice offers no DHE suites (its TLS 1.2 suites are ECDHE)",
         "pkt_buf" | "sbuf_loopcnt" => "not needed: Sluice sizes its buffers to the messages and takes turns itself",
-        "tcp_socket_buffer" => "not there: Sluice leaves socket buffer sizes to the kernel, which grows them as needed",
         "suspend_timeout" => "not there: Sluice has no SUSPEND (online restart is not built)",
         "dns_zone_check_period" => "not needed: Sluice looks host names up again every dns_max_ttl while they are used",
         "resolv_conf" => "Sluice uses the system's resolver (/etc/resolv.conf)",

@@ -263,6 +263,7 @@ pub(super) fn validate_tcp(g: &General, invalid: Invalid) -> Result<(), ConfigEr
         ("tcp_keepintvl", g.tcp_keepintvl, 32767, "seconds"),
         ("tcp_keepcnt", g.tcp_keepcnt, 127, "probes"),
         ("tcp_user_timeout", g.tcp_user_timeout, i32::MAX as u32, "milliseconds"),
+        ("tcp_socket_buffer", g.tcp_socket_buffer, i32::MAX as u32 / 2, "bytes"),
     ];
     for (key, v, most, unit) in limits {
         if v > most {

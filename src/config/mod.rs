@@ -133,6 +133,9 @@ pub struct General {
     pub tcp_keepcnt: u32,
     /// Milliseconds sent data may stay unacknowledged (0: the kernel's).
     pub tcp_user_timeout: u32,
+    /// Bytes of each TCP connection's send and receive buffers (0: the kernel's, which
+    /// sizes them as needed).
+    pub tcp_socket_buffer: u32,
     /// Clients may not use the simple query protocol (PgBouncer's `disable_pqexec`).
     pub disable_pqexec: bool,
     /// `TCP_DEFER_ACCEPT` on the TCP listeners (Linux): a connection is accepted once
@@ -240,6 +243,7 @@ impl Default for General {
             tcp_keepintvl: 0,
             tcp_keepcnt: 0,
             tcp_user_timeout: 0,
+            tcp_socket_buffer: 0,
             tcp_defer_accept: cfg!(target_os = "linux"),
             disable_pqexec: false,
             listen_backlog: 4096,

@@ -91,6 +91,9 @@ fn semantic_errors_name_file_line_and_key() {
     let e = err("[general]\ntcp_user_timeout = -5\n");
     assert!(e.starts_with("sluice.toml:2: general.tcp_user_timeout:"), "{e}");
     assert!(parse("[general]\ntcp_keepidle = 32767\ntcp_keepcnt = 127\ntcp_user_timeout = 30000\n").is_ok());
+    let e = err("[general]\n\ntcp_socket_buffer = 1073741824\n");
+    assert!(e.starts_with("sluice.toml:3: general.tcp_socket_buffer: must be at most 1073741823 bytes"), "{e}");
+    assert_eq!(parse("[general]\ntcp_socket_buffer = 65536\n").unwrap().general.tcp_socket_buffer, 65536);
 }
 
 #[test]

@@ -66,6 +66,11 @@ pub struct TcpOptions {
     /// `TCP_DEFER_ACCEPT` (a listening socket's only, Linux): connections wait in the
     /// kernel until their first data comes (`tcp_defer_accept`).
     pub defer_accept: bool,
+    /// Bytes of a connection's send and receive buffers, 0 for the kernel's
+    /// (`tcp_socket_buffer`). Set on each connection, never on a listening socket: a
+    /// size set there cannot be taken back by a reload (the kernel stops sizing the
+    /// buffers of every connection it passes the size to).
+    pub socket_buffer: u32,
 }
 
 /// How long a connection with no data yet waits in the kernel under `TCP_DEFER_ACCEPT`
@@ -83,6 +88,7 @@ impl TcpOptions {
             keepcnt: g.tcp_keepcnt,
             user_timeout: g.tcp_user_timeout,
             defer_accept: g.tcp_defer_accept,
+            socket_buffer: g.tcp_socket_buffer,
         }
     }
 
@@ -91,7 +97,7 @@ impl TcpOptions {
     fn apply_listening(&self, sock: socket2::SockRef<'_>, fresh: bool) {
         #[cfg(target_os = "linux")]
         let fd = std::os::fd::AsRawFd::as_raw_fd(&*sock);
-        self.apply(sock, fresh);
+        self.apply_options(sock, fresh);
         #[cfg(target_os = "linux")]
         if self.defer_accept || !fresh {
             let secs: libc::c_int = if self.defer_accept { DEFER_ACCEPT_SECS } else { 0 };
@@ -103,10 +109,26 @@ impl TcpOptions {
         }
     }
 
-    /// Sets the options on a socket (best effort). A `fresh` socket has the kernel's
-    /// values: those left at 0 take no system call. On one set before (a listening
-    /// socket, at a reload), a 0 puts the kernel's value back.
+    /// Sets the options on a new connection (best effort; those left at 0 take no
+    /// system call).
     pub fn apply(&self, sock: socket2::SockRef<'_>, fresh: bool) {
+        self.apply_buffers(&sock);
+        self.apply_options(sock, fresh);
+    }
+
+    /// Sets the buffer sizes on a new connection (best effort).
+    pub fn apply_buffers(&self, sock: &socket2::SockRef<'_>) {
+        if self.socket_buffer > 0 {
+            let _ = sock.set_send_buffer_size(self.socket_buffer as usize);
+            let _ = sock.set_recv_buffer_size(self.socket_buffer as usize);
+        }
+    }
+
+    /// Sets the options a listening socket passes on to its connections (best effort).
+    /// A `fresh` socket has the kernel's values: those left at 0 take no system call.
+    /// On one set before (a listening socket, at a reload), a 0 puts the kernel's value
+    /// back.
+    fn apply_options(&self, sock: socket2::SockRef<'_>, fresh: bool) {
         // The value to set: none for a 0 on a fresh socket, the kernel's for a 0 else.
         let value = |v: u32, sysctl: &str| match v {
             0 if fresh => None,
@@ -150,6 +172,9 @@ impl TcpOptions {
         };
         if self.user_timeout > 0 {
             out.push_str(&format!(", tcp_user_timeout {} ms", self.user_timeout));
+        }
+        if self.socket_buffer > 0 {
+            out.push_str(&format!(", tcp_socket_buffer {} bytes", self.socket_buffer));
         }
         out.push_str(match (self.defer_accept, cfg!(target_os = "linux")) {
             (true, true) => ", tcp_defer_accept on",
@@ -241,8 +266,9 @@ impl Listener {
         }
     }
 
-    /// Accepts a connection. `tcp` (the TCP options in force, asked only where accepted
-    /// connections do not inherit the listening socket's options) is set on it.
+    /// Accepts a connection. `tcp` (the TCP options in force) is set on it: the buffer
+    /// sizes, and the rest too where accepted connections do not inherit the listening
+    /// socket's options.
     pub async fn accept(&self, tcp: impl FnOnce() -> TcpOptions) -> std::io::Result<(Stream, Peer)> {
         match self {
             Listener::Tcp(l) => {
@@ -250,6 +276,8 @@ impl Listener {
                 if !INHERITS_OPTIONS {
                     let _ = s.set_nodelay(true);
                     tcp().apply(socket2::SockRef::from(&s), true);
+                } else {
+                    tcp().apply_buffers(&socket2::SockRef::from(&s));
                 }
                 Ok((Stream::Tcp(s), Peer::Tcp(addr)))
             }
@@ -367,6 +395,7 @@ mod tests {
             keepcnt: sock.keepalive_retries().unwrap(),
             user_timeout: sock.tcp_user_timeout().unwrap().map_or(0, |d| d.as_millis() as u32),
             defer_accept: tcp.defer_accept,
+            socket_buffer: tcp.socket_buffer,
         };
         (sock.nodelay().unwrap(), got)
     }
@@ -382,6 +411,7 @@ mod tests {
             keepcnt: d("tcp_keepalive_probes"),
             user_timeout: 0,
             defer_accept: false,
+            socket_buffer: 0,
         }
     }
 
@@ -407,6 +437,34 @@ mod tests {
         assert_eq!(accept_one(&l, set, true).await, (true, set));
         let fresh_off = Listener::tcp(ip, 0, off, 16, false).unwrap();
         assert_eq!(accept_one(&fresh_off, off, false).await, (true, kernel(false)));
+    }
+
+    /// `tcp_socket_buffer` sizes each accepted connection's buffers (Linux reports
+    /// twice the size asked for), not the listening socket's: a reload back to 0
+    /// leaves the next connections sized by the kernel again.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn buffer_sizes_are_set_per_connection() {
+        let ip = "127.0.0.1".parse().unwrap();
+        let sizes = |s: &Stream| {
+            let Stream::Tcp(s) = s else { panic!("not TCP") };
+            let sock = socket2::SockRef::from(s);
+            (sock.send_buffer_size().unwrap(), sock.recv_buffer_size().unwrap())
+        };
+        let accept = |l: Listener, tcp: TcpOptions| async move {
+            let Listener::Tcp(listener) = &l else { panic!("not TCP") };
+            let connect = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
+            let (accepted, client) = tokio::join!(l.accept(|| tcp), connect);
+            (accepted.unwrap().0, client.unwrap())
+        };
+        let plain = TcpOptions { defer_accept: false, ..kernel(true) };
+        let sized = TcpOptions { socket_buffer: 50_000, ..plain };
+        let (kernels, _c) = accept(Listener::tcp(ip, 0, plain, 16, false).unwrap(), plain).await;
+        assert_ne!(sizes(&kernels), (100_000, 100_000));
+        let (set, _c) = accept(Listener::tcp(ip, 0, sized, 16, false).unwrap(), sized).await;
+        assert_eq!(sizes(&set), (100_000, 100_000));
+        let (reloaded, _c) = accept(Listener::tcp(ip, 0, sized, 16, false).unwrap(), plain).await;
+        assert_eq!(sizes(&reloaded), sizes(&kernels), "the listener passed a size on");
     }
 
     /// Under `TCP_DEFER_ACCEPT` a connection that has sent nothing is not accepted, and
