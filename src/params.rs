@@ -166,8 +166,9 @@ pub type ParamList = Vec<(String, String)>;
 /// what it believes of every reported setting it did not set). A server that started
 /// with other values than those told (a reload changed the database's `timezone`, the
 /// server was restarted with other defaults) is given the told ones too, so a client
-/// never finds a setting changed under it; PgBouncer keeps each client's values the
-/// same way.
+/// never finds a setting changed under it by the pooling; PgBouncer keeps each client's
+/// values the same way. (A `RESET` the client runs gives it the default of the server
+/// it runs on, which PostgreSQL tells it of, as after DISCARD ALL.)
 #[derive(Debug)]
 pub struct ClientSettings {
     pub kept: ClientParams,
@@ -197,6 +198,9 @@ impl ClientSettings {
 
     /// The settings a server that started with `startup` must carry for this client.
     pub fn wanted_on(&mut self, startup: &Arc<ParamList>) -> ClientParams {
+        if self.told_as(startup) {
+            return self.kept.clone();
+        }
         if let Some(o) = &self.other
             && Arc::ptr_eq(&o.startup, startup)
             && o.from.same(&self.kept)
@@ -230,12 +234,12 @@ impl ClientSettings {
 fn carried_over(kept: &ClientParams, told: &ParamList, startup: &ParamList) -> Option<ClientParams> {
     let mut want: Option<ClientParams> = None;
     for (name, value) in told {
-        let name = name.to_ascii_lowercase();
-        if !is_reported(&name) || kept.get(&name).is_some() {
+        let theirs = || startup.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v);
+        if !is_reported(name) || theirs() == Some(value) {
             continue;
         }
-        let theirs = startup.iter().find(|(n, _)| n.eq_ignore_ascii_case(&name)).map(|(_, v)| v);
-        if theirs != Some(value) {
+        let name = name.to_ascii_lowercase();
+        if kept.get(&name).is_none() {
             want.get_or_insert_with(|| kept.clone()).set(&name, value);
         }
     }

@@ -186,7 +186,7 @@ mod tests {
         let discarded = bytes(|b| build::command_complete(b, "DISCARD ALL"));
         let mut sp = Splice::new();
         t.scan_server(&discarded, &mut sp, PoolMode::Transaction, &mut server).unwrap();
-        assert!(server.is_empty() && t.ext.emptied && t.ext.discarded);
+        assert!(server.is_empty() && t.ext.emptied && t.discard_mark == Some(0));
         let eaten = error("08P01", "unexpected message type 0x44 during COPY from stdin");
         let mut sp = Splice::new();
         let r = t.scan_server(&eaten, &mut sp, PoolMode::Transaction, &mut ServerStatements::default());
@@ -203,6 +203,22 @@ mod tests {
         let frame = bytes(|b| build::command_complete(b, "DISCARD ALL"));
         t.ext.on_server(&scanned(&frame), &mut Splice::new(), &mut server).unwrap();
         assert!(server.is_empty() && t.ext.emptied && t.ext.discarded);
+    }
+
+    /// Settings reported before a DISCARD ALL and after it, read at once: the mark
+    /// says which came after (those still hold for the client).
+    #[test]
+    fn a_discard_marks_the_settings_reported_before_it() {
+        let mut t = Track::default();
+        let answers = bytes(|b| {
+            for (tag, zone) in [("SET", "Europe/Paris"), ("DISCARD ALL", "UTC"), ("SET", "Asia/Tokyo")] {
+                build::command_complete(b, tag);
+                build::parameter_status(b, b"TimeZone", zone.as_bytes());
+                build::ready_for_query(b, TxStatus::Idle);
+            }
+        });
+        assert_eq!(from_server(&mut t, &answers), answers);
+        assert_eq!((t.param_updates.len(), t.discard_mark), (3, Some(1)));
     }
 
     /// What the relay forwards of `server` bytes, and the server side's state after.

@@ -441,11 +441,20 @@ impl Session {
         if let Some(tx) = self.track.tx {
             server.tx = tx;
         }
-        for (k, v) in self.track.param_updates.drain(..) {
+        // The client ran DISCARD ALL: its settings are the server's defaults now, with
+        // what the server reported after it.
+        let discard = self.track.discard_mark.take();
+        if discard.is_some() {
+            self.settings.discarded(&server.startup);
+            server.applied = Some(crate::params::ClientParams::default());
+        }
+        for (i, (k, v)) in self.track.param_updates.drain(..).enumerate() {
             server.set_reported(&k, &v);
-            self.settings.kept.set(&k, &v);
-            if let Some(applied) = server.applied.as_mut() {
-                applied.set(&k, &v);
+            if discard.is_none_or(|at| i >= at) {
+                self.settings.kept.set(&k, &v);
+                if let Some(applied) = server.applied.as_mut() {
+                    applied.set(&k, &v);
+                }
             }
         }
         self.track.ext.settle_names(&mut self.stmts);
@@ -468,11 +477,6 @@ impl Session {
             self.flush_stats();
         }
         let server = self.server.as_mut().expect("relay without a server");
-        if std::mem::take(&mut self.track.ext.discarded) {
-            // The client ran DISCARD ALL: its settings are the server defaults now.
-            self.settings.discarded(&server.startup);
-            server.applied = Some(crate::params::ClientParams::default());
-        }
         if let Err(exit) = written {
             // Part of the server's reply is unread (or was not taken by the client).
             server.broken = true;

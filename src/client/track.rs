@@ -58,6 +58,10 @@ pub struct Track {
     /// PostgreSQL's idle timeout counts from the backend going idle).
     pub(super) idle_since: Option<Instant>,
     pub(super) param_updates: Vec<(String, String)>,
+    /// How many of `param_updates` came before the last DISCARD ALL the server finished:
+    /// those no longer hold for the client's settings (`Session::relay` applies the
+    /// DISCARD first).
+    pub(super) discard_mark: Option<usize>,
     /// The replies the server has yet to send, one per request; in the pooled modes
     /// also the prepared-statement rewriting (session mode forwards as sent).
     pub ext: Extended,
@@ -162,6 +166,7 @@ impl Track {
             timed_from,
             idle_since,
             param_updates,
+            discard_mark,
             ext,
             copy_in,
             syncs_after_execute,
@@ -191,6 +196,7 @@ impl Track {
         *timed_from = None;
         *idle_since = None;
         param_updates.clear();
+        *discard_mark = None;
         ext.clear();
         *copy_in = CopyIn::Off;
         *syncs_after_execute = 0;
@@ -390,6 +396,7 @@ impl Track {
             server_fatal,
             tx,
             param_updates,
+            discard_mark,
             ext,
             copy_in,
             syncs_after_execute,
@@ -413,7 +420,7 @@ impl Track {
             server_need,
             |m, sp| {
                 if early_syncs.probing() {
-                    let books = ProbeBooks { tx, param_updates, seen, ext, prepared };
+                    let books = ProbeBooks { tx, param_updates, discard_mark, seen, ext, prepared };
                     return while_probing(early_syncs, &m, sp, books);
                 }
                 let refused = ext.on_server(&m, sp, prepared)?;
@@ -514,6 +521,7 @@ impl Track {
                         // Session mode does not read statement texts: any SET counts.
                         let session = mode == PoolMode::Session;
                         seen.note(body(frame), session || ext.parsing_set, session || ext.session_set);
+                        discard_at(ext, discard_mark, param_updates);
                     }
                     be::PARAMETER_STATUS => reported(frame, param_updates)?,
                     be::ERROR_RESPONSE => {
@@ -560,6 +568,7 @@ impl Track {
 struct ProbeBooks<'a> {
     tx: &'a mut Option<TxStatus>,
     param_updates: &'a mut Vec<(String, String)>,
+    discard_mark: &'a mut Option<usize>,
     seen: &'a mut Seen,
     ext: &'a mut Extended,
     prepared: &'a mut crate::prepared::ServerStatements,
@@ -590,6 +599,7 @@ fn while_probing(
         be::COMMAND_COMPLETE => {
             b.seen.note(body(frame), true, true);
             b.ext.note_emptying(m, b.prepared);
+            discard_at(b.ext, b.discard_mark, b.param_updates);
         }
         // A COPY FROM STDIN one of those requests began, whose end the client had not
         // sent before the probe: the server read the probe as COPY data and failed the
@@ -617,6 +627,14 @@ fn probe_eaten(m: &crate::protocol::scan::Msg) -> Result<bool, ProtocolError> {
 }
 
 /// Records a ParameterStatus the client is told of (a setting the server reports).
+/// After a CommandComplete: a DISCARD ALL it finished marks the settings reported so far.
+#[inline]
+fn discard_at(ext: &mut Extended, mark: &mut Option<usize>, param_updates: &[(String, String)]) {
+    if std::mem::take(&mut ext.discarded) {
+        *mark = Some(param_updates.len());
+    }
+}
+
 fn reported(frame: &[u8], param_updates: &mut Vec<(String, String)>) -> Result<(), ProtocolError> {
     let (k, v) = parameter_status(body(frame))?;
     let k = String::from_utf8_lossy(k);
@@ -649,6 +667,7 @@ mod tests {
         t.timed_from = Some(Instant::now());
         t.idle_since = Some(Instant::now());
         t.param_updates.push(("TimeZone".into(), "UTC".into()));
+        t.discard_mark = Some(1);
         t.ext.parsing_set = true;
         t.copy_in = CopyIn::Simple;
         t.syncs_after_execute = 1;

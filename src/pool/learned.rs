@@ -80,6 +80,15 @@ impl Learned {
         }
     }
 
+    /// The defaults when they are `startup`'s values, else `startup` (a connection
+    /// opened before a reload: its values do not become the pool's).
+    pub fn shared(&self, startup: &Arc<ParamList>) -> Arc<ParamList> {
+        match self.defaults.lock().as_ref() {
+            Some(known) if **known == **startup => known.clone(),
+            _ => startup.clone(),
+        }
+    }
+
     /// The pool now reaches another server or database: nothing learned holds.
     pub fn forget(&self) {
         *self.defaults.lock() = None;
@@ -193,6 +202,9 @@ mod tests {
         assert!(l.reply(&params(&[("application_name", "b")])).is_none());
         // The same defaults reported again keep the reply; other ones retire it.
         assert!(Arc::ptr_eq(&d, &l.set_defaults(&vec![("TimeZone".into(), "UTC".into())])), "shared");
+        let other = Arc::new(vec![("TimeZone".to_string(), "Asia/Tokyo".to_string())]);
+        assert!(Arc::ptr_eq(&d, &l.shared(&Arc::new((*d).clone()))), "equal values shared");
+        assert!(Arc::ptr_eq(&other, &l.shared(&other)) && l.defaults().unwrap()[0].1 == "UTC", "others not learned");
         assert!(l.reply(&asked).is_some());
         l.set_defaults(&vec![("TimeZone".into(), "Europe/Paris".into())]);
         assert!(l.reply(&asked).is_none());

@@ -494,10 +494,13 @@ impl Pool {
             s.info.set_state(ServerState::Active, 0);
             listed.keep();
             // The pool learns its defaults from its connections, not from one opened
-            // before a reload moved the pool (its server is no longer the pool's).
-            if Arc::ptr_eq(&settings, &self.settings.load()) {
-                s.startup = self.learned.set_defaults(&s.startup);
-            }
+            // before a reload moved the pool (its server is no longer the pool's); one
+            // opened across a reload that did not move it shares them all the same.
+            s.startup = if Arc::ptr_eq(&settings, &self.settings.load()) {
+                self.learned.set_defaults(&s.startup)
+            } else {
+                self.learned.shared(&s.startup)
+            };
             return Ok(s);
         }
     }
