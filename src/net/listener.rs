@@ -97,7 +97,7 @@ impl TcpOptions {
     fn apply_listening(&self, sock: socket2::SockRef<'_>, fresh: bool) {
         #[cfg(target_os = "linux")]
         let fd = std::os::fd::AsRawFd::as_raw_fd(&*sock);
-        self.apply_options(sock, fresh);
+        self.apply(sock, fresh);
         #[cfg(target_os = "linux")]
         if self.defer_accept || !fresh {
             let secs: libc::c_int = if self.defer_accept { DEFER_ACCEPT_SECS } else { 0 };
@@ -109,14 +109,8 @@ impl TcpOptions {
         }
     }
 
-    /// Sets the options on a new connection (best effort; those left at 0 take no
-    /// system call).
-    pub fn apply(&self, sock: socket2::SockRef<'_>, fresh: bool) {
-        self.apply_buffers(&sock);
-        self.apply_options(sock, fresh);
-    }
-
-    /// Sets the buffer sizes on a new connection (best effort).
+    /// Sets the buffer sizes on a new connection (best effort; a server connection's
+    /// are set before it connects, `ServerAddr::open`).
     pub fn apply_buffers(&self, sock: &socket2::SockRef<'_>) {
         if self.socket_buffer > 0 {
             let _ = sock.set_send_buffer_size(self.socket_buffer as usize);
@@ -124,11 +118,11 @@ impl TcpOptions {
         }
     }
 
-    /// Sets the options a listening socket passes on to its connections (best effort).
-    /// A `fresh` socket has the kernel's values: those left at 0 take no system call.
-    /// On one set before (a listening socket, at a reload), a 0 puts the kernel's value
-    /// back.
-    fn apply_options(&self, sock: socket2::SockRef<'_>, fresh: bool) {
+    /// Sets the options other than the buffer sizes (those a listening socket passes on
+    /// to its connections; best effort). A `fresh` socket has the kernel's values: those
+    /// left at 0 take no system call. On one set before (a listening socket, at a
+    /// reload), a 0 puts the kernel's value back.
+    pub fn apply(&self, sock: socket2::SockRef<'_>, fresh: bool) {
         // The value to set: none for a 0 on a fresh socket, the kernel's for a 0 else.
         let value = |v: u32, sysctl: &str| match v {
             0 if fresh => None,
@@ -273,11 +267,11 @@ impl Listener {
         match self {
             Listener::Tcp(l) => {
                 let (s, addr) = l.accept().await?;
+                let (tcp, sock) = (tcp(), socket2::SockRef::from(&s));
+                tcp.apply_buffers(&sock);
                 if !INHERITS_OPTIONS {
                     let _ = s.set_nodelay(true);
-                    tcp().apply(socket2::SockRef::from(&s), true);
-                } else {
-                    tcp().apply_buffers(&socket2::SockRef::from(&s));
+                    tcp.apply(sock, true);
                 }
                 Ok((Stream::Tcp(s), Peer::Tcp(addr)))
             }

@@ -32,19 +32,41 @@ pub struct ServerAddr {
 
 impl ServerAddr {
     /// A socket to the server: its Unix socket, or TCP to `at` (the address a host name
-    /// gave a connection: a cancel goes where the connection went) or else to the host.
-    pub async fn open(&self, at: Option<SocketAddr>) -> std::io::Result<Stream> {
+    /// gave a connection: a cancel goes where the connection went) or else to the host,
+    /// with buffers of `buffers` bytes (`tcp_socket_buffer`; 0: the kernel's).
+    pub async fn open(&self, at: Option<SocketAddr>, buffers: u32) -> std::io::Result<Stream> {
         if self.host.starts_with('/') {
             let path = format!("{}/.s.PGSQL.{}", self.host, self.port);
-            Ok(Stream::Unix(UnixStream::connect(path).await?))
-        } else {
-            let s = match at {
-                Some(a) => TcpStream::connect(a).await?,
-                None => TcpStream::connect((&*self.host, self.port)).await?,
-            };
-            s.set_nodelay(true)?;
-            Ok(Stream::Tcp(s))
+            return Ok(Stream::Unix(UnixStream::connect(path).await?));
         }
+        let s = match (at, buffers) {
+            (Some(a), 0) => TcpStream::connect(a).await?,
+            (None, 0) => TcpStream::connect((&*self.host, self.port)).await?,
+            (at, size) => self.connect_sized(at, size).await?,
+        };
+        s.set_nodelay(true)?;
+        Ok(Stream::Tcp(s))
+    }
+
+    /// TCP to `at`, else to the first of the host's addresses that takes it, on a socket
+    /// whose buffers are `size` bytes, set before it connects (as the kernel needs for
+    /// the window it offers to use them).
+    async fn connect_sized(&self, at: Option<SocketAddr>, size: u32) -> std::io::Result<TcpStream> {
+        let addrs: Vec<SocketAddr> = match at {
+            Some(a) => vec![a],
+            None => tokio::net::lookup_host((&*self.host, self.port)).await?.collect(),
+        };
+        let mut failed = None;
+        for a in addrs {
+            let sock = if a.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+            let _ = sock.set_send_buffer_size(size);
+            let _ = sock.set_recv_buffer_size(size);
+            match sock.connect(a).await {
+                Ok(s) => return Ok(s),
+                Err(e) => failed = Some(e),
+            }
+        }
+        Err(failed.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address")))
     }
 
     /// Sends a CancelRequest for the given backend key to the server at `at` (see
@@ -60,7 +82,7 @@ impl ServerAddr {
         limit: Option<Duration>,
     ) -> std::io::Result<()> {
         let send = async {
-            let mut s = self.open(at).await?;
+            let mut s = self.open(at, 0).await?;
             let mut out = BytesMut::new();
             build::cancel_request(&mut out, pid, secret);
             s.write_all(&out).await?;
@@ -122,12 +144,12 @@ impl ServerTarget {
     /// name's epoch then: the first of the name's addresses that accepts.
     async fn open(&self) -> std::io::Result<(Stream, Option<(SocketAddr, u64)>)> {
         let Some(dns) = &self.dns else {
-            return Ok((self.addr.open(None).await?, None));
+            return Ok((self.addr.open(None, self.tcp.socket_buffer).await?, None));
         };
         let (addrs, epoch) = dns.addrs(self.addr.port, self.dns_ttl).await?;
         let mut failed = None;
         for at in addrs {
-            match self.addr.open(Some(at)).await {
+            match self.addr.open(Some(at), self.tcp.socket_buffer).await {
                 Ok(s) => return Ok((s, Some((at, epoch)))),
                 Err(e) => failed = Some(e),
             }
@@ -326,6 +348,24 @@ fn sasl_offers(mut data: &[u8], mechanism: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `tcp_socket_buffer` sizes a server connection's buffers (Linux reports twice the
+    /// size asked for), to an address or a host; 0 leaves the kernel's.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn server_connections_get_their_buffer_sizes() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let to = listener.local_addr().unwrap();
+        let addr = ServerAddr { host: "127.0.0.1".into(), port: to.port() };
+        let sizes = |s: &Stream| {
+            let sock = socket2::SockRef::from(s.tcp().expect("TCP"));
+            (sock.send_buffer_size().unwrap(), sock.recv_buffer_size().unwrap())
+        };
+        for at in [None, Some(to)] {
+            assert_eq!(sizes(&addr.open(at, 50_000).await.unwrap()), (100_000, 100_000));
+            assert_ne!(sizes(&addr.open(at, 0).await.unwrap()), (100_000, 100_000));
+        }
+    }
 
     /// A server whose listen queue is full drops the connection attempt, which the
     /// kernel would retry for minutes: the cancel gives up at its limit.
