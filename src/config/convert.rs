@@ -82,7 +82,7 @@ fn convert(lines: &[Line]) -> Result<Converted, String> {
         _ => return Err("internal: the general section does not serialize".into()),
     };
     let mut out = Converted { toml: String::new(), notes: Vec::new() };
-    let (mut general, mut databases, mut users) = (String::new(), String::new(), String::new());
+    let (mut general, mut databases, mut users) = (Entries::default(), Entries::default(), Entries::default());
     let (mut seen, mut socket_dir) = (Vec::new(), "/tmp".to_string());
     let mut section = String::new();
     for Line { at, text: raw } in lines {
@@ -96,7 +96,7 @@ fn convert(lines: &[Line]) -> Result<Converted, String> {
         }
         let Some((key, value)) = line.split_once('=') else {
             let note = format!("{at}: not converted: {line}");
-            general.push_str(&format!("# {note}\n"));
+            general.put(at, at, format!("# {note}\n"), &mut out.notes);
             out.notes.push(note);
             continue;
         };
@@ -115,20 +115,30 @@ fn convert(lines: &[Line]) -> Result<Converted, String> {
                     ));
                 }
                 let (key, value) = verbosity(&key, value).unwrap_or((key.as_str(), value));
-                match setting(key, value, known.get(key)) {
-                    Ok(v) => general.push_str(&format!("{key} = {v}\n")),
+                let text = match setting(key, value, known.get(key)) {
+                    Ok(v) => format!("{key} = {v}\n"),
                     Err(why) => {
                         let note = format!("{at}: {key} = {value}: {why}");
-                        general.push_str(&format!("# {note}\n"));
-                        out.notes.push(note);
+                        out.notes.push(note.clone());
+                        format!("# {note}\n")
                     }
-                }
+                };
+                general.put(key, at, text, &mut out.notes);
             }
-            "databases" => databases.push_str(&database(&unquote_name(key), value, at, &mut out.notes)),
-            "users" => users.push_str(&user(&unquote_name(key), value, at, &mut out.notes)),
+            "databases" => {
+                let (name, notes) = (unquote_name(key), &mut out.notes);
+                let text = database(&name, value, at, notes);
+                databases.put(&format!("database {name}"), at, text, notes);
+            }
+            "users" => {
+                let (name, notes) = (unquote_name(key), &mut out.notes);
+                let text = user(&name, value, at, notes);
+                users.put(&format!("user {name}"), at, text, notes);
+            }
             other => out.notes.push(format!("{at}: section [{other}] not converted")),
         }
     }
+    let (mut general, databases, users) = (general.text(), databases.text(), users.text());
     // PgBouncer's defaults where Sluice's differ.
     if !seen.iter().any(|k| k == "auth_type") {
         general.push_str("# PgBouncer's default (Sluice's is scram-sha-256)\nauth_type = \"md5\"\n");
@@ -149,6 +159,27 @@ fn convert(lines: &[Line]) -> Result<Converted, String> {
          # `sluice --check --config FILE`, and see docs/from-pgbouncer.md.\n\n[general]\n{general}{databases}{users}"
     );
     Ok(out)
+}
+
+/// Converted settings (or databases, or users) in the order met; one set again
+/// replaces the earlier (PgBouncer takes the last, often from an `%include` meant to
+/// override), with a note.
+#[derive(Default)]
+struct Entries(Vec<(String, String, String)>);
+
+impl Entries {
+    /// Puts the `text` converted from `key`'s line at `at`.
+    fn put(&mut self, key: &str, at: &str, text: String, notes: &mut Vec<String>) {
+        if let Some(i) = self.0.iter().position(|(k, ..)| k == key) {
+            let (_, before, _) = self.0.remove(i);
+            notes.push(format!("{at}: {key} set again: this replaces {before} (PgBouncer takes the last)"));
+        }
+        self.0.push((key.to_string(), at.to_string(), text));
+    }
+
+    fn text(&self) -> String {
+        self.0.iter().map(|(.., text)| text.as_str()).collect()
+    }
 }
 
 /// PgBouncer's `verbose` (0: its usual log, 1 and up: more) as Sluice's `log_level`.
@@ -375,25 +406,40 @@ dns_max_ttl = 30
 
     #[test]
     fn includes_are_read_in_place_and_named_in_notes() {
-        let dir = std::env::temp_dir().join(format!("sluice-include-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path();
         let (db, more, looped) = (dir.join("db.ini"), dir.join("more.ini"), dir.join("loop.ini"));
-        std::fs::write(&db, format!("[databases]\nother = host=db3\n%include {}\n", more.display())).unwrap();
-        std::fs::write(&more, "[pgbouncer]\nno_such_key = 1\n").unwrap();
+        let dbs = format!("[databases]\nother = host=db3\nother = host=db4 port=5433\n%include {}\n", more.display());
+        std::fs::write(&db, dbs).unwrap();
+        std::fs::write(&more, "[pgbouncer]\nno_such_key = 1\nmax_client_conn = 100\n").unwrap();
         std::fs::write(&looped, format!("%include {}\n", looped.display())).unwrap();
         let ini = format!("[pgbouncer]\nlisten_port = 6433\n%include {}\nmax_client_conn = 7\n", db.display());
         let c = from_pgbouncer_ini(&ini).unwrap();
-        assert!(c.toml.contains("[databases.\"other\"]\nhost = \"db3\""), "{}", c.toml);
-        // The included file's last section goes on, as in PgBouncer.
-        assert!(c.toml.contains("listen_port = 6433\n") && c.toml.contains("max_client_conn = 7\n"), "{}", c.toml);
-        let note = format!("{} line 2: no_such_key = 1: no such setting in Sluice", more.display());
-        assert!(c.notes.contains(&note), "{:?}", c.notes);
+        // The included file's last section goes on, as in PgBouncer, and what is set
+        // again replaces what was set before.
+        let cfg = super::super::Config::parse(&c.toml, &dir.join("sluice.toml")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((cfg.general.listen_port, cfg.general.max_client_conn), (6433, 7));
+        assert_eq!((cfg.databases["other"].host.as_str(), cfg.databases["other"].port), ("db4", 5433));
+        let notes = [
+            format!("{} line 2: no_such_key = 1: no such setting in Sluice", more.display()),
+            format!(
+                "{} line 3: database other set again: this replaces {} line 2 (PgBouncer takes the last)",
+                db.display(),
+                db.display()
+            ),
+            format!(
+                "line 4: max_client_conn set again: this replaces {} line 3 (PgBouncer takes the last)",
+                more.display()
+            ),
+        ];
+        for note in notes {
+            assert!(c.notes.contains(&note), "{note} not in {:?}", c.notes);
+        }
         let e = from_pgbouncer_ini(&format!("%include {}", looped.display())).err().unwrap();
         assert!(e.contains("line 1: %include") && e.contains("nested more than 10 deep"), "{e}");
         let missing = dir.join("missing.ini");
         let e = from_pgbouncer_ini(&format!("[pgbouncer]\n%include {}", missing.display())).err().unwrap();
         assert!(e.starts_with(&format!("line 2: %include {}: ", missing.display())), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
