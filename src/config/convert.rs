@@ -138,20 +138,8 @@ fn convert(lines: &[Line]) -> Result<Converted, String> {
             other => out.notes.push(format!("{at}: section [{other}] not converted")),
         }
     }
-    let (mut general, databases, users) = (general.text(), databases.text(), users.text());
-    // PgBouncer's defaults where Sluice's differ.
-    if !seen.iter().any(|k| k == "auth_type") {
-        general.push_str("# PgBouncer's default (Sluice's is scram-sha-256)\nauth_type = \"md5\"\n");
-    }
-    if !seen.iter().any(|k| k == "listen_addr") {
-        general.push_str("# PgBouncer's default: no TCP listener, the Unix socket only\nlisten_addr = []\n");
-    }
-    if !seen.iter().any(|k| k == "tcp_keepidle") {
-        general.push_str("# PgBouncer's default: the kernel's (Sluice's is 60)\ntcp_keepidle = 0\n");
-    }
-    if !seen.iter().any(|k| k == "listen_backlog") {
-        general.push_str("# PgBouncer's default (Sluice's is 4096)\nlisten_backlog = 128\n");
-    }
+    let general = general.text() + &pgbouncer_defaults(&seen);
+    let (databases, users) = (databases.text(), users.text());
     // A database without a host is reached on PgBouncer's Unix socket directory.
     let databases = databases.replace(NO_HOST, &format!("host = {}\n", Value::String(socket_dir)));
     out.toml = format!(
@@ -159,6 +147,17 @@ fn convert(lines: &[Line]) -> Result<Converted, String> {
          # `sluice --check --config FILE`, and see docs/from-pgbouncer.md.\n\n[general]\n{general}{databases}{users}"
     );
     Ok(out)
+}
+
+/// PgBouncer's defaults where Sluice's differ, for the settings not `seen`.
+fn pgbouncer_defaults(seen: &[String]) -> String {
+    const DEFAULTS: [(&str, &str); 4] = [
+        ("auth_type", "# PgBouncer's default (Sluice's is scram-sha-256)\nauth_type = \"md5\"\n"),
+        ("listen_addr", "# PgBouncer's default: no TCP listener, the Unix socket only\nlisten_addr = []\n"),
+        ("tcp_keepidle", "# PgBouncer's default: the kernel's (Sluice's is 60)\ntcp_keepidle = 0\n"),
+        ("listen_backlog", "# PgBouncer's default (Sluice's is 4096)\nlisten_backlog = 128\n"),
+    ];
+    DEFAULTS.iter().filter(|(key, _)| !seen.iter().any(|k| k == key)).map(|(_, text)| *text).collect()
 }
 
 /// Converted settings (or databases, or users) in the order met; one set again
