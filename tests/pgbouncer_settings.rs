@@ -398,6 +398,31 @@ async fn disable_pqexec_refuses_simple_queries() {
     b.simple_query("select 1").await.expect("refused after the reload");
 }
 
+/// A server restarted with another default (here ALTER DATABASE and RECONNECT): a client
+/// keeps the value it was told at login, on the new server too; a client that logs in
+/// after is told the new one, and each gets its own on the one server of the pool.
+#[tokio::test]
+async fn clients_keep_the_defaults_they_were_told_when_the_servers_change() {
+    let pg = PgCluster::start();
+    pg.psql("create database tzdb");
+    let s = Sluice::builder(&pg)
+        .general("admin_users", r#"["u_scram"]"#)
+        .database("tz", &[("dbname", "\"tzdb\""), ("pool_size", "1")])
+        .start();
+    let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "tz").await;
+    let before = value(&a, "show timezone").await;
+    let server = value(&a, "select pg_backend_pid()").await;
+    let zone = if before == "Asia/Tokyo" { "America/Denver" } else { "Asia/Tokyo" };
+    pg.psql(&format!("alter database tzdb set timezone = '{zone}'"));
+    common::console::rows(&common::console::admin(s.port).await, "RECONNECT tz").await;
+    assert_eq!(value(&a, "show timezone").await, before, "changed under a client");
+    assert_ne!(value(&a, "select pg_backend_pid()").await, server, "not reconnected");
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "tz").await;
+    assert_eq!(value(&c, "show timezone").await, zone);
+    assert_eq!(value(&a, "show timezone").await, before);
+    assert_eq!(value(&c, "show timezone").await, zone);
+}
+
 /// A database's `timezone` and `datestyle` are its server connections' startup settings:
 /// a client without its own gets them, one with its own (`options`) keeps its own on the
 /// same server; `connect_query` runs once per new server connection, and an ERROR in it
