@@ -626,7 +626,6 @@ fn probe_eaten(m: &crate::protocol::scan::Msg) -> Result<bool, ProtocolError> {
     Ok(f.code == sqlstate::PROTOCOL_VIOLATION && f.message.contains("0x44"))
 }
 
-/// Records a ParameterStatus the client is told of (a setting the server reports).
 /// After a CommandComplete: a DISCARD ALL it finished marks the settings reported so far.
 #[inline]
 fn discard_at(ext: &mut Extended, mark: &mut Option<usize>, param_updates: &[(String, String)]) {
@@ -635,6 +634,7 @@ fn discard_at(ext: &mut Extended, mark: &mut Option<usize>, param_updates: &[(St
     }
 }
 
+/// Records a ParameterStatus the client is told of (a setting the server reports).
 fn reported(frame: &[u8], param_updates: &mut Vec<(String, String)>) -> Result<(), ProtocolError> {
     let (k, v) = parameter_status(body(frame))?;
     let k = String::from_utf8_lossy(k);

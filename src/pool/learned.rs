@@ -68,23 +68,16 @@ impl Learned {
         self.defaults.lock().clone()
     }
 
-    /// Records the parameters of a fresh server connection, and returns them shared
-    /// with the pool's other connections that reported the same. Other values than
-    /// those known (a restarted or upgraded server) replace them, which retires the
-    /// login replies worked out from the old ones.
-    pub fn set_defaults(&self, reported: &ParamList) -> Arc<ParamList> {
+    /// The parameters a fresh server connection reported at login, shared with the
+    /// pool's other connections that reported the same (the defaults, when they are
+    /// equal). When `learn`, other values than those known (a restarted or upgraded
+    /// server) become the defaults, which retires the login replies worked out from the
+    /// old ones; a connection opened before a reload moved the pool does not `learn`.
+    pub fn share(&self, startup: &Arc<ParamList>, learn: bool) -> Arc<ParamList> {
         let mut defaults = self.defaults.lock();
         match defaults.as_ref() {
-            Some(known) if **known == *reported => known.clone(),
-            _ => defaults.insert(Arc::new(reported.clone())).clone(),
-        }
-    }
-
-    /// The defaults when they are `startup`'s values, else `startup` (a connection
-    /// opened before a reload: its values do not become the pool's).
-    pub fn shared(&self, startup: &Arc<ParamList>) -> Arc<ParamList> {
-        match self.defaults.lock().as_ref() {
             Some(known) if **known == **startup => known.clone(),
+            _ if learn => defaults.insert(startup.clone()).clone(),
             _ => startup.clone(),
         }
     }
@@ -172,6 +165,11 @@ mod tests {
         ClientParams::new(list.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
     }
 
+    /// The defaults learned from a connection that reported `zone`.
+    fn learn(l: &Learned, zone: &str) -> Arc<ParamList> {
+        l.share(&Arc::new(vec![("TimeZone".to_string(), zone.to_string())]), true)
+    }
+
     fn reply(kept: &ClientParams, status: &'static [u8], told: &Arc<ParamList>) -> LoginReply {
         LoginReply { kept: kept.clone(), status: Bytes::from_static(status), told: told.clone() }
     }
@@ -195,23 +193,23 @@ mod tests {
         let l = Learned::default();
         let asked = params(&[("application_name", "a")]);
         assert!(l.reply(&asked).is_none(), "no defaults yet");
-        let d = l.set_defaults(&vec![("TimeZone".into(), "UTC".into())]);
+        let d = learn(&l, "UTC");
         assert!(Arc::ptr_eq(&d, &l.defaults().unwrap()));
         l.remember_reply(asked.clone(), &reply(&asked, b"S", &d));
         assert_eq!(l.reply(&asked).unwrap().status, Bytes::from_static(b"S"));
         assert!(l.reply(&params(&[("application_name", "b")])).is_none());
         // The same defaults reported again keep the reply; other ones retire it.
-        assert!(Arc::ptr_eq(&d, &l.set_defaults(&vec![("TimeZone".into(), "UTC".into())])), "shared");
+        assert!(Arc::ptr_eq(&d, &learn(&l, "UTC")), "shared");
         let other = Arc::new(vec![("TimeZone".to_string(), "Asia/Tokyo".to_string())]);
-        assert!(Arc::ptr_eq(&d, &l.shared(&Arc::new((*d).clone()))), "equal values shared");
-        assert!(Arc::ptr_eq(&other, &l.shared(&other)) && l.defaults().unwrap()[0].1 == "UTC", "others not learned");
+        assert!(Arc::ptr_eq(&d, &l.share(&Arc::new((*d).clone()), false)), "equal values shared");
+        assert!(Arc::ptr_eq(&other, &l.share(&other, false)) && l.defaults().unwrap()[0].1 == "UTC", "others not learned");
         assert!(l.reply(&asked).is_some());
-        l.set_defaults(&vec![("TimeZone".into(), "Europe/Paris".into())]);
+        learn(&l, "Europe/Paris");
         assert!(l.reply(&asked).is_none());
         l.remember_reply(asked.clone(), &reply(&asked, b"S", &l.defaults().unwrap()));
         // Forgotten (the pool moved to another server): the old reply is not used.
         l.forget();
-        l.set_defaults(&vec![("TimeZone".into(), "UTC".into())]);
+        learn(&l, "UTC");
         assert!(l.reply(&asked).is_none());
         assert!(l.canonical("timezone", "utc").is_none());
         // A reply worked out from defaults replaced meanwhile is not kept, and does

@@ -496,11 +496,7 @@ impl Pool {
             // The pool learns its defaults from its connections, not from one opened
             // before a reload moved the pool (its server is no longer the pool's); one
             // opened across a reload that did not move it shares them all the same.
-            s.startup = if Arc::ptr_eq(&settings, &self.settings.load()) {
-                self.learned.set_defaults(&s.startup)
-            } else {
-                self.learned.shared(&s.startup)
-            };
+            s.startup = self.learned.share(&s.startup, Arc::ptr_eq(&settings, &self.settings.load()));
             return Ok(s);
         }
     }

@@ -92,7 +92,7 @@ pub struct ServerConn {
     pub reported: Vec<(String, String)>,
     /// Parameters as the server reported them at login (before any `connect_query`),
     /// shared by the pool's connections that reported the same
-    /// (`Learned::set_defaults`): a client told others is given its values
+    /// (`Learned::share`): a client told others is given its values
     /// (`ClientSettings`).
     pub startup: Arc<crate::params::ParamList>,
     /// The client settings this connection currently carries; None when unknown
