@@ -112,10 +112,7 @@ impl TcpOptions {
     /// Sets the buffer sizes on a new connection (best effort; a server connection's
     /// are set before it connects, `ServerAddr::open`).
     pub fn apply_buffers(&self, sock: &socket2::SockRef<'_>) {
-        if self.socket_buffer > 0 {
-            let _ = sock.set_send_buffer_size(self.socket_buffer as usize);
-            let _ = sock.set_recv_buffer_size(self.socket_buffer as usize);
-        }
+        size_buffers(sock, self.socket_buffer);
     }
 
     /// Sets the options other than the buffer sizes (those a listening socket passes on
@@ -176,6 +173,15 @@ impl TcpOptions {
             (false, _) => ", tcp_defer_accept off",
         });
         out
+    }
+}
+
+/// Sets a socket's send and receive buffers to `size` bytes (best effort; 0 leaves the
+/// kernel's).
+pub fn size_buffers(sock: &socket2::SockRef<'_>, size: u32) {
+    if size > 0 {
+        let _ = sock.set_send_buffer_size(size as usize);
+        let _ = sock.set_recv_buffer_size(size as usize);
     }
 }
 

@@ -202,7 +202,10 @@ mod tests {
         assert!(Arc::ptr_eq(&d, &learn(&l, "UTC")), "shared");
         let other = Arc::new(vec![("TimeZone".to_string(), "Asia/Tokyo".to_string())]);
         assert!(Arc::ptr_eq(&d, &l.share(&Arc::new((*d).clone()), false)), "equal values shared");
-        assert!(Arc::ptr_eq(&other, &l.share(&other, false)) && l.defaults().unwrap()[0].1 == "UTC", "others not learned");
+        assert!(
+            Arc::ptr_eq(&other, &l.share(&other, false)) && l.defaults().unwrap()[0].1 == "UTC",
+            "others not learned"
+        );
         assert!(l.reply(&asked).is_some());
         learn(&l, "Europe/Paris");
         assert!(l.reply(&asked).is_none());

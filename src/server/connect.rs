@@ -56,17 +56,13 @@ impl ServerAddr {
             Some(a) => vec![a],
             None => tokio::net::lookup_host((&*self.host, self.port)).await?.collect(),
         };
-        let mut failed = None;
-        for a in addrs {
+        let (s, _) = first_reached(addrs, |a| async move {
             let sock = if a.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
-            let _ = sock.set_send_buffer_size(size);
-            let _ = sock.set_recv_buffer_size(size);
-            match sock.connect(a).await {
-                Ok(s) => return Ok(s),
-                Err(e) => failed = Some(e),
-            }
-        }
-        Err(failed.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address")))
+            crate::net::listener::size_buffers(&socket2::SockRef::from(&sock), size);
+            sock.connect(a).await
+        })
+        .await?;
+        Ok(s)
     }
 
     /// Sends a CancelRequest for the given backend key to the server at `at` (see
@@ -147,14 +143,8 @@ impl ServerTarget {
             return Ok((self.addr.open(None, self.tcp.socket_buffer).await?, None));
         };
         let (addrs, epoch) = dns.addrs(self.addr.port, self.dns_ttl).await?;
-        let mut failed = None;
-        for at in addrs {
-            match self.addr.open(Some(at), self.tcp.socket_buffer).await {
-                Ok(s) => return Ok((s, Some((at, epoch)))),
-                Err(e) => failed = Some(e),
-            }
-        }
-        Err(failed.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address")))
+        let (s, at) = first_reached(addrs, |at| self.addr.open(Some(at), self.tcp.socket_buffer)).await?;
+        Ok((s, Some((at, epoch))))
     }
 
     /// Whether `s` goes to an address its host name no longer has (then it is closed,
@@ -178,6 +168,21 @@ impl ServerTarget {
     pub fn lost(&self, info: &ServerInfo) -> bool {
         self.dns.as_ref().zip(info.peer()).is_some_and(|(dns, at)| dns.lost(at.ip()))
     }
+}
+
+/// The first of `addrs` that `open` reaches, with its address; else the last failure.
+async fn first_reached<T, F: Future<Output = std::io::Result<T>>>(
+    addrs: impl IntoIterator<Item = SocketAddr>,
+    open: impl Fn(SocketAddr) -> F,
+) -> std::io::Result<(T, SocketAddr)> {
+    let mut failed = None;
+    for at in addrs {
+        match open(at).await {
+            Ok(s) => return Ok((s, at)),
+            Err(e) => failed = Some(e),
+        }
+    }
+    Err(failed.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address")))
 }
 
 /// Opens and authenticates a server connection within `timeout`, and runs the target's
