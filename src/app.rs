@@ -53,6 +53,8 @@ pub struct App {
     pub client_tls: ArcSwap<ClientTls>,
     pub pools: Pools,
     pub cancel: Arc<CancelRegistry>,
+    /// Cancel requests being forwarded to peers (`[peers]`).
+    pub peer_pools: crate::cancel::PeerPools,
     clients: AtomicUsize,
     no_clients: Notify,
     phase: watch::Sender<Phase>,
@@ -105,12 +107,14 @@ impl App {
         let pools = Pools::default();
         pools.set_server_tls(Arc::new(server_tls));
         let options = TcpOptions::of(&cfg.general);
+        let cancel = Arc::new(CancelRegistry::new(cfg.general.peer_id));
         Ok(Arc::new(App {
             config: ArcSwap::from_pointee(cfg),
             users: ArcSwap::from_pointee(users),
             client_tls: ArcSwap::from_pointee(client_tls),
             pools,
-            cancel: Arc::new(CancelRegistry::default()),
+            cancel,
+            peer_pools: Default::default(),
             clients: AtomicUsize::new(0),
             no_clients: Notify::new(),
             phase: watch::channel(Phase::Running).0,

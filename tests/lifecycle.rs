@@ -573,3 +573,71 @@ async fn so_reuseport_lets_a_second_process_share_the_port() {
     }
     assert_eq!(second.log().matches("login peer=").count(), before + 4);
 }
+
+/// Waits until PostgreSQL runs a query containing `text`.
+fn running(pg: &PgCluster, text: &str) -> bool {
+    let filter = format!("state = 'active' and query like '%{text}%'");
+    tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(&filter) > 0))
+}
+
+/// A CancelRequest for (`pid`, `secret`) sent to `port`; returns once Sluice closes the
+/// connection (None if it did not within 10 s).
+fn raw_cancel(port: u16, pid: u32, secret: u32) -> Option<Duration> {
+    use std::io::{Read, Write};
+    let started = std::time::Instant::now();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let packet = [16u32, 80877102, pid, secret].map(u32::to_be_bytes).concat();
+    s.write_all(&packet).unwrap();
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).ok().map(|_| started.elapsed())
+}
+
+/// Peering (`peer_id`, `[peers]`): a cancel request that reaches another process of the
+/// group (as a load balancer or `so_reuseport` may route it) is forwarded to the one
+/// whose key it is, over TCP or its Unix socket, in transaction and session mode; a
+/// request for a peer without an entry, or one sent round in circles by a wrong
+/// `[peers]` list, is dropped and its connection closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_forward_cancel_requests_to_the_process_whose_key_it_is() {
+    let pg = PgCluster::start();
+    let (a, b) = (Sluice::builder(&pg), Sluice::builder(&pg));
+    let (a_port, b_port, b_dir) = (a.port(), b.port(), b.socket_dir().display().to_string());
+    let peers = |s: common::SluiceBuilder| {
+        let (pa, pb) = (a_port.to_string(), b_port.to_string());
+        s.peer(1, &[("host", "\"127.0.0.1\""), ("port", &pa)])
+            .peer(2, &[("host", &common::toml_str(&b_dir)), ("port", &pb)])
+            // A wrong entry: peer 3 is said to be process 1.
+            .peer(3, &[("host", "\"127.0.0.1\""), ("port", &pa)])
+            .general("admin_users", "[\"u_scram\"]")
+            .general("log_level", "\"info,sluice::cancel=debug\"")
+    };
+    let a = peers(a).general("peer_id", "1").start();
+    let b = peers(b).general("peer_id", "2").general("pool_mode", "\"session\"").start();
+    for (client_of, sent_to) in [(&a, &b), (&b, &a)] {
+        let c = connect(client_of.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+        let token = c.cancel_token();
+        let sleeper = tokio::spawn(async move { c.simple_query("select pg_sleep(30)").await.map(|_| ()) });
+        assert!(running(&pg, "pg_sleep(30)"), "the query to cancel never started");
+        common::cancel_processed(sent_to.port, &token).await;
+        let r = tokio::time::timeout(Duration::from_secs(10), sleeper).await.unwrap().unwrap();
+        assert_eq!(r.err().map(|e| common::code(&e)).as_deref(), Some("57014"), "client of {}", client_of.port);
+    }
+    assert!(b.log().contains("cancel request forwarded to peer 1 (127.0.0.1:"), "{}", b.log());
+    assert!(a.log().contains(&format!("cancel request forwarded to peer 2 ({b_dir}:")), "{}", a.log());
+    // SHOW PEERS lists the others, not the process itself.
+    let console = common::console::admin(a.port).await;
+    let ids: Vec<String> =
+        common::console::rows(&console, "SHOW PEERS").await.iter().map(|r| r.get(0).unwrap().into()).collect();
+    assert_eq!(ids, ["2", "3"]);
+    let pools = common::console::rows(&console, "SHOW PEER_POOLS").await;
+    assert_eq!(pools.iter().map(|r| r.get("cl_active_cancel_req").unwrap()).collect::<Vec<_>>(), ["0", "0"]);
+    // A key of peer 3 sent to process 1 goes round three times, then is dropped; a key
+    // of peer 9, which has no entry, is dropped at once. Neither connection hangs.
+    let mark = |peer: u32| (3 << 30) | (peer << 16) | 0x1234;
+    assert!(raw_cancel(a.port, 77, mark(3)).is_some(), "a request sent round in circles hangs");
+    assert!(a.wait_log("cancel request for peer 3 dropped: it was forwarded three times", Duration::from_secs(5)));
+    assert_eq!(a.log().matches("cancel request forwarded to peer 3").count(), 3, "{}", a.log());
+    assert!(raw_cancel(b.port, 77, mark(9)).is_some(), "a request for an unknown peer hangs");
+    assert!(b.wait_log("cancel request for peer 9 dropped: [peers] has no entry 9", Duration::from_secs(5)));
+}

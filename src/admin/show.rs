@@ -34,10 +34,12 @@ pub enum Show {
     Latency,
     DnsHosts,
     DnsZones,
+    Peers,
+    PeerPools,
 }
 
 impl Show {
-    pub const ALL: [(&'static str, Show); 19] = [
+    pub const ALL: [(&'static str, Show); 21] = [
         ("POOLS", Show::Pools),
         ("STATS", Show::Stats),
         ("STATS_TOTALS", Show::StatsTotals),
@@ -57,6 +59,8 @@ impl Show {
         ("LATENCY", Show::Latency),
         ("DNS_HOSTS", Show::DnsHosts),
         ("DNS_ZONES", Show::DnsZones),
+        ("PEERS", Show::Peers),
+        ("PEER_POOLS", Show::PeerPools),
     ];
 
     pub fn parse(word: &str) -> Option<Show> {
@@ -92,7 +96,38 @@ pub fn table(app: &App, what: Show) -> Table {
         Show::DnsHosts => dns_hosts(app, &cfg),
         // Zones are c-ares' (`dns_zone_check_period`): Sluice has none.
         Show::DnsZones => Table::new(&["zonename", "serial", "count"], "sii"),
+        Show::Peers => peers(&cfg),
+        Show::PeerPools => peer_pools(app, &cfg),
     }
+}
+
+/// The `[peers]` entries other than this process's own (which is ignored, so that
+/// every process of a group can have the same list).
+fn other_peers(cfg: &Config) -> impl Iterator<Item = (&u16, &crate::config::Peer)> {
+    cfg.peers.iter().filter(|(id, _)| **id != cfg.general.peer_id)
+}
+
+/// SHOW PEERS: each peer's id, where its cancel requests go, and how many may be
+/// forwarded to it at once.
+fn peers(cfg: &Config) -> Table {
+    let mut t = Table::new(&["peer_id", "host", "port", "pool_size"], "isii");
+    for (id, p) in other_peers(cfg) {
+        t.push(vec![int(*id), text(&p.host), int(p.port), int(p.slots(&cfg.general))]);
+    }
+    t
+}
+
+/// SHOW PEER_POOLS: each peer's cancel requests being forwarded and waiting for a
+/// slot; every forward has a connection of its own (`sv_active_cancel`), opened as
+/// part of it (`sv_login` is 0).
+fn peer_pools(app: &App, cfg: &Config) -> Table {
+    let names = ["peer_id", "cl_active_cancel_req", "cl_waiting_cancel_req", "sv_active_cancel", "sv_login"];
+    let mut t = Table::new(&names, "iiiii");
+    for (id, _) in other_peers(cfg) {
+        let (waiting, active) = app.peer_pools.counts(*id);
+        t.push(vec![int(*id), int(active), int(waiting), int(active), int(0)]);
+    }
+    t
 }
 
 /// SHOW DNS_HOSTS: each server host name some pool has, the seconds its last answer is
@@ -490,9 +525,9 @@ fn lists(app: &App, cfg: &Config) -> Table {
     let rows: [(&str, usize); 14] = [
         ("databases", cfg.databases.len() + 1),
         ("users", cfg.users.len()),
-        ("peers", 0),
+        ("peers", other_peers(cfg).count()),
         ("pools", pools.len()),
-        ("peer_pools", 0),
+        ("peer_pools", other_peers(cfg).count()),
         ("free_clients", 0),
         ("used_clients", used_clients),
         ("login_clients", app.client_count().saturating_sub(used_clients)),

@@ -439,25 +439,7 @@ async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessa
                 }
             }
             StartupPacket::Cancel { pid, secret } => {
-                // Accepted in plaintext whatever the TLS mode: libpq before 17 never
-                // encrypts cancel requests. Forwarded in any phase once read (not under
-                // `until_shutdown`). (While Sluice drains its listeners are closed, as
-                // PgBouncer's are: a cancel request on a new connection cannot come.)
-                // The server stays with its client until the request is processed: the
-                // forwarding is a task of its own holding that guard, so a
-                // `client_login_timeout` shorter than the forwarding's own bound
-                // (`cancel_wait_timeout`) ends this connection, not the guard.
-                if let Some((t, in_flight)) = app.cancel.target(pid, secret) {
-                    let forward = tokio::spawn(async move {
-                        let _in_flight = in_flight;
-                        if let Err(e) = t.addr.cancel(t.at, t.pid, t.secret, t.limit).await {
-                            warn!("forwarding cancel request to {} failed: {e}", t.addr);
-                        }
-                    });
-                    // The connection closes once PostgreSQL has the request (libpq waits
-                    // for that close before it takes the cancel as delivered).
-                    let _ = forward.await;
-                }
+                crate::cancel::answer(app, pid, secret).await;
                 return Err(Exit::Cancel);
             }
             StartupPacket::Startup(m) => {

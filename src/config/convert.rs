@@ -29,7 +29,6 @@ fn unsupported_why(key: &str) -> &'static str {
         "dns_zone_check_period" => "not needed: Sluice looks host names up again every dns_max_ttl while they are used",
         "resolv_conf" => "Sluice uses the system's resolver (/etc/resolv.conf)",
         "service_name" | "job_name" => "Windows service settings: not needed",
-        "peer_id" => "not there: peering is not built",
         "track_extra_parameters" => {
             "not needed: Sluice applies every startup parameter, and follows SETs of the settings PostgreSQL reports"
         }
@@ -83,6 +82,7 @@ fn convert(lines: &[Line]) -> Result<Converted, String> {
     };
     let mut out = Converted { toml: String::new(), notes: Vec::new() };
     let (mut general, mut databases, mut users) = (Entries::default(), Entries::default(), Entries::default());
+    let mut peers = Entries::default();
     let (mut seen, mut socket_dir) = (Vec::new(), "/tmp".to_string());
     let mut section = String::new();
     for Line { at, text: raw } in lines {
@@ -135,16 +135,20 @@ fn convert(lines: &[Line]) -> Result<Converted, String> {
                 let text = user(&name, value, at, notes);
                 users.put(&format!("user {name}"), at, text, notes);
             }
+            "peers" => {
+                let notes = &mut out.notes;
+                peers.put(&format!("peer {key}"), at, peer(key, value, at, notes), notes);
+            }
             other => out.notes.push(format!("{at}: section [{other}] not converted")),
         }
     }
     let general = general.text() + &pgbouncer_defaults(&seen);
-    let (databases, users) = (databases.text(), users.text());
-    // A database without a host is reached on PgBouncer's Unix socket directory.
-    let databases = databases.replace(NO_HOST, &format!("host = {}\n", Value::String(socket_dir)));
+    let tables = databases.text() + &users.text() + &peers.text();
+    // A database or peer without a host is reached on PgBouncer's Unix socket directory.
+    let tables = tables.replace(NO_HOST, &format!("host = {}\n", Value::String(socket_dir)));
     out.toml = format!(
         "# Converted from a PgBouncer config by `sluice --from-pgbouncer`; check it with\n\
-         # `sluice --check --config FILE`, and see docs/from-pgbouncer.md.\n\n[general]\n{general}{databases}{users}"
+         # `sluice --check --config FILE`, and see docs/from-pgbouncer.md.\n\n[general]\n{general}{tables}"
     );
     Ok(out)
 }
@@ -316,6 +320,26 @@ fn user(name: &str, settings: &str, line: &str, notes: &mut Vec<String>) -> Stri
     out
 }
 
+/// A `[peers]` line as a `[peers."ID"]` table.
+fn peer(id: &str, conn: &str, line: &str, notes: &mut Vec<String>) -> String {
+    let mut out = format!("\n[peers.{}]\n", Value::String(id.to_string()));
+    let mut host = false;
+    for (key, value) in pairs(conn) {
+        let v = match key.as_str() {
+            "host" => Ok(Value::String(value.clone())),
+            "port" | "pool_size" => integer(&value),
+            _ => Err("no such peer setting in Sluice".to_string()),
+        };
+        host |= key == "host";
+        entry(&mut out, notes, (line, &format!("peer {id}")), (&key, &value), v);
+    }
+    if !host {
+        out.push_str("# PgBouncer's default: its Unix socket directory\n");
+        out.push_str(NO_HOST);
+    }
+    out
+}
+
 fn integer(value: &str) -> Result<Value, String> {
     value.parse().map(Value::Integer).map_err(|_| "not an integer".to_string())
 }
@@ -469,5 +493,20 @@ dns_max_ttl = 30
         let kept = "auth_type = \"hba\"\nauth_hba_file = \"/etc/pgbouncer/hba.conf\"\nauth_ident_file = \"/etc/i\"";
         assert!(c.toml.contains(kept), "{}", c.toml);
         assert!(c.notes.is_empty(), "{:?}", c.notes);
+    }
+
+    #[test]
+    fn peers_are_carried_over() {
+        let ini = "[pgbouncer]\npeer_id = 2\nunix_socket_dir = /run/pgb2\nso_reuseport = 1\n\
+                   [peers]\n1 = host=/run/pgb1\n2 = host=10.0.0.2 port=6433 pool_size=4 sslmode=x\n3 =\n";
+        let c = from_pgbouncer_ini(ini).unwrap();
+        let cfg =
+            super::super::Config::parse(&c.toml, std::path::Path::new("x.toml")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((cfg.general.peer_id, cfg.general.so_reuseport), (2, true));
+        assert_eq!((cfg.peers[&1].host.as_str(), cfg.peers[&1].port), ("/run/pgb1", 6432));
+        let two = &cfg.peers[&2];
+        assert_eq!((two.host.as_str(), two.port, two.pool_size), ("10.0.0.2", 6433, Some(4)));
+        assert_eq!(cfg.peers[&3].host, "/run/pgb2", "PgBouncer's Unix socket directory");
+        assert_eq!(c.notes, ["line 7: peer 2: sslmode=x: no such peer setting in Sluice"]);
     }
 }

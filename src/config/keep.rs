@@ -41,6 +41,7 @@ start_up_only!(
     unix_socket_group,
     listen_backlog,
     so_reuseport,
+    peer_id,
     workers,
     log_level,
     log_format,
@@ -102,6 +103,7 @@ mod tests {
         all.unix_socket_mode = "0700".into();
         all.listen_backlog = 7;
         all.so_reuseport = true;
+        all.peer_id = 2;
         all.unix_socket_group = "g".into();
         all.log_level = "debug".into();
         all.log_format = LogFormat::Json;

@@ -8,6 +8,7 @@ pub mod ident;
 mod keep;
 mod kinds;
 mod locate;
+mod peers;
 pub mod reference;
 mod userlist;
 
@@ -25,6 +26,7 @@ use entries::{
 };
 pub use kinds::*;
 pub use locate::locate_key;
+pub use peers::{MAX_PEER_ID, Peer};
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -145,6 +147,8 @@ pub struct General {
     pub listen_backlog: u32,
     /// SO_REUSEPORT on the TCP listeners: several processes may listen on one port.
     pub so_reuseport: bool,
+    /// This process's id in a peered group (`[peers]`); 0: no peering.
+    pub peer_id: u16,
     pub max_prepared_statements: usize,
     pub max_client_prepared_statements: usize,
     /// Adds " - address:port" to each client's `application_name` at login.
@@ -248,6 +252,7 @@ impl Default for General {
             disable_pqexec: false,
             listen_backlog: 4096,
             so_reuseport: false,
+            peer_id: 0,
             max_prepared_statements: 200,
             max_client_prepared_statements: 2000,
             max_packet_size: i32::MAX as u32,
@@ -366,6 +371,8 @@ struct FileConfig {
     databases: BTreeMap<String, Database>,
     #[serde(default)]
     users: BTreeMap<String, User>,
+    #[serde(default)]
+    peers: BTreeMap<String, Peer>,
 }
 
 /// A loaded, validated configuration.
@@ -375,6 +382,8 @@ pub struct Config {
     pub general: General,
     pub databases: BTreeMap<String, Database>,
     pub users: BTreeMap<String, User>,
+    /// The `[peers]` entries by peer id.
+    pub peers: BTreeMap<u16, Peer>,
     /// The users whose password is the `auth_file`'s, with its line there.
     from_auth_file: BTreeMap<String, usize>,
     /// The `auth_hba_file`'s rules, under `auth_type = "hba"`.
@@ -437,8 +446,12 @@ impl Config {
         validate_admin(&raw.general, &raw.databases, &users, &|k, m| invalid(&["general"], k, m))?;
         validate_auth_lookups(&raw.general, &raw.databases, &users, &|section, k, m| invalid(section, k, m))?;
         let hba = hba::for_config(&raw.general, path, &|k, m| invalid(&["general"], k, m))?;
+        let peers = peers::validate(raw.peers, &|id, k, m| match k {
+            "" => invalid(&["peers"], id, m),
+            k => invalid(&["peers", id], k, m),
+        })?;
         let (general, databases) = (raw.general, raw.databases);
-        Ok(Config { path: path.to_path_buf(), general, databases, users, from_auth_file, hba, listen })
+        Ok(Config { path: path.to_path_buf(), general, databases, users, peers, from_auth_file, hba, listen })
     }
 
     /// This configuration with another `[general]` section, validated as at load (for
@@ -647,6 +660,7 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
     }
     validate_durations(g, invalid)?;
     validate_tcp(g, invalid)?;
+    peers::validate_peer_id(g, invalid)?;
     if tracing_subscriber::EnvFilter::try_new(&g.log_level).is_err() {
         return Err(invalid("log_level", format!("\"{}\" is not a log level or filter", g.log_level)));
     }

@@ -1,10 +1,10 @@
 //! The list of every configuration key, derived from the config structs, so the
 //! reference page (docs/config.md) is checked against the code by a test.
 
-use super::{Database, General, PoolMode, User};
+use super::{Database, General, Peer, PoolMode, User};
 
 /// (section, key) for every key Sluice accepts; sections are `general`,
-/// `databases.NAME` and `users.NAME`.
+/// `databases.NAME`, `users.NAME` and `peers.ID`.
 pub fn keys() -> Vec<(&'static str, String)> {
     let mut out = Vec::new();
     // Struct literals without `..`: adding a field breaks the build here until it is
@@ -35,10 +35,12 @@ pub fn keys() -> Vec<(&'static str, String)> {
         pool_size: Some(1),
         max_user_connections: Some(1),
     };
+    let peer = Peer { host: String::new(), port: 1, pool_size: Some(1) };
     for (section, value) in [
         ("general", toml::Value::try_from(General::default())),
         ("databases.NAME", toml::Value::try_from(db)),
         ("users.NAME", toml::Value::try_from(user)),
+        ("peers.ID", toml::Value::try_from(peer)),
     ] {
         let value = value.expect("config structs serialize");
         for k in value.as_table().expect("a table").keys() {

@@ -389,3 +389,37 @@ fn hba_lines_that_fit_no_login_are_warned_about() {
     ];
     assert_eq!(warnings, want);
 }
+
+#[test]
+fn peers_are_validated_with_their_line() {
+    let c = parse(
+        "[general]\npeer_id = 2\n[peers.1]\nhost = \"/tmp/s1\"\n[peers.2]\nhost = \"10.0.0.2\"\nport = 7000\npool_size = 3\n",
+    )
+    .unwrap();
+    assert_eq!(c.general.peer_id, 2);
+    assert_eq!(c.peers[&1], Peer { host: "/tmp/s1".into(), port: 6432, pool_size: None });
+    assert_eq!((c.peers[&2].port, c.peers[&2].slots(&c.general)), (7000, 3));
+    assert_eq!(c.peers[&1].slots(&c.general), 20, "default_pool_size");
+    // Inline tables under [peers] are the same.
+    assert_eq!(parse("[peers]\n7 = { host = \"h\" }\n").unwrap().peers[&7].host, "h");
+    let e = err("[general]\npeer_id = 16384\n");
+    assert_eq!(e, "sluice.toml:2: general.peer_id: must be between 0 (no peering) and 16383");
+    for (text, want) in [
+        ("[peers.0]\nhost = \"h\"\n", "sluice.toml:1: peers.0: a peer is named by its peer_id, 1 to 16383"),
+        ("\n[peers.x]\nhost = \"h\"\n", "sluice.toml:2: peers.x: a peer is named by its peer_id, 1 to 16383"),
+        ("[peers.01]\nhost = \"h\"\n", "sluice.toml:1: peers.01: a peer is named by its peer_id, 1 to 16383"),
+        (
+            "[peers.3]\nhost = \"@s\"\n",
+            "sluice.toml:2: peers.3.host: Unix sockets in the abstract namespace are not supported",
+        ),
+        ("[peers.3]\nhost = \"h\"\nport = 0\n", "sluice.toml:3: peers.3.port: must be between 1 and 65535"),
+        ("[peers.3]\nhost = \"h\"\npool_size = 0\n", "sluice.toml:3: peers.3.pool_size: must be at least 1"),
+    ] {
+        assert_eq!(err(text), want, "{text}");
+    }
+    assert!(err("[peers.3]\nport = 5\n").contains("host"), "host is required");
+    assert!(err("[peers.3]\nhost = \"h\"\nuser = \"u\"\n").contains("unknown field"));
+    // Listed without a peer_id: loads, with a warning.
+    let w = parse("[peers.3]\nhost = \"h\"\n").unwrap().warnings();
+    assert!(w.iter().any(|w| w.contains("peer_id is 0")), "{w:?}");
+}

@@ -98,6 +98,7 @@ impl Config {
                 self.users.iter().filter(|(_, u)| u.has_md5_hash()).map(|(n, _)| n.as_str()).collect();
             out.extend(super::hba::warnings(&self.general, hba, &md5_users));
         }
+        out.extend(super::peers::warnings(&self.general, &self.peers));
         out
     }
 }

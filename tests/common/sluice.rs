@@ -253,6 +253,7 @@ pub struct SluiceBuilder {
     general: Entries,
     databases: Vec<(String, Entries)>,
     users: Vec<(String, Entries)>,
+    peers: Vec<(String, Entries)>,
     trust_user: bool,
     /// Environment variables for the process.
     env: Entries,
@@ -285,6 +286,7 @@ impl SluiceBuilder {
             general,
             databases: Vec::new(),
             users: Vec::new(),
+            peers: Vec::new(),
             trust_user: true,
             env: Vec::new(),
             dir,
@@ -337,6 +339,13 @@ impl SluiceBuilder {
     }
 
     /// Drops a `[databases.NAME]` section (default or added).
+    /// Adds a `[peers.ID]` entry.
+    pub fn peer(mut self, id: u16, entries: &[(&str, &str)]) -> Self {
+        let e = entries.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        self.peers.push((id.to_string(), e));
+        self
+    }
+
     pub fn without_database(mut self, name: &str) -> Self {
         self.databases.retain(|(n, _)| n != name);
         self
@@ -362,6 +371,10 @@ impl SluiceBuilder {
         }
         for (name, entries) in &self.users {
             text.push_str(&format!("\n[users.{}]\n", toml_key(name)));
+            write_entries(&mut text, entries);
+        }
+        for (id, entries) in &self.peers {
+            text.push_str(&format!("\n[peers.{id}]\n"));
             write_entries(&mut text, entries);
         }
         let trust_auth = self.general.iter().any(|(k, v)| k == "auth_type" && v == "\"trust\"");

@@ -5,6 +5,14 @@
 //! forwarded only to the server that client is linked to when the request arrives,
 //! found through the client's `server_id` and the pool's server list: linking and
 //! unlinking a server (every transaction) touches nothing here.
+//!
+//! In a peered group (`peer_id`, `[peers]`) every key is random and its secret carries
+//! the id of the process that issued it, so that a cancel request reaching another
+//! process of the group is forwarded to the right one (`route`, `peers`).
+
+mod peers;
+
+pub use peers::{PeerPools, answer};
 
 use std::collections::hash_map::Entry;
 use std::sync::Arc;
@@ -51,6 +59,44 @@ struct Owner {
 #[derive(Debug, Default)]
 pub struct CancelRegistry {
     map: Mutex<HashMap<(u32, u32), Owner>>,
+    /// This process's `peer_id` (0: no peering), marked in each key it issues.
+    peer_id: u16,
+}
+
+/// What a key's secret says in a peered group: the top 2 bits are the hops a forward
+/// may still make (3 when issued: a group whose `[peers]` send a request round in
+/// circles drops it after three), the next 14 the `peer_id` of the process whose key
+/// it is; the low 16 bits are random. Read only when peering is on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mark {
+    pub peer: u16,
+    pub hops: u8,
+}
+
+impl Mark {
+    const PEER_BITS: u32 = 0x3fff << 16;
+    const HOPS_SHIFT: u32 = 30;
+
+    pub fn of(secret: u32) -> Mark {
+        Mark { peer: ((secret & Self::PEER_BITS) >> 16) as u16, hops: (secret >> Self::HOPS_SHIFT) as u8 }
+    }
+
+    /// `secret` with this mark in place of its own.
+    pub fn put(self, secret: u32) -> u32 {
+        let peer = (u32::from(self.peer) << 16) & Self::PEER_BITS;
+        (secret & 0xffff) | peer | (u32::from(self.hops & 3) << Self::HOPS_SHIFT)
+    }
+}
+
+/// Where a cancel request goes (`CancelRegistry::route`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// The key is this process's (or peering is off).
+    Here,
+    /// Peer `id`'s key: forwarded to it with `secret`, one hop fewer marked.
+    Peer { id: u16, secret: u32 },
+    /// Another peer's key that has been forwarded three times already: dropped.
+    Spent { id: u16 },
 }
 
 /// A registered key; unregisters itself when dropped.
@@ -73,6 +119,29 @@ impl Drop for CancelKey {
 }
 
 impl CancelRegistry {
+    /// A registry for a process with this `peer_id` (0: no peering).
+    pub fn new(peer_id: u16) -> CancelRegistry {
+        CancelRegistry { map: Mutex::default(), peer_id }
+    }
+
+    /// Where a cancel request with this secret goes.
+    pub fn route(&self, secret: u32) -> Route {
+        let mark = Mark::of(secret);
+        match mark {
+            _ if self.peer_id == 0 || mark.peer == self.peer_id => Route::Here,
+            Mark { peer: id, hops: 0 } => Route::Spent { id },
+            Mark { peer: id, hops } => Route::Peer { id, secret: Mark { peer: id, hops: hops - 1 }.put(secret) },
+        }
+    }
+
+    /// The secret as issued: a forwarded request's has fewer hops marked.
+    fn as_issued(&self, secret: u32) -> u32 {
+        match self.peer_id {
+            0 => secret,
+            _ => Mark { hops: 3, ..Mark::of(secret) }.put(secret),
+        }
+    }
+
     /// Registers a fresh random key for `client` (transaction and statement mode).
     pub fn register(self: &Arc<Self>, client: &Arc<ClientInfo>, pool: &Arc<Pool>) -> CancelKey {
         self.register_with_pid(None, client, pool)
@@ -80,15 +149,21 @@ impl CancelRegistry {
 
     /// A new key with a random secret, and the process id `pid` (session mode: the
     /// server's own) or, when that is None or 0 (a server that sent no key), a random one.
+    /// In a peered group the pid is always random (as PgBouncer's keys are), so that the
+    /// key holds 47 random bits beside the issuer's mark.
     pub fn register_with_pid(
         self: &Arc<Self>,
         pid: Option<u32>,
         client: &Arc<ClientInfo>,
         pool: &Arc<Pool>,
     ) -> CancelKey {
+        let pid = pid.filter(|_| self.peer_id == 0);
         loop {
             let pid = pid.filter(|&p| p != 0).unwrap_or_else(|| rand::random::<u32>() & 0x7fff_ffff);
-            let secret = rand::random::<u32>();
+            let secret = match self.peer_id {
+                0 => rand::random::<u32>(),
+                peer => Mark { peer, hops: 3 }.put(rand::random()),
+            };
             if pid == 0 {
                 continue;
             }
@@ -105,7 +180,7 @@ impl CancelRegistry {
     /// client until the request has been forwarded (drop it then). A client waiting
     /// for a server is asked to cancel its request itself (None here).
     pub fn target(&self, pid: u32, secret: u32) -> Option<(CancelTarget, InFlight)> {
-        let owner = self.map.lock().get(&(pid, secret)).cloned()?;
+        let owner = self.map.lock().get(&(pid, self.as_issued(secret))).cloned()?;
         // SeqCst (covers the Acquire that makes the server's key, written at its login,
         // visible): see the re-checks below.
         let mut id = owner.client.server_id.load(SeqCst);
@@ -280,5 +355,41 @@ mod tests {
         );
         drop(b);
         assert!(r.is_empty());
+    }
+
+    #[test]
+    fn peered_keys_carry_their_issuer_and_are_found_after_hops() {
+        let r = Arc::new(CancelRegistry::new(5));
+        let (p, c) = (pool(), client(1));
+        server(&p, 7, 9, 8);
+        c.server_id.store(7, Release);
+        // Session mode's server pid is not used: the key is all random.
+        let k = r.register_with_pid(Some(9), &c, &p);
+        assert_ne!(k.pid, 9);
+        assert_eq!(Mark::of(k.secret), Mark { peer: 5, hops: 3 });
+        assert_eq!(r.route(k.secret), Route::Here);
+        // Forwarded here by a peer (fewer hops left): still this process's key.
+        let forwarded = Mark { peer: 5, hops: 1 }.put(k.secret);
+        assert_eq!(r.route(forwarded), Route::Here);
+        assert_eq!(tgt(&r, k.pid, forwarded).map(|t| t.pid), Some(9));
+        assert_eq!(tgt(&r, k.pid, Mark { peer: 6, hops: 3 }.put(k.secret)), None, "another peer's bits");
+        // Another peer's key: forwarded with one hop fewer, until none is left.
+        let theirs = Mark { peer: 6, hops: 3 }.put(0xabcd);
+        let Route::Peer { id: 6, secret } = r.route(theirs) else { panic!("{:?}", r.route(theirs)) };
+        assert_eq!((Mark::of(secret), secret & 0xffff), (Mark { peer: 6, hops: 2 }, 0xabcd));
+        assert_eq!(r.route(Mark { peer: 6, hops: 0 }.put(1)), Route::Spent { id: 6 });
+        // Without peering the secret is only a secret.
+        let plain = Arc::new(CancelRegistry::default());
+        assert_eq!(plain.route(theirs), Route::Here);
+        assert_eq!(plain.register_with_pid(Some(9), &c, &p).pid, 9);
+    }
+
+    #[test]
+    fn marks_round_trip() {
+        for (peer, hops) in [(1, 3), (16383, 0), (8191, 2)] {
+            let m = Mark { peer, hops };
+            assert_eq!(Mark::of(m.put(u32::MAX)), m);
+            assert_eq!(m.put(u32::MAX) & 0xffff, 0xffff);
+        }
     }
 }
