@@ -164,24 +164,30 @@ fn pgbouncer_defaults(seen: &[String]) -> String {
     DEFAULTS.iter().filter(|(key, _)| !seen.iter().any(|k| k == key)).map(|(_, text)| *text).collect()
 }
 
-/// Converted settings (or databases, or users) in the order met; one set again
+/// Converted settings (or databases, users, peers) in the order met; one set again
 /// replaces the earlier (PgBouncer takes the last, often from an `%include` meant to
-/// override), with a note.
+/// override), with a note, and takes the later one's place.
 #[derive(Default)]
-struct Entries(Vec<(String, String, String)>);
+struct Entries {
+    /// (where, text) per entry; None where one was replaced.
+    list: Vec<Option<(String, String)>>,
+    /// Each key's place in `list`.
+    at: std::collections::HashMap<String, usize>,
+}
 
 impl Entries {
     /// Puts the `text` converted from `key`'s line at `at`.
     fn put(&mut self, key: &str, at: &str, text: String, notes: &mut Vec<String>) {
-        if let Some(i) = self.0.iter().position(|(k, ..)| k == key) {
-            let (_, before, _) = self.0.remove(i);
+        if let Some(i) = self.at.insert(key.to_string(), self.list.len())
+            && let Some((before, _)) = self.list[i].take()
+        {
             notes.push(format!("{at}: {key} set again: this replaces {before} (PgBouncer takes the last)"));
         }
-        self.0.push((key.to_string(), at.to_string(), text));
+        self.list.push(Some((at.to_string(), text)));
     }
 
     fn text(&self) -> String {
-        self.0.iter().map(|(.., text)| text.as_str()).collect()
+        self.list.iter().flatten().map(|(_, text)| text.as_str()).collect()
     }
 }
 
