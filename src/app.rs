@@ -445,15 +445,24 @@ async fn signals(app: Arc<App>) {
     }
 }
 
+/// Takes connections until the shutdown; the Unix socket of a peered process (`peer_id`)
+/// stays open until the process stops, for the cancel requests its peers forward to it
+/// for its clients (a rolling restart: the process taking over the shared TCP port
+/// forwards them here), and takes only those once the shutdown has begun.
 async fn accept_loop(app: Arc<App>, listener: Listener) {
     let mut phase = app.phase();
     let mut failures = crate::net::listener::AcceptFailures::default();
+    let peers_socket = matches!(listener, Listener::Unix(..)) && app.cancel.peered();
+    let open_until = if peers_socket { Phase::Stopping } else { Phase::Quiescing };
     loop {
         let accepted = tokio::select! {
             r = listener.accept(|| TcpOptions::of(&app.config.load().general)) => r,
-            _ = phase.wait_for(|p| *p != Phase::Running) => return,
+            _ = phase.wait_for(|p| *p as u8 >= open_until as u8) => return,
         };
         match accepted {
+            Ok((stream, peer)) if app.current_phase() != Phase::Running => {
+                tokio::spawn(crate::client::serve_cancel_only(app.clone(), stream, peer));
+            }
             Ok((stream, peer)) => {
                 let guard = app.track_client();
                 tokio::spawn(crate::client::serve(app.clone(), stream, peer, guard));

@@ -595,24 +595,25 @@ fn raw_cancel(port: u16, pid: u32, secret: u32) -> Option<Duration> {
 
 /// Peering (`peer_id`, `[peers]`): a cancel request that reaches another process of the
 /// group (as a load balancer or `so_reuseport` may route it) is forwarded to the one
-/// whose key it is, over TCP or its Unix socket, in transaction and session mode; a
-/// request for a peer without an entry, or one sent round in circles by a wrong
-/// `[peers]` list, is dropped and its connection closed.
+/// whose key it is, over its Unix socket or TCP, in transaction and session mode, also
+/// once that process has begun its shutdown (its Unix socket then takes cancel requests
+/// only); a request for a peer without an entry, or one sent round in circles by a
+/// wrong `[peers]` list, is dropped and its connection closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peers_forward_cancel_requests_to_the_process_whose_key_it_is() {
     let pg = PgCluster::start();
     let (a, b) = (Sluice::builder(&pg), Sluice::builder(&pg));
-    let (a_port, b_port, b_dir) = (a.port(), b.port(), b.socket_dir().display().to_string());
+    let (a_port, b_port, a_dir) = (a.port(), b.port(), a.socket_dir().display().to_string());
     let peers = |s: common::SluiceBuilder| {
-        let (pa, pb) = (a_port.to_string(), b_port.to_string());
-        s.peer(1, &[("host", "\"127.0.0.1\""), ("port", &pa)])
-            .peer(2, &[("host", &common::toml_str(&b_dir)), ("port", &pb)])
+        let (pa, pb, a_dir) = (a_port.to_string(), b_port.to_string(), common::toml_str(&a_dir));
+        s.peer(1, &[("host", &a_dir), ("port", &pa)])
+            .peer(2, &[("host", "\"127.0.0.1\""), ("port", &pb)])
             // A wrong entry: peer 3 is said to be process 1.
-            .peer(3, &[("host", "\"127.0.0.1\""), ("port", &pa)])
+            .peer(3, &[("host", &a_dir), ("port", &pa)])
             .general("admin_users", "[\"u_scram\"]")
             .general("log_level", "\"info,sluice::cancel=debug\"")
     };
-    let a = peers(a).general("peer_id", "1").start();
+    let mut a = peers(a).general("peer_id", "1").start();
     let b = peers(b).general("peer_id", "2").general("pool_mode", "\"session\"").start();
     for (client_of, sent_to) in [(&a, &b), (&b, &a)] {
         let c = connect(client_of.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
@@ -623,8 +624,8 @@ async fn peers_forward_cancel_requests_to_the_process_whose_key_it_is() {
         let r = tokio::time::timeout(Duration::from_secs(10), sleeper).await.unwrap().unwrap();
         assert_eq!(r.err().map(|e| common::code(&e)).as_deref(), Some("57014"), "client of {}", client_of.port);
     }
-    assert!(b.log().contains("cancel request forwarded to peer 1 (127.0.0.1:"), "{}", b.log());
-    assert!(a.log().contains(&format!("cancel request forwarded to peer 2 ({b_dir}:")), "{}", a.log());
+    assert!(b.log().contains(&format!("cancel request forwarded to peer 1 ({a_dir}:")), "{}", b.log());
+    assert!(a.log().contains("cancel request forwarded to peer 2 (127.0.0.1:"), "{}", a.log());
     // SHOW PEERS lists the others, not the process itself.
     let console = common::console::admin(a.port).await;
     let ids: Vec<String> =
@@ -640,4 +641,82 @@ async fn peers_forward_cancel_requests_to_the_process_whose_key_it_is() {
     assert_eq!(a.log().matches("cancel request forwarded to peer 3").count(), 3, "{}", a.log());
     assert!(raw_cancel(b.port, 77, mark(9)).is_some(), "a request for an unknown peer hangs");
     assert!(b.wait_log("cancel request for peer 9 dropped: [peers] has no entry 9", Duration::from_secs(5)));
+    // Process 1 shuts down (SIGTERM) while its client's query runs: the request that
+    // process 2 takes is still forwarded to it, and its Unix socket refuses logins.
+    let c = connect(a.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let token = c.cancel_token();
+    let sleeper = tokio::spawn(async move { c.simple_query("select pg_sleep(30)").await.map(|_| ()) });
+    assert!(running(&pg, "pg_sleep(30)"), "the query to cancel never started");
+    a.terminate();
+    assert!(a.wait_log("SIGTERM", Duration::from_secs(10)), "{}", a.log());
+    let mut unix = tokio_postgres::Config::new();
+    unix.host_path(&a.socket_dir).port(a.port).user(Role::SCRAM.name).password(Role::SCRAM.password).dbname("app");
+    let refused = tokio::time::timeout(Duration::from_secs(10), unix.connect(tokio_postgres::NoTls));
+    match refused.await.expect("a login hangs") {
+        Err(e) => assert_eq!(common::code(&e), "57P03", "{e}"),
+        Ok(_) => panic!("a login taken while shutting down"),
+    }
+    common::cancel_processed(b.port, &token).await;
+    let r = tokio::time::timeout(Duration::from_secs(10), sleeper).await.unwrap().unwrap();
+    assert_eq!(r.err().map(|e| common::code(&e)).as_deref(), Some("57014"), "not cancelled while draining");
+    assert!(a.wait_exit(Duration::from_secs(20)).is_some(), "process 1 did not stop once its client left");
+}
+
+/// A peer that takes cancel requests and never answers them (keeps each connection open),
+/// handing what each connection sent to the test.
+fn silent_peer() -> (u16, std::sync::mpsc::Receiver<Vec<u8>>) {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (sent, got) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for mut s in listener.incoming().flatten() {
+            let mut packet = vec![0u8; 16];
+            if s.read_exact(&mut packet).is_ok() && sent.send(packet).is_err() {
+                return;
+            }
+            held.push(s);
+        }
+    });
+    (port, got)
+}
+
+/// Forwards to a peer: at most its `pool_size` at once (the others wait, SHOW PEER_POOLS
+/// counts both), each given up after `cancel_wait_timeout`, one hop fewer marked; a
+/// reload moving the peer takes effect for the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwards_to_a_peer_are_limited_bounded_and_follow_reloads() {
+    let pg = PgCluster::start();
+    let ((first, got), (second, got_second)) = (silent_peer(), silent_peer());
+    let s = Sluice::builder(&pg)
+        .general("peer_id", "1")
+        .general("cancel_wait_timeout", "2")
+        .general("admin_users", "[\"u_scram\"]")
+        .peer(2, &[("host", "\"127.0.0.1\""), ("port", &first.to_string()), ("pool_size", "1")])
+        .start();
+    let secret = (3 << 30) | (2 << 16) | 0x4321;
+    let port = s.port;
+    let requests: Vec<_> = (0..2).map(|_| std::thread::spawn(move || raw_cancel(port, 5, secret))).collect();
+    let console = common::console::admin(s.port).await;
+    let counts = || async {
+        let rows = common::console::rows(&console, "SHOW PEER_POOLS").await;
+        let n = |col: &str| rows[0].get(col).unwrap().to_string();
+        (n("cl_active_cancel_req"), n("cl_waiting_cancel_req"))
+    };
+    let one_each = || async { counts().await == ("1".to_string(), "1".to_string()) };
+    assert!(common::eventually(Duration::from_secs(5), one_each).await, "not one forward and one waiting for the slot");
+    let packet = got.recv_timeout(Duration::from_secs(5)).expect("nothing forwarded");
+    let want = [16u32, 80877102, 5, (2 << 30) | (2 << 16) | 0x4321].map(u32::to_be_bytes).concat();
+    assert_eq!(packet, want, "forwarded as sent, with one hop fewer");
+    for r in requests {
+        let took = tokio::task::block_in_place(|| r.join().unwrap()).expect("a forward hangs");
+        assert!(took >= Duration::from_millis(1500), "given up after {took:?}");
+    }
+    assert!(s.wait_log_times("not through within cancel_wait_timeout", 2, Duration::from_secs(5)), "{}", s.log());
+    assert_eq!(counts().await, ("0".to_string(), "0".to_string()));
+    s.reload_replacing(&format!("port = {first}"), &format!("port = {second}"));
+    let moved = std::thread::spawn(move || raw_cancel(port, 5, secret));
+    assert_eq!(got_second.recv_timeout(Duration::from_secs(10)).expect("not sent to the moved peer"), want);
+    assert!(tokio::task::block_in_place(|| moved.join().unwrap()).is_some());
 }

@@ -6,9 +6,10 @@
 //! found through the client's `server_id` and the pool's server list: linking and
 //! unlinking a server (every transaction) touches nothing here.
 //!
-//! In a peered group (`peer_id`, `[peers]`) every key is random and its secret carries
-//! the id of the process that issued it, so that a cancel request reaching another
-//! process of the group is forwarded to the right one (`route`, `peers`).
+//! In a peered group (`peer_id`, `[peers]`) every key is random (in session mode too)
+//! and its secret carries the id of the process that issued it, so that a cancel
+//! request reaching another process of the group is forwarded to the right one
+//! (`route`, `peers`).
 
 mod peers;
 
@@ -124,6 +125,11 @@ impl CancelRegistry {
         CancelRegistry { map: Mutex::default(), peer_id }
     }
 
+    /// Whether this process is one of a peered group (`peer_id` set).
+    pub fn peered(&self) -> bool {
+        self.peer_id != 0
+    }
+
     /// Where a cancel request with this secret goes.
     pub fn route(&self, secret: u32) -> Route {
         let mark = Mark::of(secret);
@@ -131,6 +137,20 @@ impl CancelRegistry {
             _ if self.peer_id == 0 || mark.peer == self.peer_id => Route::Here,
             Mark { peer: id, hops: 0 } => Route::Spent { id },
             Mark { peer: id, hops } => Route::Peer { id, secret: Mark { peer: id, hops: hops - 1 }.put(secret) },
+        }
+    }
+
+    /// A key registered nowhere (the admin console's): a cancel request with it reaches
+    /// nothing, and in a peered group is not forwarded either.
+    pub fn unlisted_key(&self) -> (u32, u32) {
+        (rand::random::<u32>() & 0x7fff_ffff, self.fresh_secret())
+    }
+
+    /// A random secret, with this process's mark in a peered group.
+    fn fresh_secret(&self) -> u32 {
+        match self.peer_id {
+            0 => rand::random(),
+            peer => Mark { peer, hops: 3 }.put(rand::random()),
         }
     }
 
@@ -160,10 +180,7 @@ impl CancelRegistry {
         let pid = pid.filter(|_| self.peer_id == 0);
         loop {
             let pid = pid.filter(|&p| p != 0).unwrap_or_else(|| rand::random::<u32>() & 0x7fff_ffff);
-            let secret = match self.peer_id {
-                0 => rand::random::<u32>(),
-                peer => Mark { peer, hops: 3 }.put(rand::random()),
-            };
+            let secret = self.fresh_secret();
             if pid == 0 {
                 continue;
             }

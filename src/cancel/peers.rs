@@ -23,9 +23,10 @@ pub async fn answer(app: &Arc<App>, pid: u32, secret: u32) {
     match app.cancel.route(secret) {
         Route::Here => here(app, pid, secret).await,
         Route::Peer { id, secret } => app.peer_pools.forward(app, id, pid, secret).await,
-        Route::Spent { id } => warn!(
+        // Debug, as any connection can send any key: not a log line per request.
+        Route::Spent { id } => debug!(
             "cancel request for peer {id} dropped: it was forwarded three times already \
-             (does each process have its own peer_id, and each [peers] entry reach that process?)"
+             (does each [peers] entry reach the process with its id?)"
         ),
     }
 }
@@ -33,7 +34,8 @@ pub async fn answer(app: &Arc<App>, pid: u32, secret: u32) {
 /// A key of this process: to the server its client is linked to, if any. Accepted in
 /// plaintext whatever the TLS mode (libpq before 17 never encrypts cancel requests),
 /// in any phase once read. (While Sluice drains its listeners are closed, as
-/// PgBouncer's are: a cancel request on a new connection cannot come.) The server
+/// PgBouncer's are, but for a peered process's Unix socket, which then takes cancel
+/// requests only: `client::serve_cancel_only`.) The server
 /// stays with its client until the request is processed: the forwarding is a task of
 /// its own holding that guard, so a `client_login_timeout` shorter than the
 /// forwarding's own bound (`cancel_wait_timeout`) ends the request's connection, not
@@ -58,9 +60,10 @@ pub struct PeerPools {
 
 #[derive(Debug)]
 struct PeerPool {
-    size: usize,
-    slots: Semaphore,
-    /// Requests waiting for one of the `size` slots.
+    /// The slots it has now (`pool_size`; a reload resizes it in place).
+    size: AtomicUsize,
+    slots: Arc<Semaphore>,
+    /// Requests waiting for a slot.
     waiting: AtomicUsize,
     /// Requests being forwarded (each on a connection of its own).
     active: AtomicUsize,
@@ -83,17 +86,26 @@ impl Drop for Counted<'_> {
 }
 
 impl PeerPools {
-    /// Peer `id`'s pool, made anew when its `pool_size` has changed (requests under
-    /// way finish in the old one).
+    /// Peer `id`'s pool, with `size` slots (a changed `pool_size` resizes it: slots
+    /// added at once, slots taken away as they come free).
     fn pool(&self, id: u16, size: usize) -> Arc<PeerPool> {
+        let size = size.min(Semaphore::MAX_PERMITS);
         let mut pools = self.pools.lock();
-        let fresh = || {
-            let counts = (AtomicUsize::new(0), AtomicUsize::new(0));
-            Arc::new(PeerPool { size, slots: Semaphore::new(size), waiting: counts.0, active: counts.1 })
-        };
-        let pool = pools.entry(id).or_insert_with(fresh);
-        if pool.size != size {
-            *pool = fresh();
+        let pool = pools.entry(id).or_insert_with(|| {
+            let (size, slots) = (AtomicUsize::new(size), Arc::new(Semaphore::new(size)));
+            Arc::new(PeerPool { size, slots, waiting: AtomicUsize::new(0), active: AtomicUsize::new(0) })
+        });
+        let had = pool.size.swap(size, Relaxed);
+        if size > had {
+            pool.slots.add_permits(size - had);
+        } else if size < had {
+            let owed = (had - size) - pool.slots.forget_permits(had - size);
+            if let Ok(owed) = u32::try_from(owed)
+                && owed > 0
+            {
+                let slots = pool.slots.clone();
+                tokio::spawn(async move { slots.acquire_many_owned(owed).await.map(|p| p.forget()) });
+            }
         }
         pool.clone()
     }
@@ -109,7 +121,7 @@ impl PeerPools {
     async fn forward(&self, app: &App, id: u16, pid: u32, secret: u32) {
         let cfg = app.config.load();
         let Some(peer) = cfg.peers.get(&id) else {
-            warn!("cancel request for peer {id} dropped: [peers] has no entry {id}");
+            debug!("cancel request for peer {id} dropped: [peers] has no entry {id}");
             return;
         };
         let addr = ServerAddr { host: peer.host.as_str().into(), port: peer.port };
@@ -133,5 +145,30 @@ impl PeerPools {
             Ok(()) => debug!("cancel request forwarded to peer {id} ({addr})"),
             Err(e) => warn!("forwarding cancel request to peer {id} ({addr}) failed: {e}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_resized_peer_pool_keeps_its_slots_count_right() {
+        let pools = PeerPools::default();
+        let p = pools.pool(1, 2);
+        let (a, b) = (p.slots.acquire().await.unwrap(), p.slots.acquire().await.unwrap());
+        // Down to one while both are taken: in place, a slot taken away once one frees.
+        assert!(Arc::ptr_eq(&p, &pools.pool(1, 1)));
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        drop(a);
+        assert_eq!(p.slots.available_permits(), 0, "the freed slot was not taken away");
+        drop(b);
+        assert_eq!(p.slots.available_permits(), 1);
+        pools.pool(1, 3);
+        assert_eq!(p.slots.available_permits(), 3, "slots added at once");
+        assert_eq!(pools.pool(2, usize::MAX).slots.available_permits(), Semaphore::MAX_PERMITS);
+        assert_eq!(pools.counts(1), (0, 0));
     }
 }

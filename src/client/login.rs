@@ -381,7 +381,8 @@ async fn admin_login(
     ] {
         build::parameter_status(&mut out, k.as_bytes(), v.as_bytes());
     }
-    build::backend_key_data(&mut out, rand::random(), rand::random());
+    let (pid, secret) = app.cancel.unlisted_key();
+    build::backend_key_data(&mut out, pid, secret);
     build::ready_for_query(&mut out, TxStatus::Idle);
     conn.stream.send(&out).await.map_err(|_| Exit::Closed)?;
     if cfg.general.log_connections {
@@ -518,7 +519,8 @@ async fn start_session_mode(
 ) -> Result<Session, Exit> {
     let server = login_checkout(app, &pool, &info, conn).await?;
     let server = apply_or_fail(server, &params).await?;
-    // The server's process id (notifications carry it), a secret of Sluice's.
+    // The server's process id (notifications carry it; a random one with `peer_id`), a
+    // secret of Sluice's.
     let key = app.cancel.register_with_pid(Some(server.cancel_key().0), &info, &pool);
     build::auth_ok(&mut out);
     for (k, v) in &server.reported {

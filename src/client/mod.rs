@@ -145,6 +145,30 @@ pub async fn serve(app: Arc<App>, stream: Stream, peer: Peer, _guard: ClientGuar
     finish(&app, &mut conn, exit).await;
 }
 
+/// A connection to the Unix socket of a peered Sluice that is shutting down, which its
+/// peers still forward cancel requests for its clients to (`app::accept_loop` keeps that
+/// socket open): a CancelRequest is answered, anything else refused (57P03). It is not
+/// counted as a client, so it holds up no shutdown; its read is bounded by
+/// `client_login_timeout`.
+pub async fn serve_cancel_only(app: Arc<App>, stream: Stream, peer: Peer) {
+    use crate::protocol::startup::{StartupPacket, parse};
+    let mut conn = ClientConn { stream, buf: BytesMut::with_capacity(64), peer, splice: Default::default() };
+    let read = crate::net::read_startup(&mut conn.stream, &mut conn.buf);
+    let read = match secs(app.config.load().general.client_login_timeout) {
+        Some(limit) => tokio::time::timeout(limit, read).await.ok(),
+        None => Some(read.await),
+    };
+    let exit = match read.map(|r| r.map(|body| parse(&body))) {
+        Some(Ok(Ok(StartupPacket::Cancel { pid, secret }))) => {
+            crate::cancel::answer(&app, pid, secret).await;
+            Exit::Cancel
+        }
+        Some(Ok(_)) => Exit::fatal(sqlstate::CANNOT_CONNECT_NOW, "the pooler is shutting down"),
+        Some(Err(_)) | None => Exit::Closed,
+    };
+    finish(&app, &mut conn, exit).await;
+}
+
 /// How long the last words to a client (its FATAL, TLS close_notify) may wait for a
 /// client that does not read them; it holds only its own connection meanwhile.
 const LAST_WORDS_TIMEOUT: Duration = Duration::from_secs(5);

@@ -340,6 +340,8 @@ fn peer(id: &str, conn: &str, line: &str, notes: &mut Vec<String>) -> String {
         entry(&mut out, notes, (line, &format!("peer {id}")), (&key, &value), v);
     }
     if !host {
+        // The directory is this config's own: right only for a peer that shares it.
+        notes.push(format!("{line}: peer {id}: no host: PgBouncer's unix_socket_dir of this config is used"));
         out.push_str("# PgBouncer's default: its Unix socket directory\n");
         out.push_str(NO_HOST);
     }
@@ -513,6 +515,11 @@ dns_max_ttl = 30
         let two = &cfg.peers[&2];
         assert_eq!((two.host.as_str(), two.port, two.pool_size), ("10.0.0.2", 6433, Some(4)));
         assert_eq!(cfg.peers[&3].host, "/run/pgb2", "PgBouncer's Unix socket directory");
-        assert_eq!(c.notes, ["line 7: peer 2: sslmode=x: no such peer setting in Sluice"]);
+        let notes = [
+            "line 7: peer 2: sslmode=x: no such peer setting in Sluice",
+            "line 8: peer 3: no host: \
+                      PgBouncer's unix_socket_dir of this config is used",
+        ];
+        assert_eq!(c.notes, notes);
     }
 }

@@ -71,8 +71,17 @@ pub(super) fn validate_peer_id(g: &General, invalid: Invalid) -> Result<(), Conf
     Ok(())
 }
 
-/// What loads but does nothing: peers listed without a `peer_id` of this process.
+/// What loads but does nothing: peers listed without a `peer_id` of this process, or a
+/// `peer_id` without another peer to forward to.
 pub(super) fn warnings(g: &General, peers: &BTreeMap<u16, Peer>) -> Option<String> {
-    (g.peer_id == 0 && !peers.is_empty())
-        .then(|| "[peers] is listed but peer_id is 0: cancel requests are not forwarded to peers".to_string())
+    if g.peer_id == 0 {
+        let listed = !peers.is_empty();
+        return listed.then(|| "[peers] is listed but peer_id is 0: cancel requests are not forwarded to peers".into());
+    }
+    (!peers.keys().any(|id| *id != g.peer_id)).then(|| {
+        format!(
+            "peer_id is {} but [peers] lists no other process: cancel requests for other keys are dropped",
+            g.peer_id
+        )
+    })
 }

@@ -422,4 +422,7 @@ fn peers_are_validated_with_their_line() {
     // Listed without a peer_id: loads, with a warning.
     let w = parse("[peers.3]\nhost = \"h\"\n").unwrap().warnings();
     assert!(w.iter().any(|w| w.contains("peer_id is 0")), "{w:?}");
+    let w = parse("[general]\npeer_id = 3\n[peers.3]\nhost = \"h\"\n").unwrap().warnings();
+    assert!(w.iter().any(|w| w.contains("lists no other process")), "{w:?}");
+    assert!(parse("[general]\npeer_id = 3\n[peers.4]\nhost = \"h\"\n").unwrap().warnings().is_empty());
 }

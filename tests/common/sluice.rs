@@ -338,7 +338,6 @@ impl SluiceBuilder {
         self
     }
 
-    /// Drops a `[databases.NAME]` section (default or added).
     /// Adds a `[peers.ID]` entry.
     pub fn peer(mut self, id: u16, entries: &[(&str, &str)]) -> Self {
         let e = entries.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
@@ -346,6 +345,7 @@ impl SluiceBuilder {
         self
     }
 
+    /// Drops a `[databases.NAME]` section (default or added).
     pub fn without_database(mut self, name: &str) -> Self {
         self.databases.retain(|(n, _)| n != name);
         self
