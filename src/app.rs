@@ -448,7 +448,8 @@ async fn signals(app: Arc<App>) {
 /// Takes connections until the shutdown; the Unix socket of a peered process (`peer_id`)
 /// stays open until the process stops, for the cancel requests its peers forward to it
 /// for its clients (a rolling restart: the process taking over the shared TCP port
-/// forwards them here), and takes only those once the shutdown has begun.
+/// forwards them here): a login there is refused then (`client::login`), and such a
+/// connection is not counted as a client.
 async fn accept_loop(app: Arc<App>, listener: Listener) {
     let mut phase = app.phase();
     let mut failures = crate::net::listener::AcceptFailures::default();
@@ -460,11 +461,8 @@ async fn accept_loop(app: Arc<App>, listener: Listener) {
             _ = phase.wait_for(|p| *p as u8 >= open_until as u8) => return,
         };
         match accepted {
-            Ok((stream, peer)) if app.current_phase() != Phase::Running => {
-                tokio::spawn(crate::client::serve_cancel_only(app.clone(), stream, peer));
-            }
             Ok((stream, peer)) => {
-                let guard = app.track_client();
+                let guard = (app.current_phase() == Phase::Running).then(|| app.track_client());
                 tokio::spawn(crate::client::serve(app.clone(), stream, peer, guard));
             }
             Err(e) => failures.failed("client listener", &e).await,

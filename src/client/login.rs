@@ -412,7 +412,13 @@ async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessa
                 })
             };
             tokio::pin!(read);
-            until_shutdown(app, read).await?
+            // A peered process's Unix socket takes its peers' cancel requests through the
+            // shutdown (`app::accept_loop`): a read there is not cut short (a login is
+            // refused once read), within the login's deadline as ever.
+            match app.cancel.peered() && matches!(conn.peer, Peer::Unix) {
+                true => read.await?,
+                false => until_shutdown(app, read).await?,
+            }
         };
         let parsed = startup::parse(&body).map_err(|e| match e {
             // As PostgreSQL: not a violation, a version it does not speak.
@@ -444,6 +450,9 @@ async fn handshake(app: &Arc<App>, conn: &mut ClientConn) -> Result<StartupMessa
                 return Err(Exit::Cancel);
             }
             StartupPacket::Startup(m) => {
+                if app.current_phase() != Phase::Running {
+                    return refused_shutting_down();
+                }
                 if tls.mode.requires_tls() && !conn.stream.is_tls() && matches!(conn.peer, Peer::Tcp(_)) {
                     return Err(Exit::fatal(sqlstate::INVALID_AUTHORIZATION, "SSL required"));
                 }

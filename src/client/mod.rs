@@ -129,7 +129,10 @@ impl Exit {
 }
 
 /// Serves one client connection from accept to close.
-pub async fn serve(app: Arc<App>, stream: Stream, peer: Peer, _guard: ClientGuard) {
+/// `_guard` counts the connection as a client until it ends; a connection to a peered
+/// process's Unix socket taken during the shutdown, for a cancel request, has none, so
+/// it holds up no shutdown (`app::accept_loop`).
+pub async fn serve(app: Arc<App>, stream: Stream, peer: Peer, _guard: Option<ClientGuard>) {
     let mut conn = ClientConn { stream, buf: BytesMut::with_capacity(1024), peer, splice: Default::default() };
     let deadline = login::LoginDeadline::after(secs(app.config.load().general.client_login_timeout));
     // Boxed: the login (TLS handshake, SCRAM) is the largest state of a client task and
@@ -141,30 +144,6 @@ pub async fn serve(app: Arc<App>, stream: Stream, peer: Peer, _guard: ClientGuar
         Ok(login::LoggedIn::Pool(session)) => Box::pin(session.run(&mut conn)).await,
         Ok(login::LoggedIn::Admin(console)) => Box::pin(console.run(&mut conn)).await,
         Err(exit) => exit,
-    };
-    finish(&app, &mut conn, exit).await;
-}
-
-/// A connection to the Unix socket of a peered Sluice that is shutting down, which its
-/// peers still forward cancel requests for its clients to (`app::accept_loop` keeps that
-/// socket open): a CancelRequest is answered, anything else refused (57P03). It is not
-/// counted as a client, so it holds up no shutdown; its read is bounded by
-/// `client_login_timeout`.
-pub async fn serve_cancel_only(app: Arc<App>, stream: Stream, peer: Peer) {
-    use crate::protocol::startup::{StartupPacket, parse};
-    let mut conn = ClientConn { stream, buf: BytesMut::with_capacity(64), peer, splice: Default::default() };
-    let read = crate::net::read_startup(&mut conn.stream, &mut conn.buf);
-    let read = match secs(app.config.load().general.client_login_timeout) {
-        Some(limit) => tokio::time::timeout(limit, read).await.ok(),
-        None => Some(read.await),
-    };
-    let exit = match read.map(|r| r.map(|body| parse(&body))) {
-        Some(Ok(Ok(StartupPacket::Cancel { pid, secret }))) => {
-            crate::cancel::answer(&app, pid, secret).await;
-            Exit::Cancel
-        }
-        Some(Ok(_)) => Exit::fatal(sqlstate::CANNOT_CONNECT_NOW, "the pooler is shutting down"),
-        Some(Err(_)) | None => Exit::Closed,
     };
     finish(&app, &mut conn, exit).await;
 }
