@@ -35,11 +35,10 @@ pub async fn answer(app: &Arc<App>, pid: u32, secret: u32) {
 /// plaintext whatever the TLS mode (libpq before 17 never encrypts cancel requests),
 /// in any phase once read. (While Sluice drains its listeners are closed, as
 /// PgBouncer's are, but for a peered process's Unix socket, which then takes cancel
-/// requests only: `app::accept_loop`.) The server
-/// stays with its client until the request is processed: the forwarding is a task of
-/// its own holding that guard, so a `client_login_timeout` shorter than the
-/// forwarding's own bound (`cancel_wait_timeout`) ends the request's connection, not
-/// the guard.
+/// requests only: `app::accept_loop`.) The server stays with its client until the
+/// request is processed: the forwarding is a task of its own holding that guard, so a
+/// `client_login_timeout` shorter than the forwarding's own bound
+/// (`cancel_wait_timeout`) ends the request's connection, not the guard.
 async fn here(app: &Arc<App>, pid: u32, secret: u32) {
     let Some((t, in_flight)) = app.cancel.target(pid, secret) else { return };
     let forward = tokio::spawn(async move {
