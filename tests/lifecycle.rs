@@ -685,13 +685,15 @@ fn silent_peer() -> (u16, std::sync::mpsc::Receiver<Vec<u8>>) {
 }
 
 /// Forwards to a peer: at most its `pool_size` at once (the others wait, SHOW PEER_POOLS
-/// counts both), each given up after `cancel_wait_timeout`, one hop fewer marked; a
-/// reload moving the peer takes effect for the next request.
+/// and the metrics count both), each given up after `cancel_wait_timeout`, one hop fewer
+/// marked; a reload moving the peer takes effect for the next request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwards_to_a_peer_are_limited_bounded_and_follow_reloads() {
     let pg = PgCluster::start();
     let ((first, got), (second, got_second)) = (silent_peer(), silent_peer());
+    let metrics = common::free_port();
     let s = Sluice::builder(&pg)
+        .general("metrics_listen", &format!("\"127.0.0.1:{metrics}\""))
         .general("peer_id", "1")
         .general("cancel_wait_timeout", "3")
         .general("admin_users", "[\"u_scram\"]")
@@ -707,7 +709,15 @@ async fn forwards_to_a_peer_are_limited_bounded_and_follow_reloads() {
         let n = |col: &str| rows[0].get(col).unwrap().to_string();
         (n("cl_active_cancel_req"), n("cl_waiting_cancel_req"))
     };
-    let one_each = || async { counts().await == ("1".to_string(), "1".to_string()) };
+    let one_each = || async {
+        let got = tokio::task::spawn_blocking(move || common::http::http_get(metrics, "/metrics")).await.unwrap();
+        let text = got.map(|(_, body)| body).unwrap_or_default();
+        let metric = |state: &str| {
+            common::http::sample(&text, &format!("sluice_peer_cancel_requests{{peer_id=\"2\",state=\"{state}\"}}"))
+        };
+        (metric("active"), metric("waiting")) == (Some(1.0), Some(1.0))
+            && counts().await == ("1".to_string(), "1".to_string())
+    };
     assert!(common::eventually(Duration::from_secs(5), one_each).await, "not one forward and one waiting for the slot");
     let packet = got.recv_timeout(Duration::from_secs(5)).expect("nothing forwarded");
     let want = [16u32, 80877102, 5, (2 << 30) | (2 << 16) | 0x4321].map(u32::to_be_bytes).concat();

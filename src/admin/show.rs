@@ -101,17 +101,11 @@ pub fn table(app: &App, what: Show) -> Table {
     }
 }
 
-/// The `[peers]` entries other than this process's own (which is ignored, so that
-/// every process of a group can have the same list).
-fn other_peers(cfg: &Config) -> impl Iterator<Item = (&u16, &crate::config::Peer)> {
-    cfg.peers.iter().filter(|(id, _)| **id != cfg.general.peer_id)
-}
-
 /// SHOW PEERS: each peer's id, where its cancel requests go, and how many may be
 /// forwarded to it at once.
 fn peers(cfg: &Config) -> Table {
     let mut t = Table::new(&["peer_id", "host", "port", "pool_size"], "isii");
-    for (id, p) in other_peers(cfg) {
+    for (id, p) in cfg.other_peers() {
         t.push(vec![int(*id), text(&p.host), int(p.port), int(p.slots(&cfg.general))]);
     }
     t
@@ -123,7 +117,7 @@ fn peers(cfg: &Config) -> Table {
 fn peer_pools(app: &App, cfg: &Config) -> Table {
     let names = ["peer_id", "cl_active_cancel_req", "cl_waiting_cancel_req", "sv_active_cancel", "sv_login"];
     let mut t = Table::new(&names, "iiiii");
-    for (id, _) in other_peers(cfg) {
+    for (id, _) in cfg.other_peers() {
         let (waiting, active) = app.peer_pools.counts(*id);
         t.push(vec![int(*id), int(active), int(waiting), int(active), int(0)]);
     }
@@ -525,9 +519,9 @@ fn lists(app: &App, cfg: &Config) -> Table {
     let rows: [(&str, usize); 14] = [
         ("databases", cfg.databases.len() + 1),
         ("users", cfg.users.len()),
-        ("peers", other_peers(cfg).count()),
+        ("peers", cfg.other_peers().count()),
         ("pools", pools.len()),
-        ("peer_pools", other_peers(cfg).count()),
+        ("peer_pools", cfg.other_peers().count()),
         ("free_clients", 0),
         ("used_clients", used_clients),
         ("login_clients", app.client_count().saturating_sub(used_clients)),

@@ -63,6 +63,14 @@ pub(super) fn validate(
     Ok(out)
 }
 
+impl super::Config {
+    /// The `[peers]` entries other than this process's own (which is ignored, so that
+    /// every process of a group can have the same list).
+    pub fn other_peers(&self) -> impl Iterator<Item = (&u16, &Peer)> {
+        self.peers.iter().filter(|(id, _)| **id != self.general.peer_id)
+    }
+}
+
 /// `[general] peer_id`'s range.
 pub(super) fn validate_peer_id(g: &General, invalid: Invalid) -> Result<(), ConfigError> {
     if g.peer_id > MAX_PEER_ID {

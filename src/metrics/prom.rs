@@ -84,8 +84,19 @@ fn process(out: &mut Out, app: &App) {
     out.line("sluice_info", &format!("version=\"{}\"", env!("CARGO_PKG_VERSION")), 1);
     out.family("sluice_client_connections", "gauge", "Client connections open now, logging in included.");
     out.line("sluice_client_connections", "", app.client_count());
+    let cfg = app.config.load();
     out.family("sluice_max_client_connections", "gauge", "The max_client_conn limit.");
-    out.line("sluice_max_client_connections", "", app.config.load().general.max_client_conn);
+    out.line("sluice_max_client_connections", "", cfg.general.max_client_conn);
+    out.family(
+        "sluice_peer_cancel_requests",
+        "gauge",
+        "Cancel requests for a [peers] entry by state (active: being forwarded; waiting: for one of its slots).",
+    );
+    for (id, _) in cfg.other_peers() {
+        let (waiting, active) = app.peer_pools.counts(*id);
+        out.line("sluice_peer_cancel_requests", &format!("peer_id=\"{id}\",state=\"active\""), active);
+        out.line("sluice_peer_cancel_requests", &format!("peer_id=\"{id}\",state=\"waiting\""), waiting);
+    }
 }
 
 fn states(out: &mut Out, views: &[PoolView]) {
