@@ -205,7 +205,7 @@ impl App {
         self.client_tls.store(client_tls);
         self.pools.set_server_tls(server_tls);
         // Users found in databases that no longer have lookups go (their pools close).
-        users.found().retain_databases(|db| crate::auth::query::lookup_for(&cfg, db).is_some());
+        users.found().retain_databases(|db| crate::auth::finds_users(&cfg, db));
         // The config first, the pools after: a login that sees the pools' reload count go
         // up reads this config (`Pools::get_current`).
         let (cfg, users) = (Arc::new(cfg), Arc::new(users));

@@ -1,5 +1,6 @@
 //! `auth_type = "hba"`: each login's method from the `auth_hba_file` line that fits its
-//! connection type, database, user and address, against a real PostgreSQL.
+//! connection type, database, user and address, against a real PostgreSQL; and
+//! `auth_type = "pam"`.
 
 mod common;
 
@@ -189,4 +190,46 @@ fn a_broken_file_stops_start_up_naming_its_line() {
         .expect("start-up must fail");
     let want = format!("{}:2: user: groups (\"+admins\") are not supported", hba.display());
     assert!(e.contains(&want), "{e}");
+}
+
+/// `auth_type = "pam"`: PAM (here a service file in `pam_config_dir` whose check, run by
+/// pam_exec, knows two users' passwords) checks the clear-text password, whatever the
+/// config lists: an unlisted user PAM lets in logs in to PostgreSQL with the password
+/// it gave; a listed one PAM refuses is refused (28P01), and so is a wrong password.
+#[tokio::test]
+async fn pam_checks_passwords_and_unlisted_users_log_in_with_theirs() {
+    use std::os::unix::fs::PermissionsExt;
+    let pg = PgCluster::start();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("check.sh");
+    let check =
+        "#!/bin/sh\nread -r pw\ncase \"$PAM_USER:$pw\" in u_md5:pw_md5|u_scram:pw_scram) exit 0;; esac\nexit 1\n";
+    std::fs::write(&script, check).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let service = format!(
+        "auth required pam_exec.so expose_authtok quiet {}\naccount required pam_permit.so\n",
+        script.display()
+    );
+    std::fs::write(dir.path().join("sluice-test"), service).unwrap();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"pam\"")
+        .general("pam_service", "\"sluice-test\"")
+        .general("pam_config_dir", &toml_str(&dir.path().display().to_string()))
+        .without_user(Role::MD5.name)
+        .start();
+    let unlisted = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
+    assert_eq!(value(&unlisted, "select current_user").await, Role::MD5.name);
+    let listed = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&listed, "select current_user").await, Role::SCRAM.name);
+    for (user, password) in [(Role::MD5.name, "wrong"), (Role::PLAIN.name, Role::PLAIN.password)] {
+        let Err(e) = try_connect(s.port, user, password, "app").await else { panic!("{user} let in") };
+        assert_eq!(common::code(&e), "28P01", "{user}: {e}");
+    }
+    assert!(s.wait_log("login failed: password authentication failed", Duration::from_secs(5)), "{}", s.log());
+    // A service PAM cannot start (no file, no `other` in the directory): XX000, and the
+    // log names the service.
+    s.reload_replacing("pam_service = \"sluice-test\"", "pam_service = \"missing\"");
+    let Err(e) = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await else { panic!("let in") };
+    assert_eq!(common::code(&e), "XX000", "{e}");
+    assert!(s.wait_log("pam_start failed for service", Duration::from_secs(5)), "{}", s.log());
 }

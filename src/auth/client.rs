@@ -26,6 +26,8 @@ pub enum Method {
     /// No check at all, whoever the client says it is (`auth_type = "any"`, where each
     /// database logs in as its own user).
     Any,
+    /// The password in clear text, checked by PAM (`auth_type = "pam"`).
+    Pam,
 }
 
 /// Why a client login failed; each maps to the FATAL the client receives.
@@ -45,6 +47,9 @@ pub enum AuthFailure {
     NoCertificate,
     #[error("Peer authentication failed for user \"{0}\"")]
     PeerMismatch(String),
+    /// PAM refused the password or the account (`why`, PAM's message, is for the log).
+    #[error("password authentication failed for user \"{user}\"")]
+    PamDenied { user: String, why: String },
     /// Sluice could not run the check (its reason is for the log only).
     #[error("internal error during authentication")]
     Internal(String),
@@ -59,7 +64,9 @@ pub enum AuthFailure {
 impl AuthFailure {
     pub fn sqlstate(&self) -> &'static str {
         match self {
-            AuthFailure::BadPassword(_) | AuthFailure::NoScramSecret { .. } => sqlstate::INVALID_PASSWORD,
+            AuthFailure::BadPassword(_) | AuthFailure::NoScramSecret { .. } | AuthFailure::PamDenied { .. } => {
+                sqlstate::INVALID_PASSWORD
+            }
             AuthFailure::NoUser(_)
             | AuthFailure::CertMismatch(_)
             | AuthFailure::NoCertificate
@@ -70,9 +77,10 @@ impl AuthFailure {
     }
 
     /// What the log says beyond the client's error, if anything.
-    pub fn detail(&self) -> Option<&'static str> {
+    pub fn detail(&self) -> Option<&str> {
         match self {
             AuthFailure::NoScramSecret { why, .. } => Some(why),
+            AuthFailure::PamDenied { why, .. } | AuthFailure::Internal(why) => Some(why),
             _ => None,
         }
     }
@@ -93,9 +101,30 @@ impl From<ReadError> for AuthFailure {
 pub struct Proven {
     /// The ClientKey recovered from a SCRAM proof (for SCRAM pass-through).
     pub client_key: Option<[u8; 32]>,
+    /// The password PAM accepted (`auth_type = "pam"`): an unlisted user logs in to the
+    /// server with it.
+    pub pam_password: Option<Hidden>,
     /// Messages the login reply must start with (SCRAM's SASLFinal): not sent here, so
     /// the whole reply leaves in one write.
     pub greeting: BytesMut,
+}
+
+/// A password, kept out of Debug output.
+pub struct Hidden(pub String);
+
+impl std::fmt::Debug for Hidden {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Hidden")
+    }
+}
+
+/// Where `auth_type = "pam"` checks a password: the service, the directory of service
+/// files (None: the system's), and the client's address (PAM_RHOST) over TCP.
+#[derive(Debug, Clone, Copy)]
+pub struct PamPlace<'a> {
+    pub service: &'a str,
+    pub config_dir: Option<&'a str>,
+    pub host: Option<std::net::IpAddr>,
 }
 
 /// What the connection itself shows of the client.
@@ -108,6 +137,8 @@ pub struct Shown<'a> {
     /// Which of those names may log in as which users (`map=`); without one, a name
     /// logs in as itself only.
     pub map: Option<crate::config::ident::UserMap<'a>>,
+    /// Where PAM checks the password (`Method::Pam`).
+    pub pam: Option<PamPlace<'a>>,
 }
 
 /// What every login is checked with: the key unknown users' mock secrets derive from,
@@ -119,15 +150,50 @@ pub struct Checks {
     /// runtime's threads keep serving clients; bounded, as anyone who can connect can
     /// make one run). A run holds its permit to its end, even when its login is gone.
     derivations: std::sync::Arc<tokio::sync::Semaphore>,
+    /// libpam, loaded at the first PAM login.
+    pam: std::sync::OnceLock<Result<std::sync::Arc<super::pam::Pam>, String>>,
+    /// Permits for PAM checks (on blocking threads too, bounded the same way).
+    pam_checks: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 /// PBKDF2 runs of clear-text logins at once (`Checks`).
 const DERIVATIONS_AT_ONCE: usize = 2;
 
+/// PAM checks at once (`Checks`): a PAM module may wait on a directory server.
+const PAM_CHECKS_AT_ONCE: usize = 4;
+
 impl Checks {
     pub fn new(mock_key: [u8; 32]) -> Self {
         let derivations = std::sync::Arc::new(tokio::sync::Semaphore::new(DERIVATIONS_AT_ONCE));
-        Checks { mock_key, derivations }
+        let pam_checks = std::sync::Arc::new(tokio::sync::Semaphore::new(PAM_CHECKS_AT_ONCE));
+        Checks { mock_key, derivations, pam: std::sync::OnceLock::new(), pam_checks }
+    }
+
+    /// Checks `user`'s `password` with PAM at `place`, on a blocking thread once a
+    /// permit is free.
+    async fn pam(&self, place: PamPlace<'_>, user: &str, password: &[u8]) -> Result<(), AuthFailure> {
+        let internal = |e: &dyn std::fmt::Display| AuthFailure::Internal(e.to_string());
+        let pam = self.pam.get_or_init(|| super::pam::Pam::load().map(std::sync::Arc::new));
+        let pam = pam.clone().map_err(|e| internal(&e))?;
+        let permit = self.pam_checks.clone().acquire_owned().await.map_err(|e| internal(&e))?;
+        let (service, dir) = (place.service.to_string(), place.config_dir.map(str::to_string));
+        let (user, password, host) = (user.to_string(), password.to_vec(), place.host.map(|h| h.to_string()));
+        let check = move || {
+            let _permit = permit;
+            let ask = super::pam::Ask {
+                service: &service,
+                config_dir: dir.as_deref(),
+                user: &user,
+                password: &password,
+                host,
+            };
+            pam.check(&ask).map_err(|r| (r, user))
+        };
+        match tokio::task::spawn_blocking(check).await.map_err(|e| internal(&e))? {
+            Ok(()) => Ok(()),
+            Err((super::pam::Refusal::Denied(why), user)) => Err(AuthFailure::PamDenied { user, why }),
+            Err((super::pam::Refusal::Failed(why), _)) => Err(internal(&why)),
+        }
     }
 
     /// The SCRAM keys `password` derives with `secret`'s salt and iterations, on a
@@ -182,6 +248,38 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
         Method::Md5 => md5_exchange(stream, buf, name, user).await,
         Method::ScramSha256 => scram_login(stream, buf, name, user, mock_key).await,
         Method::Password => password_exchange(stream, buf, name, user, checks).await,
+        Method::Pam => pam_exchange(stream, buf, name, checks, shown.pam).await,
+    }
+}
+
+/// The password in clear text, checked by PAM: the user need not be listed (PAM knows
+/// who may log in), and the password PAM accepted is given back for the server login.
+async fn pam_exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    name: &str,
+    checks: &Checks,
+    place: Option<PamPlace<'_>>,
+) -> Result<Proven, AuthFailure> {
+    let place = place.ok_or_else(|| AuthFailure::Internal("no PAM service given".into()))?;
+    let password = clear_password(stream, buf).await?;
+    checks.pam(place, name, &password).await?;
+    let password = String::from_utf8(password).map_err(|_| AuthFailure::BadPassword(name.to_string()))?;
+    Ok(Proven { pam_password: Some(Hidden(password)), ..Proven::default() })
+}
+
+/// Asks for the password in clear text and reads it.
+async fn clear_password<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+) -> Result<Vec<u8>, AuthFailure> {
+    let mut out = BytesMut::new();
+    build::auth_cleartext(&mut out);
+    crate::net::send(stream, &out).await?;
+    let frame = read_password(stream, buf).await?;
+    match read_cstr(body(&frame)) {
+        Some((p, [])) => Ok(p.to_vec()),
+        _ => Err(AuthFailure::Protocol("malformed password message".into())),
     }
 }
 
@@ -199,14 +297,7 @@ async fn password_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     user: Option<&UserAuth>,
     checks: &Checks,
 ) -> Result<Proven, AuthFailure> {
-    let mut out = BytesMut::new();
-    build::auth_cleartext(&mut out);
-    crate::net::send(stream, &out).await?;
-    let frame = read_password(stream, buf).await?;
-    let password = match read_cstr(body(&frame)) {
-        Some((p, [])) => p,
-        _ => return Err(AuthFailure::Protocol("malformed password message".into())),
-    };
+    let password = &clear_password(stream, buf).await?[..];
     let secret = match (user.and_then(|u| u.secret.as_ref()), std::str::from_utf8(password)) {
         (Some(Secret::Plain(p)), Ok(given)) if ct_eq(p.as_bytes(), given.as_bytes()) => return Ok(Proven::default()),
         (Some(Secret::Md5(h)), Ok(given)) if ct_eq(h.as_bytes(), md5::password_hash(name, given).as_bytes()) => {
@@ -243,7 +334,7 @@ async fn scram_login<S: AsyncRead + AsyncWrite + Unpin>(
         };
     };
     let (key, greeting) = scram_exchange(stream, buf, name, secret).await?;
-    Ok(Proven { client_key: Some(key), greeting })
+    Ok(Proven { client_key: Some(key), greeting, ..Proven::default() })
 }
 
 /// Why a user without a SCRAM verifier (`scram_login`) is refused.

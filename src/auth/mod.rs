@@ -5,6 +5,7 @@
 pub mod client;
 pub mod found;
 pub mod md5;
+pub mod pam;
 pub mod query;
 pub mod scram;
 
@@ -309,13 +310,13 @@ impl UserStore {
     }
 
     /// The user `name` as clients of `database` log in: the config's, else the one a
-    /// lookup found while the database has lookups configured.
+    /// lookup found (or PAM let in) while the database has lookups configured (or
+    /// `auth_type` is `pam`).
     pub fn find(&self, cfg: &crate::config::Config, database: &str, name: &str) -> Option<Arc<UserAuth>> {
         if let Some(u) = self.users.get(name) {
             return Some(u.clone());
         }
-        query::lookup_for(cfg, database)?;
-        self.found.get(database, name)
+        finds_users(cfg, database).then(|| self.found.get(database, name))?
     }
 
     /// The users lookups found (`found::FoundUsers`).
@@ -323,10 +324,17 @@ impl UserStore {
         &self.found
     }
 
-    /// The names of the users lookups found in databases that still have lookups.
+    /// The names of the users lookups found (or PAM let in) in databases that still
+    /// find users.
     pub fn found_names(&self, cfg: &crate::config::Config) -> Vec<String> {
-        self.found.names(|db| query::lookup_for(cfg, db).is_some())
+        self.found.names(|db| finds_users(cfg, db))
     }
+}
+
+/// Whether the clients of `database` may log in as users the config does not list:
+/// the database has lookups (`auth_user`), or PAM checks every login.
+pub fn finds_users(cfg: &crate::config::Config, database: &str) -> bool {
+    cfg.general.auth_type == crate::config::AuthType::Pam || query::lookup_for(cfg, database).is_some()
 }
 
 #[cfg(test)]

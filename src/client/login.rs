@@ -320,7 +320,8 @@ async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, 
     };
     let cert_name = tls::peer_common_name(&conn.stream);
     let os_user = if method == Method::Peer { super::method::os_user(&conn.stream).await } else { None };
-    let shown = Shown { cert_name: cert_name.as_deref(), os_user: os_user.as_deref(), map };
+    let pam = (method == Method::Pam).then(|| super::lookup::pam_place(cfg, &conn.peer));
+    let shown = Shown { cert_name: cert_name.as_deref(), os_user: os_user.as_deref(), map, pam };
     let exchange =
         authenticate(&mut conn.stream, &mut conn.buf, method, user, auth_user.as_deref(), &app.checks, shown);
     let proven = match exchange.await {
@@ -334,9 +335,12 @@ async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, 
             return Ok(Proof::Refused(Exit::fatal(e.sqlstate(), e.to_string())));
         }
     };
-    let auth_user = match candidate {
-        Some(found) => Some(super::lookup::adopt(app, &users, database, found)),
-        None => auth_user,
+    let auth_user = match (candidate, proven.pam_password) {
+        (Some(found), _) => Some(super::lookup::adopt(app, &users, database, found)),
+        (None, Some(p)) if auth_user.is_none() && !admin::is_admin_database(cfg, database) => {
+            Some(super::lookup::adopt_pam(app, &users, database, user, p))
+        }
+        (None, _) => auth_user,
     };
     if let (Some(key), Some(u)) = (proven.client_key, &auth_user) {
         u.server.learn_client_key(key);

@@ -9,8 +9,11 @@ use tracing::warn;
 
 use super::Exit;
 use crate::app::App;
+use crate::auth::client::{Hidden, PamPlace};
 use crate::auth::query::{self, Found, LookupError};
-use crate::auth::{UserAuth, UserStore};
+use crate::auth::{Secret, UserAuth, UserStore};
+use crate::config::Config;
+use crate::net::listener::Peer;
 use crate::pool::{Borrowed, Pool};
 use crate::protocol::sqlstate;
 
@@ -74,6 +77,25 @@ pub(super) fn adopt(app: &App, users: &UserStore, database: &str, found: Candida
         app.pools.refresh_login(&app.config.load(), &app.users.load(), database, &user.name);
     }
     user
+}
+
+/// A client PAM let in as a user the config does not list (`auth_type = "pam"`): the
+/// user is entered among the found users of `database` with the password PAM accepted,
+/// which its pool logs in to the server with (as PgBouncer does).
+pub(super) fn adopt_pam(app: &App, users: &UserStore, database: &str, name: &str, password: Hidden) -> Arc<UserAuth> {
+    let user = Arc::new(UserAuth::found(name, Some(Secret::Plain(password.0))));
+    adopt(app, users, database, Candidate { user, seq: users.found().begin() })
+}
+
+/// Where PAM checks a login (`auth_type = "pam"`): `pam_service`, `pam_config_dir`, and
+/// the client's address over TCP.
+pub(super) fn pam_place<'a>(cfg: &'a Config, peer: &Peer) -> PamPlace<'a> {
+    let dir = Some(cfg.general.pam_config_dir.as_str()).filter(|d| !d.is_empty());
+    let host = match peer {
+        Peer::Tcp(addr) => Some(addr.ip()),
+        _ => None,
+    };
+    PamPlace { service: &cfg.general.pam_service, config_dir: dir, host }
 }
 
 /// The pool the lookups for `database` run in, and their query, from the config as it

@@ -142,7 +142,10 @@ fn convert(lines: &[Line]) -> Result<Converted, String> {
             other => out.notes.push(format!("{at}: section [{other}] not converted")),
         }
     }
-    let general = general.text() + &pgbouncer_defaults(&seen);
+    let mut general = general.text() + &pgbouncer_defaults(&seen);
+    if general.contains("auth_type = \"pam\"\n") && !seen.iter().any(|k| k == "pam_service") {
+        general.push_str("# PgBouncer's PAM service (Sluice's default is \"sluice\")\npam_service = \"pgbouncer\"\n");
+    }
     let tables = databases.text() + &users.text() + &peers.text();
     // A database or peer without a host is reached on PgBouncer's Unix socket directory.
     let tables = tables.replace(NO_HOST, &format!("host = {}\n", Value::String(socket_dir)));
@@ -224,7 +227,7 @@ fn setting(key: &str, value: &str, default: Option<&Value>) -> Result<Value, Str
             Value::Array(items.map(|s| Value::String(s.to_string())).collect())
         }
         _ if key == "auth_type" && Value::String(value.into()).try_into::<super::AuthType>().is_err() => {
-            return Err("Sluice supports md5, scram-sha-256, trust, cert, plain, hba and any (not pam)".into());
+            return Err("Sluice supports md5, scram-sha-256, trust, cert, plain, hba, any and pam".into());
         }
         _ => Value::String(value.to_string()),
     })
@@ -486,8 +489,14 @@ dns_max_ttl = 30
         let loud = from_pgbouncer_ini("[pgbouncer]\nverbose = 2\n").unwrap();
         let cfg = super::super::Config::parse(&loud.toml, std::path::Path::new("x.toml")).unwrap();
         assert_eq!((cfg.general.log_level.as_str(), loud.notes.len()), ("trace", 0), "{:?}", loud.notes);
-        let bad = from_pgbouncer_ini("[pgbouncer]\nauth_type = pam\nmax_client_conn = many\n").unwrap();
+        let bad = from_pgbouncer_ini("[pgbouncer]\nauth_type = ldap\nmax_client_conn = many\n").unwrap();
         assert_eq!(bad.notes.len(), 2, "{:?}", bad.notes);
+        let pam = from_pgbouncer_ini("[pgbouncer]\nauth_type = pam\n").unwrap();
+        let cfg = super::super::Config::parse(&pam.toml, std::path::Path::new("x.toml")).unwrap();
+        assert_eq!(
+            (cfg.general.auth_type, cfg.general.pam_service.as_str()),
+            (super::super::AuthType::Pam, "pgbouncer")
+        );
         let any =
             from_pgbouncer_ini("[databases]\napp = host=127.0.0.1 user=app\n[pgbouncer]\nauth_type = any\n").unwrap();
         let cfg = super::super::Config::parse(&any.toml, std::path::Path::new("x.toml")).unwrap();

@@ -162,6 +162,7 @@ pub(super) fn validate_auth_lookups(
     invalid: InvalidIn,
 ) -> Result<(), ConfigError> {
     let general = ["general"];
+    validate_pam(g, databases, invalid)?;
     check_lookup(g.auth_user.as_str(), g.auth_query.as_str(), g.auth_dbname.as_str(), g, databases, users, &|k, m| {
         invalid(&general, k, m)
     })?;
@@ -187,6 +188,36 @@ pub(super) fn validate_auth_lookups(
         check_lookup(user, query, dbname, g, databases, users, &own)?;
     }
     Ok(())
+}
+
+/// `pam_service` names a service file and `pam_config_dir` is absolute; under
+/// `auth_type = "pam"` libpam can be loaded (with `pam_start_confdir` when
+/// `pam_config_dir` is set) and no `auth_user` lookups are configured (PAM checks the
+/// passwords, as in PgBouncer, where the two do not go together).
+fn validate_pam(g: &General, databases: &BTreeMap<String, Database>, invalid: InvalidIn) -> Result<(), ConfigError> {
+    let general = |k: &str, m: String| invalid(&["general"], k, m);
+    let service = &g.pam_service;
+    if service.is_empty() || service.contains(['/', '\0']) {
+        return Err(general("pam_service", "must be a service name (a file name in the PAM directory)".into()));
+    }
+    if !g.pam_config_dir.is_empty() && !g.pam_config_dir.starts_with('/') {
+        return Err(general("pam_config_dir", "must be an absolute path".into()));
+    }
+    if g.auth_type != super::AuthType::Pam {
+        return Ok(());
+    }
+    let pam = crate::auth::pam::Pam::load().map_err(|e| general("auth_type", format!("\"pam\": {e}")))?;
+    if !g.pam_config_dir.is_empty() && !pam.has_config_dir() {
+        return Err(general("pam_config_dir", "this libpam has no pam_start_confdir (Linux-PAM 1.4 or later)".into()));
+    }
+    const NO_LOOKUPS: &str = "auth_type = \"pam\" takes no auth_user: PAM checks the passwords";
+    if !g.auth_user.is_empty() {
+        return Err(general("auth_user", NO_LOOKUPS.into()));
+    }
+    match databases.iter().find(|(_, db)| db.auth_user.is_some()) {
+        Some((name, _)) => Err(invalid(&["databases", name], "auth_user", NO_LOOKUPS.into())),
+        None => Ok(()),
+    }
 }
 
 fn check_lookup(

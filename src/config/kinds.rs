@@ -45,6 +45,10 @@ pub enum AuthType {
     /// database logs in as its own `user`, and anyone may use the admin console as an admin.
     #[serde(rename = "any")]
     Any,
+    /// The clear-text password checked by PAM (`pam_service`); users need not be listed,
+    /// and an unlisted one logs in to the server with the password PAM accepted.
+    #[serde(rename = "pam")]
+    Pam,
 }
 
 impl AuthType {
@@ -58,6 +62,7 @@ impl AuthType {
             AuthType::Cert => Method::Cert,
             AuthType::Plain => Method::Password,
             AuthType::Any => Method::Any,
+            AuthType::Pam => Method::Pam,
             AuthType::Hba => return None,
         })
     }

@@ -7,6 +7,7 @@ pub mod hba;
 pub mod ident;
 mod keep;
 mod kinds;
+mod listen;
 mod locate;
 mod peers;
 pub mod reference;
@@ -25,6 +26,7 @@ use entries::{
     validate_user,
 };
 pub use kinds::*;
+use listen::{listed_ip, same_socket};
 pub use locate::locate_key;
 pub use peers::{MAX_PEER_ID, Peer};
 
@@ -75,6 +77,10 @@ pub struct General {
     pub auth_query: String,
     /// The `[databases]` entry the lookups run in ("" = the client's database).
     pub auth_dbname: String,
+    /// The PAM service `auth_type = "pam"` checks passwords with.
+    pub pam_service: String,
+    /// A directory of PAM service files instead of the system's; empty: the system's.
+    pub pam_config_dir: String,
     pub pool_mode: PoolMode,
     pub default_pool_size: usize,
     pub min_pool_size: usize,
@@ -206,6 +212,8 @@ impl Default for General {
             auth_user: String::new(),
             auth_query: crate::auth::query::DEFAULT_QUERY.into(),
             auth_dbname: String::new(),
+            pam_service: "sluice".into(),
+            pam_config_dir: String::new(),
             // PgBouncer's default: the mode no application can notice.
             pool_mode: PoolMode::Session,
             default_pool_size: 20,
@@ -498,26 +506,6 @@ impl Config {
         self.general.auth_type == AuthType::Any && self.database(database).is_some_and(|d| d.user.is_some())
     }
 
-    /// The host names in `listen_addr` (not `*`, not IP addresses).
-    pub fn listen_names(&self) -> impl Iterator<Item = &str> {
-        self.general.listen_addr.iter().map(String::as_str).filter(|a| *a != "*" && listed_ip(a).is_none())
-    }
-
-    /// The addresses to listen on: those listed, and every address the host names
-    /// listed resolve to now (not one that a listed address already takes), for
-    /// `app::bind` at start-up and `--check`.
-    pub fn listen_ips(&self) -> Result<Vec<IpAddr>, String> {
-        let mut ips = self.listen.clone();
-        for name in self.listen_names() {
-            for ip in resolve_listen(name)? {
-                if !ips.iter().any(|o| same_socket(o, &ip)) {
-                    ips.push(ip);
-                }
-            }
-        }
-        Ok(ips)
-    }
-
     /// The pool mode for a (database, user) pair: user, then database, then general.
     pub fn pool_mode(&self, db: &Database, user: Option<&User>) -> PoolMode {
         user.and_then(|u| u.pool_mode).filter(|_| db.user.is_none()).or(db.pool_mode).unwrap_or(self.general.pool_mode)
@@ -574,33 +562,6 @@ impl Config {
 }
 
 type Invalid<'a> = &'a dyn Fn(&str, String) -> ConfigError;
-
-/// The addresses a host name in `listen_addr` resolves to (`localhost`: 127.0.0.1 and
-/// ::1 where the system has it), each once, in the resolver's order.
-fn resolve_listen(name: &str) -> Result<Vec<IpAddr>, String> {
-    use std::net::ToSocketAddrs;
-    let found = (name, 0u16)
-        .to_socket_addrs()
-        .map_err(|e| format!("\"{name}\" is neither an IP address nor a host name that resolves ({e})"))?;
-    let mut ips: Vec<IpAddr> = Vec::new();
-    for ip in found.map(|a| a.ip()) {
-        if !ips.contains(&ip) {
-            ips.push(ip);
-        }
-    }
-    Ok(ips)
-}
-
-/// A `listen_addr` entry that is an IP address (with or without brackets).
-fn listed_ip(entry: &str) -> Option<IpAddr> {
-    entry.trim_matches(|c| c == '[' || c == ']').parse().ok()
-}
-
-/// Whether listeners on `a` and `b` (one port) cannot both be bound: the same address,
-/// or a wildcard of the other's family.
-fn same_socket(a: &IpAddr, b: &IpAddr) -> bool {
-    a == b || (a.is_ipv4() == b.is_ipv4() && (a.is_unspecified() || b.is_unspecified()))
-}
 
 fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, ConfigError> {
     let mut listen = Vec::new();

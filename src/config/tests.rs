@@ -426,3 +426,28 @@ fn peers_are_validated_with_their_line() {
     assert!(w.iter().any(|w| w.contains("lists no other process")), "{w:?}");
     assert!(parse("[general]\npeer_id = 3\n[peers.4]\nhost = \"h\"\n").unwrap().warnings().is_empty());
 }
+
+#[test]
+fn pam_settings_are_validated() {
+    let c = parse("[general]\nauth_type = \"pam\"\n").unwrap();
+    assert_eq!((c.general.auth_type, c.general.pam_service.as_str()), (AuthType::Pam, "sluice"));
+    assert_eq!(c.general.auth_type.method(), Some(crate::auth::client::Method::Pam));
+    for (text, want) in [
+        ("[general]\npam_service = \"a/b\"\n", "sluice.toml:2: general.pam_service: must be a service name"),
+        ("[general]\npam_config_dir = \"pam.d\"\n", "sluice.toml:2: general.pam_config_dir: must be an absolute path"),
+        (
+            "[general]\nauth_type = \"pam\"\nauth_user = \"a\"\n[users.a]\npassword = \"p\"\n",
+            "sluice.toml:3: general.auth_user: auth_type = \"pam\" takes no auth_user",
+        ),
+        (
+            "[general]\nauth_type = \"pam\"\n[databases.d]\nauth_user = \"a\"\n[users.a]\npassword = \"p\"\n",
+            "sluice.toml:4: databases.d.auth_user: auth_type = \"pam\" takes no auth_user",
+        ),
+    ] {
+        let e = err(text);
+        assert!(e.starts_with(want), "{text}: {e}");
+    }
+    // Not a method of auth_hba_file lines (nor in PgBouncer's).
+    let hba = hba::Hba::parse("host all all 127.0.0.1/32 pam\n", Path::new("hba.conf")).unwrap_err().to_string();
+    assert!(hba.contains("authentication method \"pam\" is not supported"), "{hba}");
+}
