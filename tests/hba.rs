@@ -193,17 +193,18 @@ fn a_broken_file_stops_start_up_naming_its_line() {
 }
 
 /// `auth_type = "pam"`: PAM (here a service file in `pam_config_dir` whose check, run by
-/// pam_exec, knows two users' passwords) checks the clear-text password, whatever the
-/// config lists: an unlisted user PAM lets in logs in to PostgreSQL with the password
-/// it gave; a listed one PAM refuses is refused (28P01), and so is a wrong password.
+/// pam_exec, knows three users' passwords) checks the clear-text password, whatever the
+/// config lists: a user PAM lets in logs in to PostgreSQL with the password it gave,
+/// listed (with another password) or not, unless its entry sets `server_password`; a
+/// password PAM refuses is refused (28P01), the config's too.
 #[tokio::test]
 async fn pam_checks_passwords_and_unlisted_users_log_in_with_theirs() {
     use std::os::unix::fs::PermissionsExt;
     let pg = PgCluster::start();
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("check.sh");
-    let check =
-        "#!/bin/sh\nread -r pw\ncase \"$PAM_USER:$pw\" in u_md5:pw_md5|u_scram:pw_scram) exit 0;; esac\nexit 1\n";
+    let known = "u_md5:pw_md5|u_scram:pw_scram|u_plain:pam_plain";
+    let check = format!("#!/bin/sh\nread -r pw\ncase \"$PAM_USER:$pw\" in {known}) exit 0;; esac\nexit 1\n");
     std::fs::write(&script, check).unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     let service = format!(
@@ -216,11 +217,15 @@ async fn pam_checks_passwords_and_unlisted_users_log_in_with_theirs() {
         .general("pam_service", "\"sluice-test\"")
         .general("pam_config_dir", &toml_str(&dir.path().display().to_string()))
         .without_user(Role::MD5.name)
+        .user(Role::SCRAM.name, &[("password", "\"not-the-servers\"")])
+        .user(Role::PLAIN.name, &[("server_password", &toml_str(Role::PLAIN.password))])
         .start();
     let unlisted = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
     assert_eq!(value(&unlisted, "select current_user").await, Role::MD5.name);
     let listed = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     assert_eq!(value(&listed, "select current_user").await, Role::SCRAM.name);
+    let own_login = connect(s.port, Role::PLAIN.name, "pam_plain", "app").await;
+    assert_eq!(value(&own_login, "select current_user").await, Role::PLAIN.name);
     for (user, password) in [(Role::MD5.name, "wrong"), (Role::PLAIN.name, Role::PLAIN.password)] {
         let Err(e) = try_connect(s.port, user, password, "app").await else { panic!("{user} let in") };
         assert_eq!(common::code(&e), "28P01", "{user}: {e}");

@@ -101,8 +101,8 @@ impl From<ReadError> for AuthFailure {
 pub struct Proven {
     /// The ClientKey recovered from a SCRAM proof (for SCRAM pass-through).
     pub client_key: Option<[u8; 32]>,
-    /// The password PAM accepted (`auth_type = "pam"`): an unlisted user logs in to the
-    /// server with it.
+    /// The password PAM accepted (`auth_type = "pam"`): the server login is made with
+    /// it (`lookup::adopt_pam`).
     pub pam_password: Option<Hidden>,
     /// Messages the login reply must start with (SCRAM's SASLFinal): not sent here, so
     /// the whole reply leaves in one write.
@@ -110,7 +110,7 @@ pub struct Proven {
 }
 
 /// A password, kept out of Debug output.
-pub struct Hidden(pub String);
+pub struct Hidden(pub Vec<u8>);
 
 impl std::fmt::Debug for Hidden {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -159,8 +159,9 @@ pub struct Checks {
 /// PBKDF2 runs of clear-text logins at once (`Checks`).
 const DERIVATIONS_AT_ONCE: usize = 2;
 
-/// PAM checks at once (`Checks`): a PAM module may wait on a directory server.
-const PAM_CHECKS_AT_ONCE: usize = 4;
+/// PAM checks at once (`Checks`): one, as PgBouncer runs them (not every PAM module is
+/// safe to run on two threads at once).
+const PAM_CHECKS_AT_ONCE: usize = 1;
 
 impl Checks {
     pub fn new(mock_key: [u8; 32]) -> Self {
@@ -254,6 +255,8 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// The password in clear text, checked by PAM: the user need not be listed (PAM knows
 /// who may log in), and the password PAM accepted is given back for the server login.
+/// PAM's own failure delays are skipped (`pam::Pam::check`); `auth_failure_delay` is
+/// Sluice's.
 async fn pam_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
@@ -264,7 +267,6 @@ async fn pam_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     let place = place.ok_or_else(|| AuthFailure::Internal("no PAM service given".into()))?;
     let password = clear_password(stream, buf).await?;
     checks.pam(place, name, &password).await?;
-    let password = String::from_utf8(password).map_err(|_| AuthFailure::BadPassword(name.to_string()))?;
     Ok(Proven { pam_password: Some(Hidden(password)), ..Proven::default() })
 }
 

@@ -312,11 +312,15 @@ impl UserStore {
     /// The user `name` as clients of `database` log in: the config's, else the one a
     /// lookup found (or PAM let in) while the database has lookups configured (or
     /// `auth_type` is `pam`).
+    /// Under `pam`, a user whose entry sets no `server_password` logs in to the server
+    /// as PAM let it in (`pam_logs_in`), listed or not.
     pub fn find(&self, cfg: &crate::config::Config, database: &str, name: &str) -> Option<Arc<UserAuth>> {
-        if let Some(u) = self.users.get(name) {
-            return Some(u.clone());
+        let found = || finds_users(cfg, database).then(|| self.found.get(database, name)).flatten();
+        match self.users.get(name) {
+            Some(u) if pam_logs_in(cfg, name) => found().or_else(|| Some(u.clone())),
+            Some(u) => Some(u.clone()),
+            None => found(),
         }
-        finds_users(cfg, database).then(|| self.found.get(database, name))?
     }
 
     /// The users lookups found (`found::FoundUsers`).
@@ -329,6 +333,13 @@ impl UserStore {
     pub fn found_names(&self, cfg: &crate::config::Config) -> Vec<String> {
         self.found.names(|db| finds_users(cfg, db))
     }
+}
+
+/// Whether a client PAM lets in as `user` logs in to the server with the password it
+/// gave PAM: under `auth_type = "pam"`, unless the user's entry sets `server_password`.
+pub fn pam_logs_in(cfg: &crate::config::Config, user: &str) -> bool {
+    cfg.general.auth_type == crate::config::AuthType::Pam
+        && cfg.users.get(user).is_none_or(|u| u.server_password.is_none())
 }
 
 /// Whether the clients of `database` may log in as users the config does not list:

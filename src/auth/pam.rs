@@ -12,6 +12,7 @@ const LIBRARY: &CStr = c"libpam.so.0";
 
 const PAM_SUCCESS: c_int = 0;
 const PAM_RHOST: c_int = 4;
+const PAM_FAIL_DELAY: c_int = 10;
 const PAM_PROMPT_ECHO_OFF: c_int = 1;
 const PAM_PROMPT_ECHO_ON: c_int = 2;
 const PAM_CONV_ERR: c_int = 19;
@@ -137,33 +138,44 @@ impl Pam {
             let (service, hint) = (ask.service, "no service file, nor \"other\"?");
             return Err(Refusal::Failed(format!("pam_start failed for service \"{service}\" ({started}: {hint})")));
         }
-        let session = Session { pam: self, handle };
+        let mut session = Session { pam: self, handle, status: PAM_SUCCESS };
         if let Some(host) = ask.host.as_deref().and_then(|h| CString::new(h).ok()) {
             // SAFETY: PAM copies the item.
             unsafe { (self.set_item)(handle, PAM_RHOST, host.as_ptr() as *const c_void) };
         }
+        // Modules that delay a failure (pam_unix, pam_faildelay) call this instead of
+        // sleeping on the checking thread: Sluice has its own `auth_failure_delay`.
+        // SAFETY: the item is a function pointer of the type Linux-PAM calls.
+        unsafe { (self.set_item)(handle, PAM_FAIL_DELAY, no_delay as *const c_void) };
         // SAFETY: a live handle; flags 0.
-        let authenticated = unsafe { (self.authenticate)(handle, 0) };
-        if authenticated != PAM_SUCCESS {
-            return Err(Refusal::Denied(session.describe(authenticated)));
+        session.status = unsafe { (self.authenticate)(handle, 0) };
+        if session.status != PAM_SUCCESS {
+            return Err(Refusal::Denied(session.describe()));
         }
         // SAFETY: as above.
-        let account = unsafe { (self.account)(handle, 0) };
-        if account != PAM_SUCCESS {
-            return Err(Refusal::Denied(session.describe(account)));
+        session.status = unsafe { (self.account)(handle, 0) };
+        if session.status != PAM_SUCCESS {
+            return Err(Refusal::Denied(session.describe()));
         }
         Ok(())
     }
 }
 
-/// A PAM transaction, ended when dropped.
+/// A PAM transaction, ended when dropped with the status of its last call (which the
+/// modules' cleanup sees).
 struct Session<'a> {
     pam: &'a Pam,
     handle: *mut c_void,
+    status: c_int,
 }
 
+/// PAM_FAIL_DELAY's callback: no delay.
+extern "C" fn no_delay(_status: c_int, _micros: std::ffi::c_uint, _data: *mut c_void) {}
+
 impl Session<'_> {
-    fn describe(&self, code: c_int) -> String {
+    /// The last call's status in words.
+    fn describe(&self) -> String {
+        let code = self.status;
         // SAFETY: pam_strerror returns a static NUL-terminated message.
         let text = unsafe { (self.pam.describe)(self.handle, code) };
         if text.is_null() {
@@ -177,7 +189,7 @@ impl Session<'_> {
 impl Drop for Session<'_> {
     fn drop(&mut self) {
         // SAFETY: the handle pam_start gave, ended once.
-        unsafe { (self.pam.end)(self.handle, PAM_SUCCESS) };
+        unsafe { (self.pam.end)(self.handle, self.status) };
     }
 }
 

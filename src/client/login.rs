@@ -337,8 +337,8 @@ async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, 
     };
     let auth_user = match (candidate, proven.pam_password) {
         (Some(found), _) => Some(super::lookup::adopt(app, &users, database, found)),
-        (None, Some(p)) if auth_user.is_none() && !admin::is_admin_database(cfg, database) => {
-            Some(super::lookup::adopt_pam(app, &users, database, user, p))
+        (None, Some(p)) if crate::auth::pam_logs_in(cfg, user) && !admin::is_admin_database(cfg, database) => {
+            Some(super::lookup::adopt_pam(app, &users, database, user, p)?)
         }
         (None, _) => auth_user,
     };

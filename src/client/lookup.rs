@@ -79,12 +79,28 @@ pub(super) fn adopt(app: &App, users: &UserStore, database: &str, found: Candida
     user
 }
 
-/// A client PAM let in as a user the config does not list (`auth_type = "pam"`): the
-/// user is entered among the found users of `database` with the password PAM accepted,
-/// which its pool logs in to the server with (as PgBouncer does).
-pub(super) fn adopt_pam(app: &App, users: &UserStore, database: &str, name: &str, password: Hidden) -> Arc<UserAuth> {
-    let user = Arc::new(UserAuth::found(name, Some(Secret::Plain(password.0))));
-    adopt(app, users, database, Candidate { user, seq: users.found().begin() })
+/// A client PAM let in (`auth_type = "pam"`) as a user whose `[users]` entry sets no
+/// `server_password` (or that is not listed): the user is entered among the found users
+/// of `database` with the password PAM accepted, which its pool logs in to the server
+/// with (PgBouncer ignores `auth_file` passwords under PAM the same way). A password
+/// that is not UTF-8 cannot be sent to PostgreSQL: that login is refused.
+pub(super) fn adopt_pam(
+    app: &App,
+    users: &UserStore,
+    database: &str,
+    name: &str,
+    password: Hidden,
+) -> Result<Arc<UserAuth>, Exit> {
+    let Ok(password) = String::from_utf8(password.0) else {
+        warn!(
+            user = name,
+            database, "login failed: the password PAM accepted is not UTF-8, so no server login can use it"
+        );
+        let message = format!("password authentication failed for user \"{name}\"");
+        return Err(Exit::fatal(sqlstate::INVALID_PASSWORD, message));
+    };
+    let user = Arc::new(UserAuth::found(name, Some(Secret::Plain(password))));
+    Ok(adopt(app, users, database, Candidate { user, seq: users.found().begin() }))
 }
 
 /// Where PAM checks a login (`auth_type = "pam"`): `pam_service`, `pam_config_dir`, and

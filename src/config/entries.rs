@@ -200,7 +200,7 @@ fn validate_pam(g: &General, databases: &BTreeMap<String, Database>, invalid: In
     if service.is_empty() || service.contains(['/', '\0']) {
         return Err(general("pam_service", "must be a service name (a file name in the PAM directory)".into()));
     }
-    if !g.pam_config_dir.is_empty() && !g.pam_config_dir.starts_with('/') {
+    if !g.pam_config_dir.is_empty() && (!g.pam_config_dir.starts_with('/') || g.pam_config_dir.contains('\0')) {
         return Err(general("pam_config_dir", "must be an absolute path".into()));
     }
     if g.auth_type != super::AuthType::Pam {
