@@ -173,43 +173,44 @@ impl Checks {
     /// Checks `user`'s `password` with PAM at `place`, on a blocking thread once a
     /// permit is free.
     async fn pam(&self, place: PamPlace<'_>, user: &str, password: &[u8]) -> Result<(), AuthFailure> {
-        let internal = |e: &dyn std::fmt::Display| AuthFailure::Internal(e.to_string());
         let pam = self.pam.get_or_init(|| super::pam::Pam::load().map(std::sync::Arc::new));
-        let pam = pam.clone().map_err(|e| internal(&e))?;
-        let permit = self.pam_checks.clone().acquire_owned().await.map_err(|e| internal(&e))?;
+        let pam = pam.clone().map_err(AuthFailure::Internal)?;
         let (service, dir) = (place.service.to_string(), place.config_dir.map(str::to_string));
         let (user, password, host) = (user.to_string(), password.to_vec(), place.host.map(|h| h.to_string()));
         let check = move || {
-            let _permit = permit;
-            let ask = super::pam::Ask {
-                service: &service,
-                config_dir: dir.as_deref(),
-                user: &user,
-                password: &password,
-                host,
-            };
+            let config_dir = dir.as_deref();
+            let ask = super::pam::Ask { service: &service, config_dir, user: &user, password: &password, host };
             pam.check(&ask).map_err(|r| (r, user))
         };
-        match tokio::task::spawn_blocking(check).await.map_err(|e| internal(&e))? {
+        match blocking(&self.pam_checks, check).await? {
             Ok(()) => Ok(()),
             Err((super::pam::Refusal::Denied(why), user)) => Err(AuthFailure::PamDenied { user, why }),
-            Err((super::pam::Refusal::Failed(why), _)) => Err(internal(&why)),
+            Err((super::pam::Refusal::Failed(why), _)) => Err(AuthFailure::Internal(why)),
         }
     }
 
     /// The SCRAM keys `password` derives with `secret`'s salt and iterations, on a
     /// blocking thread, once a permit is free.
     async fn derive(&self, password: &[u8], secret: &ScramSecret) -> Result<super::scram::ClientKeys, AuthFailure> {
-        let internal = |e: &dyn std::fmt::Display| AuthFailure::Internal(e.to_string());
-        let permit = self.derivations.clone().acquire_owned().await.map_err(|e| internal(&e))?;
         let password = String::from_utf8_lossy(password).into_owned();
         let (salt, iterations) = (secret.salt.clone(), secret.iterations);
-        let derive = move || {
-            let _permit = permit;
-            super::scram::ClientKeys::derive(&password, &salt, iterations)
-        };
-        tokio::task::spawn_blocking(derive).await.map_err(|e| internal(&e))
+        blocking(&self.derivations, move || super::scram::ClientKeys::derive(&password, &salt, iterations)).await
     }
+}
+
+/// Runs `work` on a blocking thread once one of `permits` is free; the permit is held
+/// to the work's end, even when the login waiting for it is gone.
+async fn blocking<T: Send + 'static>(
+    permits: &std::sync::Arc<tokio::sync::Semaphore>,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, AuthFailure> {
+    let internal = |e: &dyn std::fmt::Display| AuthFailure::Internal(e.to_string());
+    let permit = permits.clone().acquire_owned().await.map_err(|e| internal(&e))?;
+    let work = move || {
+        let _permit = permit;
+        work()
+    };
+    tokio::task::spawn_blocking(work).await.map_err(|e| internal(&e))
 }
 
 /// Runs the authentication exchange. Sends neither SCRAM's last message nor

@@ -310,10 +310,8 @@ impl UserStore {
     }
 
     /// The user `name` as clients of `database` log in: the config's, else the one a
-    /// lookup found (or PAM let in) while the database has lookups configured (or
-    /// `auth_type` is `pam`).
-    /// Under `pam`, a user whose entry sets no `server_password` logs in to the server
-    /// as PAM let it in (`pam_logs_in`), listed or not.
+    /// lookup found or PAM let in (`finds_users`). Under `auth_type = "pam"` the one PAM
+    /// let in comes first, unless the config's sets `server_password` (`pam_logs_in`).
     pub fn find(&self, cfg: &crate::config::Config, database: &str, name: &str) -> Option<Arc<UserAuth>> {
         let found = || finds_users(cfg, database).then(|| self.found.get(database, name)).flatten();
         match self.users.get(name) {

@@ -77,6 +77,8 @@ pub struct Mark {
 impl Mark {
     const PEER_BITS: u32 = 0x3fff << 16;
     const HOPS_SHIFT: u32 = 30;
+    /// The hops a key is issued with (the most its two bits hold).
+    const ISSUED_HOPS: u8 = 3;
 
     pub fn of(secret: u32) -> Mark {
         Mark { peer: ((secret & Self::PEER_BITS) >> 16) as u16, hops: (secret >> Self::HOPS_SHIFT) as u8 }
@@ -150,7 +152,7 @@ impl CancelRegistry {
     fn fresh_secret(&self) -> u32 {
         match self.peer_id {
             0 => rand::random(),
-            peer => Mark { peer, hops: 3 }.put(rand::random()),
+            peer => Mark { peer, hops: Mark::ISSUED_HOPS }.put(rand::random()),
         }
     }
 
@@ -158,7 +160,7 @@ impl CancelRegistry {
     fn as_issued(&self, secret: u32) -> u32 {
         match self.peer_id {
             0 => secret,
-            _ => Mark { hops: 3, ..Mark::of(secret) }.put(secret),
+            _ => Mark { hops: Mark::ISSUED_HOPS, ..Mark::of(secret) }.put(secret),
         }
     }
 

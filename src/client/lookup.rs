@@ -96,8 +96,8 @@ pub(super) fn adopt_pam(
             user = name,
             database, "login failed: the password PAM accepted is not UTF-8, so no server login can use it"
         );
-        let message = format!("password authentication failed for user \"{name}\"");
-        return Err(Exit::fatal(sqlstate::INVALID_PASSWORD, message));
+        let refused = crate::auth::client::AuthFailure::BadPassword(name.to_string());
+        return Err(Exit::fatal(refused.sqlstate(), refused.to_string()));
     };
     let user = Arc::new(UserAuth::found(name, Some(Secret::Plain(password))));
     Ok(adopt(app, users, database, Candidate { user, seq: users.found().begin() }))

@@ -83,7 +83,7 @@ fn convert(lines: &[Line]) -> Result<Converted, String> {
     let mut out = Converted { toml: String::new(), notes: Vec::new() };
     let (mut general, mut databases, mut users) = (Entries::default(), Entries::default(), Entries::default());
     let mut peers = Entries::default();
-    let (mut seen, mut socket_dir) = (Vec::new(), "/tmp".to_string());
+    let (mut seen, mut socket_dir, mut pam) = (Vec::new(), "/tmp".to_string(), false);
     let mut section = String::new();
     for Line { at, text: raw } in lines {
         let line = raw.trim();
@@ -104,8 +104,10 @@ fn convert(lines: &[Line]) -> Result<Converted, String> {
         match section.as_str() {
             "pgbouncer" => {
                 let key = key.to_ascii_lowercase();
-                if key == "unix_socket_dir" {
-                    socket_dir = value.to_string();
+                match key.as_str() {
+                    "unix_socket_dir" => socket_dir = value.to_string(),
+                    "auth_type" => pam = value == "pam",
+                    _ => {}
                 }
                 seen.push(key.clone());
                 if key == "auth_user" {
@@ -142,10 +144,7 @@ fn convert(lines: &[Line]) -> Result<Converted, String> {
             other => out.notes.push(format!("{at}: section [{other}] not converted")),
         }
     }
-    let mut general = general.text() + &pgbouncer_defaults(&seen);
-    if general.contains("auth_type = \"pam\"\n") && !seen.iter().any(|k| k == "pam_service") {
-        general.push_str("# PgBouncer's PAM service (Sluice's default is \"sluice\")\npam_service = \"pgbouncer\"\n");
-    }
+    let general = general.text() + &pgbouncer_defaults(&seen, pam);
     let tables = databases.text() + &users.text() + &peers.text();
     // A database or peer without a host is reached on PgBouncer's Unix socket directory.
     let tables = tables.replace(NO_HOST, &format!("host = {}\n", Value::String(socket_dir)));
@@ -156,15 +155,20 @@ fn convert(lines: &[Line]) -> Result<Converted, String> {
     Ok(out)
 }
 
-/// PgBouncer's defaults where Sluice's differ, for the settings not `seen`.
-fn pgbouncer_defaults(seen: &[String]) -> String {
+/// PgBouncer's defaults where Sluice's differ, for the settings not `seen`; its PAM
+/// service under `auth_type = pam`.
+fn pgbouncer_defaults(seen: &[String], pam: bool) -> String {
+    const PAM_SERVICE: &str =
+        "# PgBouncer's PAM service (Sluice's default is \"sluice\")\npam_service = \"pgbouncer\"\n";
     const DEFAULTS: [(&str, &str); 4] = [
         ("auth_type", "# PgBouncer's default (Sluice's is scram-sha-256)\nauth_type = \"md5\"\n"),
         ("listen_addr", "# PgBouncer's default: no TCP listener, the Unix socket only\nlisten_addr = []\n"),
         ("tcp_keepidle", "# PgBouncer's default: the kernel's (Sluice's is 60)\ntcp_keepidle = 0\n"),
         ("listen_backlog", "# PgBouncer's default (Sluice's is 4096)\nlisten_backlog = 128\n"),
     ];
-    DEFAULTS.iter().filter(|(key, _)| !seen.iter().any(|k| k == key)).map(|(_, text)| *text).collect()
+    let unseen = DEFAULTS.iter().filter(|(key, _)| !seen.iter().any(|k| k == key)).map(|(_, text)| *text);
+    let pam = pam.then_some(PAM_SERVICE).filter(|_| !seen.iter().any(|k| k == "pam_service"));
+    unseen.chain(pam).collect()
 }
 
 /// Converted settings (or databases, users, peers) in the order met; one set again
@@ -293,62 +297,69 @@ fn quoted_value(s: &str) -> (String, &str) {
 
 /// A `[databases]` line as a `[databases."NAME"]` table.
 fn database(name: &str, conn: &str, line: &str, notes: &mut Vec<String>) -> String {
-    let title = Value::String(name.to_string());
-    let mut out = format!("\n[databases.{title}]\n");
-    let mut host = false;
-    for (key, value) in pairs(conn) {
-        let key = if key == "reserve_pool" { "reserve_pool_size".to_string() } else { key };
-        let v = match key.as_str() {
-            "host" if value.contains(',') => Err("host lists are not supported".to_string()),
-            "host" | "dbname" | "user" | "password" | "pool_mode" | "auth_user" | "auth_query" | "auth_dbname"
-            | "client_encoding" | "datestyle" | "timezone" | "connect_query" => Ok(Value::String(value.clone())),
-            "port" | "pool_size" | "min_pool_size" | "reserve_pool_size" | "max_db_connections" => integer(&value),
-            _ => Err("no such database setting in Sluice".to_string()),
-        };
-        host |= key == "host";
-        entry(&mut out, notes, (line, &format!("database {name}")), (&key, &value), v);
-    }
+    let settings =
+        pairs(conn).into_iter().map(|(k, v)| (if k == "reserve_pool" { "reserve_pool_size".into() } else { k }, v));
+    let (mut out, host) = table(("databases", "database", name), settings, line, notes, |key, value| match key {
+        "host" if value.contains(',') => Err("host lists are not supported".to_string()),
+        "host" | "dbname" | "user" | "password" | "pool_mode" | "auth_user" | "auth_query" | "auth_dbname"
+        | "client_encoding" | "datestyle" | "timezone" | "connect_query" => Ok(Value::String(value.to_string())),
+        "port" | "pool_size" | "min_pool_size" | "reserve_pool_size" | "max_db_connections" => integer(value),
+        _ => Err("no such database setting in Sluice".to_string()),
+    });
     if !host {
-        out.push_str("# PgBouncer's default: its Unix socket directory\n");
-        out.push_str(NO_HOST);
+        socket_dir_host(&mut out);
     }
     out
 }
 
 /// A `[users]` line as a `[users."NAME"]` table.
 fn user(name: &str, settings: &str, line: &str, notes: &mut Vec<String>) -> String {
-    let mut out = format!("\n[users.{}]\n", Value::String(name.to_string()));
-    for (key, value) in pairs(settings) {
-        let v = match key.as_str() {
-            "pool_mode" => Ok(Value::String(value.clone())),
-            "pool_size" | "max_user_connections" => integer(&value),
-            _ => Err("no such user setting in Sluice".to_string()),
-        };
-        entry(&mut out, notes, (line, &format!("user {name}")), (&key, &value), v);
-    }
+    let (out, _) = table(("users", "user", name), pairs(settings), line, notes, |key, value| match key {
+        "pool_mode" => Ok(Value::String(value.to_string())),
+        "pool_size" | "max_user_connections" => integer(value),
+        _ => Err("no such user setting in Sluice".to_string()),
+    });
     out
 }
 
 /// A `[peers]` line as a `[peers."ID"]` table.
 fn peer(id: &str, conn: &str, line: &str, notes: &mut Vec<String>) -> String {
-    let mut out = format!("\n[peers.{}]\n", Value::String(id.to_string()));
-    let mut host = false;
-    for (key, value) in pairs(conn) {
-        let v = match key.as_str() {
-            "host" => Ok(Value::String(value.clone())),
-            "port" | "pool_size" => integer(&value),
-            _ => Err("no such peer setting in Sluice".to_string()),
-        };
-        host |= key == "host";
-        entry(&mut out, notes, (line, &format!("peer {id}")), (&key, &value), v);
-    }
+    let (mut out, host) = table(("peers", "peer", id), pairs(conn), line, notes, |key, value| match key {
+        "host" => Ok(Value::String(value.to_string())),
+        "port" | "pool_size" => integer(value),
+        _ => Err("no such peer setting in Sluice".to_string()),
+    });
     if !host {
         // The directory is this config's own: right only for a peer that shares it.
         notes.push(format!("{line}: peer {id}: no host: PgBouncer's unix_socket_dir of this config is used"));
-        out.push_str("# PgBouncer's default: its Unix socket directory\n");
-        out.push_str(NO_HOST);
+        socket_dir_host(&mut out);
     }
     out
+}
+
+/// What an entry without a host gets: PgBouncer's Unix socket directory (`NO_HOST`).
+fn socket_dir_host(out: &mut String) {
+    out.push_str("# PgBouncer's default: its Unix socket directory\n");
+    out.push_str(NO_HOST);
+}
+
+/// The table `[SECTION."NAME"]` of one `[databases]`, `[users]` or `[peers]` line
+/// (`(section, what an entry is called in notes, name)`): each setting converted by
+/// `value_of`, or kept as a comment with a note; and whether it set `host`.
+fn table(
+    (section, whose, name): (&str, &str, &str),
+    settings: impl IntoIterator<Item = (String, String)>,
+    line: &str,
+    notes: &mut Vec<String>,
+    value_of: impl Fn(&str, &str) -> Result<Value, String>,
+) -> (String, bool) {
+    let mut out = format!("\n[{section}.{}]\n", Value::String(name.to_string()));
+    let (mut host, whose) = (false, format!("{whose} {name}"));
+    for (key, value) in settings {
+        host |= key == "host";
+        entry(&mut out, notes, (line, &whose), (&key, &value), value_of(&key, &value));
+    }
+    (out, host)
 }
 
 fn integer(value: &str) -> Result<Value, String> {
