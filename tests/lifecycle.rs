@@ -574,12 +574,6 @@ async fn so_reuseport_lets_a_second_process_share_the_port() {
     assert_eq!(second.log().matches("login peer=").count(), before + 4);
 }
 
-/// Waits until PostgreSQL runs a query containing `text`.
-fn running(pg: &PgCluster, text: &str) -> bool {
-    let filter = format!("state = 'active' and query like '%{text}%'");
-    tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(&filter) > 0))
-}
-
 /// A CancelRequest for (`pid`, `secret`) sent to `port`; returns once Sluice closes the
 /// connection (None if it did not within 10 s).
 fn raw_cancel(port: u16, pid: u32, secret: u32) -> Option<Duration> {
@@ -587,8 +581,7 @@ fn raw_cancel(port: u16, pid: u32, secret: u32) -> Option<Duration> {
     let started = std::time::Instant::now();
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let packet = [16u32, 80877102, pid, secret].map(u32::to_be_bytes).concat();
-    s.write_all(&packet).unwrap();
+    s.write_all(&common::raw::cancel_request(pid, secret)).unwrap();
     let mut rest = Vec::new();
     s.read_to_end(&mut rest).ok().map(|_| started.elapsed())
 }
@@ -619,7 +612,7 @@ async fn peers_forward_cancel_requests_to_the_process_whose_key_it_is() {
         let c = connect(client_of.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
         let token = c.cancel_token();
         let sleeper = tokio::spawn(async move { c.simple_query("select pg_sleep(30)").await.map(|_| ()) });
-        assert!(running(&pg, "pg_sleep(30)"), "the query to cancel never started");
+        assert!(pg.running("pg_sleep(30)"), "the query to cancel never started");
         common::cancel_processed(sent_to.port, &token).await;
         let r = tokio::time::timeout(Duration::from_secs(10), sleeper).await.unwrap().unwrap();
         assert_eq!(r.err().map(|e| common::code(&e)).as_deref(), Some("57014"), "client of {}", client_of.port);
@@ -646,7 +639,7 @@ async fn peers_forward_cancel_requests_to_the_process_whose_key_it_is() {
     let c = connect(a.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let token = c.cancel_token();
     let sleeper = tokio::spawn(async move { c.simple_query("select pg_sleep(30)").await.map(|_| ()) });
-    assert!(running(&pg, "pg_sleep(30)"), "the query to cancel never started");
+    assert!(pg.running("pg_sleep(30)"), "the query to cancel never started");
     a.terminate();
     assert!(a.wait_log("SIGTERM", Duration::from_secs(10)), "{}", a.log());
     let mut unix = tokio_postgres::Config::new();
@@ -720,7 +713,7 @@ async fn forwards_to_a_peer_are_limited_bounded_and_follow_reloads() {
     };
     assert!(common::eventually(Duration::from_secs(5), one_each).await, "not one forward and one waiting for the slot");
     let packet = got.recv_timeout(Duration::from_secs(5)).expect("nothing forwarded");
-    let want = [16u32, 80877102, 5, (2 << 30) | (2 << 16) | 0x4321].map(u32::to_be_bytes).concat();
+    let want = common::raw::cancel_request(5, (2 << 30) | (2 << 16) | 0x4321);
     assert_eq!(packet, want, "forwarded as sent, with one hop fewer");
     for r in requests {
         let took = tokio::task::block_in_place(|| r.join().unwrap()).expect("a forward hangs");

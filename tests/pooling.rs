@@ -15,12 +15,6 @@ use common::{
 use futures_util::StreamExt;
 use tokio_postgres::{AsyncMessage, NoTls};
 
-/// Waits (up to 10 s) until a query containing `text` is running on the server.
-fn active(pg: &PgCluster, text: &str) -> bool {
-    let filter = format!("state = 'active' and query like '%{text}%'");
-    tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(&filter) > 0))
-}
-
 fn pooled(pg: &PgCluster, mode: &str, size: usize) -> Sluice {
     Sluice::builder(pg)
         .general("pool_mode", &format!("\"{mode}\""))
@@ -399,7 +393,7 @@ async fn session_mode_is_transparent() {
     // The cancel key carries the server's process id: cancelling through Sluice reaches it.
     let token = a.cancel_token();
     let sleeper = tokio::spawn(async move { a.simple_query("select pg_sleep(30)").await });
-    assert!(active(&pg, "pg_sleep(30)"), "the query to cancel never started");
+    assert!(pg.running("pg_sleep(30)"), "the query to cancel never started");
     cancel_processed(s.port, &token).await;
     let r = tokio::time::timeout(Duration::from_secs(10), sleeper).await.unwrap().unwrap();
     assert_eq!(r.err().map(|e| code(&e)).as_deref(), Some("57014"));
@@ -558,7 +552,7 @@ async fn cancel_after_release_does_not_reach_the_next_client() {
     let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let pid = value(&a, "select pg_backend_pid()").await;
     let slow_b = tokio::spawn(async move { b.simple_query("select pg_sleep(6)").await.map(|_| ()) });
-    assert!(active(&pg, "pg_sleep(6)"), "the query never started");
+    assert!(pg.running("pg_sleep(6)"), "the query never started");
     assert_eq!(pg.backends(&format!("pid = {pid} and query like '%pg_sleep(6)%'")), 1, "not on A's former server");
     cancel_processed(s.port, &a.cancel_token()).await;
     let rb = tokio::time::timeout(Duration::from_secs(20), slow_b).await.unwrap().unwrap();
@@ -578,7 +572,7 @@ async fn session_mode_cancel_key_dies_with_its_client() {
     let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     assert_eq!(value(&b, "select pg_backend_pid()").await, pid, "not the same server");
     let slow_b = tokio::spawn(async move { b.simple_query("select pg_sleep(6)").await.map(|_| ()) });
-    assert!(active(&pg, "pg_sleep(6)"), "the query never started");
+    assert!(pg.running("pg_sleep(6)"), "the query never started");
     cancel_processed(s.port, &token).await;
     let rb = tokio::time::timeout(Duration::from_secs(20), slow_b).await.unwrap().unwrap();
     assert!(rb.is_ok(), "the departed client's cancel reached the next client's query: {rb:?}");

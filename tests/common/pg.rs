@@ -169,6 +169,13 @@ impl PgCluster {
         count.parse().unwrap_or_else(|e| panic!("{sql}: {count:?}: {e}"))
     }
 
+    /// Waits (up to 10 s; from a multi-threaded tokio test) until a query containing
+    /// `text` is running on the server.
+    pub fn running(&self, text: &str) -> bool {
+        let filter = format!("state = 'active' and query like '%{text}%'");
+        tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || self.backends(&filter) > 0))
+    }
+
     /// The server log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()

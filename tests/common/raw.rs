@@ -34,6 +34,11 @@ pub fn startup(params: &[(&str, &str)], version: u32) -> Vec<u8> {
     out
 }
 
+/// A CancelRequest packet for the key (`pid`, `secret`).
+pub fn cancel_request(pid: u32, secret: u32) -> Vec<u8> {
+    [16u32, 80877102, pid, secret].map(u32::to_be_bytes).concat()
+}
+
 pub fn query(sql: &str) -> Vec<u8> {
     let mut b = Vec::new();
     cstr(&mut b, sql);
