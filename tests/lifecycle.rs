@@ -640,6 +640,13 @@ async fn peers_forward_cancel_requests_to_the_process_whose_key_it_is() {
     let token = c.cancel_token();
     let sleeper = tokio::spawn(async move { c.simple_query("select pg_sleep(30)").await.map(|_| ()) });
     assert!(pg.running("pg_sleep(30)"), "the query to cancel never started");
+    // A connection taken on the Unix socket before the shutdown that never sends its
+    // startup packet stops counting as a client when the shutdown begins: it holds up
+    // no exit either (else it would until client_login_timeout).
+    let socket = a.socket_dir.join(format!(".s.PGSQL.{}", a.port));
+    let _early = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let logging_in = || common::console::cell(&console, "SHOW LISTS", "list", "login_clients", "items");
+    assert!(common::eventually(Duration::from_secs(10), || async { logging_in().await.as_deref() == Some("1") }).await);
     a.terminate();
     assert!(a.wait_log("SIGTERM", Duration::from_secs(10)), "{}", a.log());
     let mut unix = tokio_postgres::Config::new();
@@ -650,7 +657,7 @@ async fn peers_forward_cancel_requests_to_the_process_whose_key_it_is() {
         Ok(_) => panic!("a login taken while shutting down"),
     }
     // A connection that sends nothing holds up no exit (not counted as a client).
-    let _silent = std::os::unix::net::UnixStream::connect(a.socket_dir.join(format!(".s.PGSQL.{}", a.port))).unwrap();
+    let _silent = std::os::unix::net::UnixStream::connect(&socket).unwrap();
     common::cancel_processed(b.port, &token).await;
     let r = tokio::time::timeout(Duration::from_secs(10), sleeper).await.unwrap().unwrap();
     assert_eq!(r.err().map(|e| common::code(&e)).as_deref(), Some("57014"), "not cancelled while draining");

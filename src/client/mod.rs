@@ -7,6 +7,7 @@ pub mod bench_support;
 mod cancelled;
 mod copy;
 mod extended;
+mod handshake;
 mod interrupt;
 mod login;
 mod lookup;
@@ -43,6 +44,11 @@ pub struct ClientConn {
     /// The relay's output assembly, kept to reuse its buffers (here rather than in the
     /// session, so the relay borrows it beside the session).
     pub splice: crate::protocol::scan::Splice,
+    /// Counts the connection as a client until it ends. None for one taken on a peered
+    /// process's Unix socket during its shutdown (for a cancel request), and dropped
+    /// when the shutdown begins while such a connection is still before its startup
+    /// packet (`handshake`), so it holds up no shutdown (`app::accept_loop`).
+    pub guard: Option<ClientGuard>,
 }
 
 /// Why a client connection ended.
@@ -128,12 +134,10 @@ impl Exit {
     }
 }
 
-/// Serves one client connection from accept to close.
-/// `_guard` counts the connection as a client until it ends; a connection to a peered
-/// process's Unix socket taken during the shutdown, for a cancel request, has none, so
-/// it holds up no shutdown (`app::accept_loop`).
-pub async fn serve(app: Arc<App>, stream: Stream, peer: Peer, _guard: Option<ClientGuard>) {
-    let mut conn = ClientConn { stream, buf: BytesMut::with_capacity(1024), peer, splice: Default::default() };
+/// Serves one client connection from accept to close; `guard` counts it as a client
+/// (`ClientConn::guard`).
+pub async fn serve(app: Arc<App>, stream: Stream, peer: Peer, guard: Option<ClientGuard>) {
+    let mut conn = ClientConn { stream, buf: BytesMut::with_capacity(1024), peer, splice: Default::default(), guard };
     let deadline = login::LoginDeadline::after(secs(app.config.load().general.client_login_timeout));
     // Boxed: the login (TLS handshake, SCRAM) is the largest state of a client task and
     // is over after the first round trips; the task then keeps only the session's.
