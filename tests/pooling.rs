@@ -45,6 +45,36 @@ async fn every_auth_method_both_sides() {
     assert_eq!(value(&c, "select current_user").await, Role::TRUST.name);
 }
 
+/// User and database names longer than PostgreSQL's 63 bytes are cut to 63 before
+/// anything looks at them, as PostgreSQL cuts them; `replication` is read as a boolean
+/// (or `database`) as PostgreSQL reads it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_names_and_replication_read_as_postgresql_reads_them() {
+    let pg = PgCluster::start();
+    let (user, db) = ("u".repeat(63), "d".repeat(63));
+    pg.psql(&format!("create role {user} login password 'pw_long'"));
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .user(&user, &[("password", "\"pw_long\"")])
+        .database(&db, &[("dbname", "\"app\"")])
+        .start();
+    let c = connect(s.port, &format!("{user}_and_more"), "", &format!("{db}_and_more")).await;
+    assert_eq!(value(&c, "select current_user || ' ' || current_database()").await, format!("{user} app"));
+    let login = |replication: &str| {
+        let mut r = Raw::open(s.port);
+        r.send(&startup(&[("user", Role::TRUST.name), ("database", "app"), ("replication", replication)], 3 << 16));
+        r
+    };
+    for not in ["false", "OFF", "no", "f", "0"] {
+        let msgs = login(not).until_ready();
+        assert_eq!(msgs[0].0, b'R', "replication={not}: {msgs:?}");
+    }
+    for yes in ["true", "on", "1", "database"] {
+        login(yes).expect_error("0A000", "replication connections are not supported");
+    }
+    login("maybe").expect_error("22023", "invalid value for parameter \"replication\": \"maybe\"");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scram_secret_and_md5_hash_in_config() {
     let pg = PgCluster::start();

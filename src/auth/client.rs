@@ -35,6 +35,10 @@ pub enum Method {
 pub enum AuthFailure {
     #[error("password authentication failed for user \"{0}\"")]
     BadPassword(String),
+    /// A clear-text password of no bytes, refused before any check (PostgreSQL's rule,
+    /// which keeps an empty password away from PAM, whose stack may let it in).
+    #[error("empty password returned by client")]
+    EmptyPassword,
     /// A user with no SCRAM verifier (an md5 hash, or no password) logging in with
     /// SCRAM: told what a wrong password is told; `why` is for the log.
     #[error("password authentication failed for user \"{user}\"")]
@@ -64,9 +68,10 @@ pub enum AuthFailure {
 impl AuthFailure {
     pub fn sqlstate(&self) -> &'static str {
         match self {
-            AuthFailure::BadPassword(_) | AuthFailure::NoScramSecret { .. } | AuthFailure::PamDenied { .. } => {
-                sqlstate::INVALID_PASSWORD
-            }
+            AuthFailure::BadPassword(_)
+            | AuthFailure::EmptyPassword
+            | AuthFailure::NoScramSecret { .. }
+            | AuthFailure::PamDenied { .. } => sqlstate::INVALID_PASSWORD,
             AuthFailure::NoUser(_)
             | AuthFailure::CertMismatch(_)
             | AuthFailure::NoCertificate
@@ -271,7 +276,8 @@ async fn pam_exchange<S: AsyncRead + AsyncWrite + Unpin>(
     Ok(Proven { pam_password: Some(Hidden(password)), ..Proven::default() })
 }
 
-/// Asks for the password in clear text and reads it.
+/// Asks for the password in clear text and reads it; an empty one is refused, as
+/// PostgreSQL refuses it.
 async fn clear_password<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     buf: &mut BytesMut,
@@ -281,6 +287,7 @@ async fn clear_password<S: AsyncRead + AsyncWrite + Unpin>(
     crate::net::send(stream, &out).await?;
     let frame = read_password(stream, buf).await?;
     match read_cstr(body(&frame)) {
+        Some(([], [])) => Err(AuthFailure::EmptyPassword),
         Some((p, [])) => Ok(p.to_vec()),
         _ => Err(AuthFailure::Protocol("malformed password message".into())),
     }
@@ -491,5 +498,34 @@ mod tests {
         assert_eq!(seen("old", Some(&md5)).await, unknown);
         let none = UserAuth::new("old", None, None).unwrap();
         assert_eq!(seen("old", Some(&none)).await, unknown);
+    }
+
+    /// A clear-text password of no bytes is refused before any check, as PostgreSQL
+    /// refuses it: here a PAM stack that lets everyone in (pam_permit) would take it.
+    #[tokio::test]
+    async fn an_empty_clear_text_password_is_refused_before_pam_sees_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let everyone = "auth required pam_permit.so\naccount required pam_permit.so\n";
+        std::fs::write(dir.path().join("sluice-permit"), everyone).unwrap();
+        let checks = Checks::new(*b"a fixed mock key for these tests");
+        let config_dir = dir.path().to_str();
+        let place = PamPlace { service: "sluice-permit", config_dir, host: None };
+        for (password, method) in [(&b"any"[..], Method::Pam), (b"", Method::Pam), (b"", Method::Password)] {
+            let (mut client, mut server) = tokio::io::duplex(1 << 16);
+            let mut out = BytesMut::new();
+            build::password(&mut out, password);
+            crate::net::send(&mut client, &out).await.unwrap();
+            let shown = Shown { pam: Some(place), ..Shown::default() };
+            let user = UserAuth::new("alice", Some("p"), None).unwrap();
+            let got =
+                authenticate(&mut server, &mut BytesMut::new(), method, "alice", Some(&user), &checks, shown).await;
+            match password {
+                b"" => {
+                    let e = got.expect_err("an empty password let in");
+                    assert_eq!((e.to_string().as_str(), e.sqlstate()), ("empty password returned by client", "28P01"));
+                }
+                _ => assert!(got.is_ok(), "{got:?}"),
+            }
+        }
     }
 }

@@ -14,7 +14,6 @@ const PAM_SUCCESS: c_int = 0;
 const PAM_RHOST: c_int = 4;
 const PAM_FAIL_DELAY: c_int = 10;
 const PAM_PROMPT_ECHO_OFF: c_int = 1;
-const PAM_PROMPT_ECHO_ON: c_int = 2;
 const PAM_CONV_ERR: c_int = 19;
 
 #[repr(C)]
@@ -193,9 +192,10 @@ impl Drop for Session<'_> {
     }
 }
 
-/// PAM's questions: every prompt is answered with the password (what a password prompt
-/// asks; PgBouncer does the same), messages get no answer. Responses are allocated with
-/// `malloc`, as PAM frees them.
+/// PAM's questions: a prompt with echo off (a password prompt) is answered with the
+/// password; a prompt with echo on (a user name, a one-time code) and messages get no
+/// answer, as in PgBouncer, so a module asking something other than the password never
+/// sees it. Responses are allocated with `malloc`, as PAM frees them.
 unsafe extern "C" fn converse(
     count: c_int,
     messages: *mut *const Message,
@@ -214,7 +214,7 @@ unsafe extern "C" fn converse(
     for i in 0..n {
         // SAFETY: Linux-PAM passes an array of `count` message pointers.
         let style = unsafe { (**messages.add(i)).style };
-        if style == PAM_PROMPT_ECHO_OFF || style == PAM_PROMPT_ECHO_ON {
+        if style == PAM_PROMPT_ECHO_OFF {
             // SAFETY: `data` is the password's C string, alive for the transaction.
             let copy = unsafe { libc::strdup(data as *const c_char) };
             if copy.is_null() {
@@ -272,5 +272,33 @@ mod tests {
         let got = pam.check(&missing);
         let want = "pam_start failed for service \"no-such-service\" (26: no service file, nor \"other\"?)";
         assert_eq!(got, Err(Refusal::Failed(want.into())));
+    }
+
+    /// Only a password prompt (echo off) gets the password: a prompt with echo on (a
+    /// one-time code, say) and messages get none.
+    #[test]
+    fn only_a_password_prompt_is_answered_with_the_password() {
+        const PAM_PROMPT_ECHO_ON: c_int = 2;
+        const PAM_ERROR_MSG: c_int = 3;
+        let texts = [c"Password: ", c"Passcode or option: ", c"a message"];
+        let messages = [(PAM_PROMPT_ECHO_OFF, texts[0]), (PAM_PROMPT_ECHO_ON, texts[1]), (PAM_ERROR_MSG, texts[2])]
+            .map(|(style, text)| Message { style, text: text.as_ptr() });
+        let mut pointers: Vec<*const Message> = messages.iter().map(|m| m as *const Message).collect();
+        let password = c"s3cret";
+        let mut responses: *mut Response = ptr::null_mut();
+        // SAFETY: three valid messages, the password a C string alive for the call.
+        let rc = unsafe { converse(3, pointers.as_mut_ptr(), &mut responses, password.as_ptr() as *mut c_void) };
+        assert_eq!(rc, PAM_SUCCESS);
+        // SAFETY: `converse` gave an array of three responses from calloc.
+        let answers: Vec<Option<String>> = (0..3)
+            .map(|i| unsafe {
+                let text = (*responses.add(i)).text;
+                let answer = (!text.is_null()).then(|| CStr::from_ptr(text).to_string_lossy().into_owned());
+                libc::free(text as *mut c_void);
+                answer
+            })
+            .collect();
+        unsafe { libc::free(responses as *mut c_void) };
+        assert_eq!(answers, [Some("s3cret".to_string()), None, None]);
     }
 }

@@ -74,10 +74,9 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn, deadline: LoginDeadlin
     let user = msg.get("user").filter(|u| !u.is_empty()).ok_or_else(|| {
         Exit::fatal(sqlstate::INVALID_AUTHORIZATION, "no PostgreSQL user name specified in startup packet")
     })?;
-    let database = msg.get("database").filter(|d| !d.is_empty()).unwrap_or(user);
-    if msg.get("replication").is_some_and(|r| r != "false" && r != "0" && r != "off") {
-        return Err(Exit::fatal(sqlstate::FEATURE_NOT_SUPPORTED, "replication connections are not supported"));
-    }
+    let database = clip_name(msg.get("database").filter(|d| !d.is_empty()).unwrap_or(user));
+    let user = clip_name(user);
+    no_replication(&msg)?;
     if admin::is_admin_database(&cfg, database) {
         let admin = admin_login(app, conn, &cfg, user, database, &msg, deadline).await;
         return admin.map(|a| LoggedIn::Admin(Box::new(a)));
@@ -125,6 +124,33 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn, deadline: LoginDeadlin
         info!(peer = %conn.peer, user, database, tls = tls::describe(&conn.stream), "login");
     }
     Ok(LoggedIn::Pool(Box::new(session)))
+}
+
+/// Refuses a replication connection (`replication` true or `database`; Sluice takes
+/// none), and a `replication` value that is not a boolean, as PostgreSQL does.
+fn no_replication(msg: &StartupMessage) -> Result<(), Exit> {
+    match msg.get("replication").map(|v| (v, startup::parse_bool(v))) {
+        None | Some((_, Some(false))) => Ok(()),
+        Some(("database", _) | (_, Some(true))) => {
+            Err(Exit::fatal(sqlstate::FEATURE_NOT_SUPPORTED, "replication connections are not supported"))
+        }
+        Some((value, None)) => Err(Exit::fatal(
+            sqlstate::INVALID_PARAMETER_VALUE,
+            format!("invalid value for parameter \"replication\": \"{value}\""),
+        )),
+    }
+}
+
+/// A user or database name cut to PostgreSQL's longest name (NAMEDATALEN − 1 = 63
+/// bytes; at a character boundary), as PostgreSQL cuts them before anything looks at
+/// them, so that pools, `auth_hba_file` lines and lookups see the name the server will.
+fn clip_name(name: &str) -> &str {
+    const LONGEST: usize = 63;
+    let mut end = name.len().min(LONGEST);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
 }
 
 /// Lists the client in `App::client_infos` (SHOW CLIENTS shows it logging in; KILL and

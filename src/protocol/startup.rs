@@ -126,6 +126,22 @@ fn next_cstr(text: &str, pos: &mut usize) -> Option<Range<usize>> {
 
 /// Splits a libpq `options` value into `-c name=value` settings. Backslash escapes a
 /// space, as in PostgreSQL's own parser. Other switches are rejected.
+/// A boolean startup value read as PostgreSQL reads one (`parse_bool`): `true`,
+/// `false`, `yes`, `no`, `on`, `off` or a prefix of them (`on`/`off` at least two
+/// letters), any case, or `1`/`0`.
+pub fn parse_bool(value: &str) -> Option<bool> {
+    let lower = value.to_ascii_lowercase();
+    let prefix_of = |word: &str| !lower.is_empty() && word.starts_with(lower.as_str());
+    match lower.as_str() {
+        "1" => Some(true),
+        "0" => Some(false),
+        "o" => None,
+        _ if prefix_of("true") || prefix_of("yes") || prefix_of("on") => Some(true),
+        _ if prefix_of("false") || prefix_of("no") || prefix_of("off") => Some(false),
+        _ => None,
+    }
+}
+
 pub fn parse_options(options: &str) -> Result<Vec<(String, String)>, String> {
     let mut words = Vec::new();
     let mut cur = String::new();
@@ -187,6 +203,19 @@ mod tests {
         assert_eq!(m.params().collect::<Vec<_>>(), vec![("a", "x"), ("a", "")]);
         assert_eq!(m.get("a"), Some(""));
         assert_eq!(format!("{m:?}"), r#"StartupMessage { minor: 0, params: [("a", "x"), ("a", "")] }"#);
+    }
+
+    #[test]
+    fn booleans_read_as_postgresql_reads_them() {
+        for yes in ["true", "t", "TRUE", "Tr", "yes", "y", "YE", "on", "ON", "1"] {
+            assert_eq!(parse_bool(yes), Some(true), "{yes}");
+        }
+        for no in ["false", "f", "FALSE", "fal", "no", "N", "off", "of", "OFF", "0"] {
+            assert_eq!(parse_bool(no), Some(false), "{no}");
+        }
+        for neither in ["", "o", "database", "truee", "2", "01", " true", "onn", "offf"] {
+            assert_eq!(parse_bool(neither), None, "{neither}");
+        }
     }
 
     #[test]
