@@ -27,6 +27,10 @@ pub const NOT_SETTINGS: &[&str] = &["user", "database", "options", "replication"
 pub struct ClientParams {
     list: Arc<Vec<(String, String)>>,
     hash: u64,
+    /// Hash of the settings that may change what a statement parses to (all but
+    /// `prepared::parse_neutral` ones): clients that differ in it do not share
+    /// prepared statements on servers.
+    parse_hash: u64,
 }
 
 /// No settings: one shared empty list, hashed like any other, so `same` holds between
@@ -48,17 +52,27 @@ impl ClientParams {
         list.reverse();
         list.dedup_by(|a, b| a.0 == b.0);
         list.reverse();
-        let mut p = ClientParams { list: Arc::new(list), hash: 0 };
+        let mut p = ClientParams { list: Arc::new(list), hash: 0, parse_hash: 0 };
         p.rehash();
         p
     }
 
     fn rehash(&mut self) {
-        self.hash = foldhash::fast::FixedState::default().hash_one(&*self.list);
+        use std::hash::{Hash, Hasher};
+        let state = foldhash::fast::FixedState::default();
+        self.hash = state.hash_one(&*self.list);
+        let mut h = state.build_hasher();
+        self.list.iter().filter(|(k, _)| !crate::prepared::parse_neutral(k.as_bytes())).for_each(|s| s.hash(&mut h));
+        self.parse_hash = h.finish();
     }
 
     pub fn hash(&self) -> u64 {
         self.hash
+    }
+
+    /// The hash of the settings that may change what statements parse to.
+    pub fn parse_hash(&self) -> u64 {
+        self.parse_hash
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {

@@ -67,11 +67,17 @@ pub fn parse_view(frame: &[u8]) -> Result<ParseView<'_>, ProtocolError> {
     Ok(ParseView { name, query, types })
 }
 
-/// Builds the statement a client's Parse describes, parsed in schema `epoch`.
-pub fn statement(p: &ParseView, epoch: u64) -> Statement {
+/// Builds the statement a client's Parse describes, parsed in schema `epoch` by a
+/// client whose settings that may change parsing hash to `settings`
+/// (`ClientParams::parse_hash`): the same text parsed under another `TimeZone`,
+/// `DateStyle`, `search_path` or `client_encoding` may mean something else (a literal
+/// converted at parse time, a parameter type inferred from another table), so clients
+/// share a server's copy only when those settings agree.
+pub fn statement(p: &ParseView, epoch: u64, settings: u64) -> Statement {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     p.query.hash(&mut h);
     p.types.hash(&mut h);
+    settings.hash(&mut h);
     let id = h.finish();
     let name = Bytes::from(Statement::server_name(id));
     let mut out = BytesMut::with_capacity(p.query.len() + p.types.len() + 32);
@@ -370,6 +376,11 @@ fn first_word(sql: &[u8]) -> &[u8] {
 
 /// Settings whose value never changes how PostgreSQL reads a statement or what it
 /// returns: a SET or RESET of one of these leaves prepared statements shareable.
+/// Whether a setting is one of the few known not to change what statements parse to.
+pub fn parse_neutral(name: &[u8]) -> bool {
+    PARSE_NEUTRAL.iter().any(|n| n.eq_ignore_ascii_case(name))
+}
+
 const PARSE_NEUTRAL: [&[u8]; 8] = [
     b"statement_timeout",
     b"lock_timeout",
@@ -424,7 +435,7 @@ impl SetTarget<'_> {
         match self {
             SetTarget::Nothing => false,
             SetTarget::Unknown => true,
-            SetTarget::Setting { name, .. } => !PARSE_NEUTRAL.iter().any(|n| n.eq_ignore_ascii_case(name)),
+            SetTarget::Setting { name, .. } => !parse_neutral(name),
         }
     }
 
@@ -530,11 +541,13 @@ mod tests {
         let a = parse_frame("a", "select $1");
         let b = parse_frame("other", "select $1");
         let c = parse_frame("a", "select $1 + 1");
-        let sa = statement(&parse_view(&a).unwrap(), 0);
-        let sb = statement(&parse_view(&b).unwrap(), 0);
-        let sc = statement(&parse_view(&c).unwrap(), 0);
+        let sa = statement(&parse_view(&a).unwrap(), 0, 7);
+        let sb = statement(&parse_view(&b).unwrap(), 0, 7);
+        let sc = statement(&parse_view(&c).unwrap(), 0, 7);
         assert_eq!(sa.id, sb.id);
         assert_ne!(sa.id, sc.id);
+        // Parsed under other settings, the same text is another statement.
+        assert_ne!(sa.id, statement(&parse_view(&a).unwrap(), 0, 8).id);
         let v = parse_view(&sa.parse).unwrap();
         assert_eq!(v.name, Statement::server_name(sa.id).as_bytes());
         assert_eq!(&sa.name[..], v.name);

@@ -36,6 +36,38 @@ fn statements_are_shared_and_survive_server_changes() {
     assert!(n <= 7, "server holds {n} statements for 7 distinct texts");
 }
 
+/// Clients whose settings may change what a text parses to (here `TimeZone`, which
+/// fixes a timestamptz literal when the statement is parsed) do not share a server's
+/// copy: each gets what PostgreSQL would give it. Clients that differ only in a
+/// setting that changes no parsing (`application_name`) still share one.
+#[test]
+fn statements_are_shared_only_between_clients_parsing_alike() {
+    let (_pg, s) = setup(1, &[]);
+    let login_in = |zone: &str, app: &str| {
+        let mut c = Raw::open(s.port);
+        let options = format!("-c TimeZone={zone}");
+        c.send(&startup(
+            &[("user", "u_trust"), ("database", "app"), ("options", &options), ("application_name", app)],
+            3 << 16,
+        ));
+        c.until_ready();
+        c
+    };
+    let sql = "select extract(epoch from '2024-01-01 00:00'::timestamptz)::bigint";
+    let (mut paris, mut utc) = (login_in("Europe/Paris", "a"), login_in("UTC", "b"));
+    for (c, want) in [(&mut paris, "1704063600"), (&mut utc, "1704067200")] {
+        assert_eq!(prepare(c, "q", sql), "1Z");
+        assert_eq!(first_value(&run(c, "q", &[])), want);
+    }
+    // A third client in UTC under another application_name shares the UTC copy: two
+    // statements on the one server.
+    let mut other = login_in("UTC", "c");
+    assert_eq!(prepare(&mut other, "q", sql), "1Z");
+    assert_eq!(first_value(&run(&mut other, "q", &[])), "1704067200");
+    other.send(&query("select count(*) from pg_prepared_statements"));
+    assert_eq!(first_value(&other.until_ready()), "2");
+}
+
 #[test]
 fn close_is_local_and_closed_names_are_gone() {
     let (_pg, s) = setup(1, &[]);

@@ -66,6 +66,7 @@ impl Link {
         let ctx = (self.mode != PoolMode::Session).then_some(ClientCtx {
             gens: &self.gens,
             epoch: 0,
+            settings: 0,
             stmts: &mut self.stmts,
             server: &mut self.server,
             cap: 100,

@@ -38,6 +38,8 @@ pub struct ClientCtx<'a> {
     pub gens: &'a Generations,
     /// The pool's schema epoch: bumped by each DDL seen through Sluice.
     pub epoch: u64,
+    /// The client's settings that may change parsing (`ClientParams::parse_hash`).
+    pub settings: u64,
     /// The message being read is inside a COPY FROM STDIN the server has begun.
     pub in_copy: bool,
 }
@@ -321,7 +323,7 @@ impl Extended {
                 "too many prepared statements for one client (max_client_prepared_statements)",
             ));
         }
-        let st = Arc::new(prepared::statement(&p, cx.epoch));
+        let st = Arc::new(prepared::statement(&p, cx.epoch, cx.settings));
         cx.stmts.insert(p.name, st.clone());
         let presence = self.unless_in_doubt(st.id, cx.server.lookup_since(st.id, cx.generation(st.id), cx.epoch));
         let item = if presence == Presence::Fresh {

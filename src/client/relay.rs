@@ -370,6 +370,7 @@ impl Session {
         let ctx = (self.mode != PoolMode::Session).then_some(ClientCtx {
             gens: &gens,
             epoch: self.pool.schema_epoch.load(std::sync::atomic::Ordering::Acquire),
+            settings: self.settings.kept.parse_hash(),
             stmts: &mut self.stmts,
             server: &mut server.prepared,
             cap: self.limits.server_statements,
