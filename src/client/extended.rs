@@ -50,6 +50,10 @@ impl ClientCtx<'_> {
     }
 }
 
+/// The replies Sluice gives itself (cached Parses, Closes) that may wait behind an
+/// answer the server owes, per client (`Extended::local_replies_bounded`).
+const LOCAL_REPLIES_LIMIT: usize = 16_384;
+
 /// Per-link state of the replies the server owes (every mode) and, in the pooled modes,
 /// of the extended-protocol rewriting.
 #[derive(Debug, Default)]
@@ -208,9 +212,9 @@ impl Extended {
             self.inject_closes(m.start, sp, cx.server);
         }
         match m.tag {
-            fe::PARSE => self.on_parse(m, sp, cx).map(|()| false),
+            fe::PARSE => self.on_parse(m, sp, cx).and_then(|()| self.local_replies_bounded()),
             fe::BIND | fe::DESCRIBE => self.on_bind_or_describe(m, sp, cx).map(|()| false),
-            fe::CLOSE => self.on_close(m, sp, cx).map(|()| false),
+            fe::CLOSE => self.on_close(m, sp, cx).and_then(|()| self.local_replies_bounded()),
             fe::EXECUTE => {
                 let mut item = Expect::new(Kind::Execute, Reply::Forward, self.last_bind);
                 if let Some(c) = self.last_bind_command.as_ref().filter(|c| c.empties()) {
@@ -300,6 +304,19 @@ impl Extended {
             Effect::Redefine(Box::new(Redefinition { name, st: existing, generation, cap: cx.cap, defines: false }));
         self.queue.push_back(Expect::new(Kind::Parse, Reply::Forward, None).with(effect));
         Ok(())
+    }
+
+    /// A client that keeps sending Parses and Closes Sluice answers itself behind an
+    /// answer the server owes (a long query, say) would queue their replies without
+    /// end: nothing reaches the server, so nothing holds the client back. Past
+    /// `LOCAL_REPLIES_LIMIT` of them the client is refused.
+    fn local_replies_bounded(&self) -> Result<bool, ProtocolError> {
+        match self.queue.locals() > LOCAL_REPLIES_LIMIT {
+            true => Err(ProtocolError::Limit(
+                "too many replies waiting behind the server's answers (the client sends without reading)",
+            )),
+            false => Ok(false),
+        }
     }
 
     fn on_parse(&mut self, m: &Msg, sp: &mut Splice, cx: &mut ClientCtx) -> Result<(), ProtocolError> {

@@ -186,6 +186,8 @@ impl Expect {
 pub(super) struct Queue {
     items: VecDeque<Expect>,
     syncs: usize,
+    /// Items Sluice answers itself (`Kind::Local`).
+    locals: usize,
 }
 
 impl Queue {
@@ -210,6 +212,7 @@ impl Queue {
     #[inline]
     pub fn push_back(&mut self, e: Expect) {
         self.syncs += usize::from(e.kind == Kind::Sync);
+        self.locals += usize::from(e.kind == Kind::Local);
         self.items.push_back(e);
     }
 
@@ -217,18 +220,21 @@ impl Queue {
     pub fn pop_front(&mut self) -> Option<Expect> {
         let e = self.items.pop_front()?;
         self.syncs -= usize::from(e.kind == Kind::Sync);
+        self.locals -= usize::from(e.kind == Kind::Local);
         Some(e)
     }
 
     pub fn remove(&mut self, i: usize) -> Option<Expect> {
         let e = self.items.remove(i)?;
         self.syncs -= usize::from(e.kind == Kind::Sync);
+        self.locals -= usize::from(e.kind == Kind::Local);
         Some(e)
     }
 
     pub fn clear(&mut self) {
         self.items.clear();
         self.syncs = 0;
+        self.locals = 0;
     }
 
     /// The oldest item, to mark it failed (its kind is not to change).
@@ -241,6 +247,13 @@ impl Queue {
     #[inline]
     pub fn syncs(&self) -> usize {
         self.syncs
+    }
+
+    /// How many items Sluice answers itself are queued (behind an answer the server
+    /// owes: those in front leave at once).
+    #[inline]
+    pub fn locals(&self) -> usize {
+        self.locals
     }
 }
 
@@ -257,25 +270,28 @@ impl std::ops::Deref for Queue {
 mod tests {
     use super::*;
 
-    /// The Sync count follows every way items enter and leave.
+    /// The Sync and local counts follow every way items enter and leave.
     #[test]
     fn the_queue_counts_its_syncs() {
         let item = |kind| Expect::new(kind, Reply::Forward, None);
         let mut q = Queue::default();
-        let counted = |q: &Queue| (q.syncs(), q.iter().filter(|e| e.kind == Kind::Sync).count());
-        for kind in [Kind::Parse, Kind::Sync, Kind::Bind, Kind::Sync, Kind::Sync] {
+        let counted = |q: &Queue| {
+            let count = |kind| q.iter().filter(|e| e.kind == kind).count();
+            (q.syncs(), count(Kind::Sync), q.locals(), count(Kind::Local))
+        };
+        for kind in [Kind::Parse, Kind::Sync, Kind::Local, Kind::Bind, Kind::Sync, Kind::Sync, Kind::Local] {
             q.push_back(item(kind));
         }
-        assert_eq!(counted(&q), (3, 3));
-        assert_eq!(q.remove(3).map(|e| e.kind), Some(Kind::Sync));
-        assert_eq!(q.remove(2).map(|e| e.kind), Some(Kind::Bind));
+        assert_eq!(counted(&q), (3, 3, 2, 2));
+        assert_eq!(q.remove(4).map(|e| e.kind), Some(Kind::Sync));
+        assert_eq!(q.remove(2).map(|e| e.kind), Some(Kind::Local));
         assert!(q.remove(9).is_none());
-        assert_eq!(counted(&q), (2, 2));
+        assert_eq!(counted(&q), (2, 2, 1, 1));
         assert_eq!(q.pop_front().map(|e| e.kind), Some(Kind::Parse));
         assert_eq!(q.pop_front().map(|e| e.kind), Some(Kind::Sync));
-        assert_eq!(counted(&q), (1, 1));
+        assert_eq!(counted(&q), (1, 1, 1, 1));
         q.clear();
-        assert_eq!(counted(&q), (0, 0));
+        assert_eq!(counted(&q), (0, 0, 0, 0));
         assert!(q.pop_front().is_none());
     }
 }
