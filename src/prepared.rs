@@ -348,8 +348,6 @@ pub struct Unnamed {
 /// (a statement is bound far more often than parsed).
 #[derive(Debug, Clone, Default)]
 pub struct TextEffects {
-    /// DEALLOCATE ALL / DISCARD ALL: empties the server's (and the client's) statements.
-    pub command: Option<SqlCommand>,
     /// May change what later statements parse to (`SetTarget::changes_parsing`).
     pub sets_parsing: bool,
     /// May change a session setting PostgreSQL does not report
@@ -360,11 +358,7 @@ pub struct TextEffects {
 impl TextEffects {
     pub fn of(sql: &[u8]) -> TextEffects {
         let set = SetTarget::of(sql);
-        TextEffects {
-            command: sql_command(sql).filter(SqlCommand::empties),
-            sets_parsing: set.changes_parsing(),
-            sets_session: set.sets_session(),
-        }
+        TextEffects { sets_parsing: set.changes_parsing(), sets_session: set.sets_session() }
     }
 }
 

@@ -281,6 +281,50 @@ fn a_statement_parsed_behind_an_extended_discard_all_stays_known() {
     assert_eq!((tags(&m), first_value(&m)), ("12DCZ".to_string(), "71".to_string()), "{m:?}");
 }
 
+/// DISCARD ALL as a simple query with the client's own Parses behind it in the same
+/// write (Npgsql's reset of a pooled connection goes out ahead of the next command
+/// so): PostgreSQL runs the DISCARD first, so a new name and a name the client held,
+/// parsed again behind it, both stand, also when every answer comes in one read.
+#[test]
+fn names_parsed_behind_a_simple_discard_all_stay_the_clients() {
+    let (_pg, s) = setup(1, &[]);
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "held", "select 3"), "1Z");
+    let describe = |name: &str| msg(b'D', &[b"S", name.as_bytes(), b"\0"].concat());
+    let after = [parse("new", "select 4"), describe("new"), parse("held", "select 3"), sync()].concat();
+    c.send(&[query("discard all"), after].concat());
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    assert_eq!(tags(&c.until_ready()), "1tT1Z");
+    for (name, want) in [("new", "4"), ("held", "3")] {
+        let m = run(&mut c, name, &[]);
+        assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), want.to_string()), "{name}: {m:?}");
+    }
+    books_never_missed_a_copy(&s);
+}
+
+/// A prepared DISCARD ALL bound to one portal while another portal runs: what empties
+/// the statements is the command that completes, told by its tag, not the last Bind.
+/// Bound and not run, the DISCARD leaves the client's statements as they were; run
+/// from a named portal after a later Bind, it empties them.
+#[test]
+fn an_extended_discard_all_counts_when_its_portal_runs() {
+    let (_pg, s) = setup(1, &[]);
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "d", "discard all"), "1Z");
+    assert_eq!(prepare(&mut c, "s", "select 6"), "1Z");
+    c.send(&[bind("p", "s", &[]), bind("", "d", &[]), execute("p", 0), sync()].concat());
+    assert_eq!(tags(&c.until_ready()), "22DCZ");
+    let m = run(&mut c, "s", &[]);
+    assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "6".to_string()), "{m:?}");
+    c.send(&[bind("p", "d", &[]), bind("", "s", &[]), execute("p", 0), sync()].concat());
+    assert_eq!(tags(&c.until_ready()), "22CZ");
+    c.send(&[bind("", "s", &[]), execute("", 0), sync()].concat());
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "EZ", "{m:?}");
+    assert_eq!(sqlstate(&m[0].1), "26000", "{m:?}");
+    books_never_missed_a_copy(&s);
+}
+
 /// A server holding a copy the books do not know of (here one PREPAREd by hand under
 /// the name Sluice gives the text, after DISCARD ALL emptied server and books): the
 /// Parse Sluice sends fails with 42P05. The client gets that one error; Sluice closes

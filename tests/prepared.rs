@@ -68,6 +68,25 @@ fn statements_are_shared_only_between_clients_parsing_alike() {
     assert_eq!(first_value(&other.until_ready()), "2");
 }
 
+/// A table dropped and made again with the same columns (outside Sluice) changes
+/// nothing of a statement's result but the table's OID: a statement prepared again on
+/// a server passes the shape check, as PostgreSQL re-plans it without complaint.
+#[test]
+fn a_table_made_again_alike_keeps_its_statements() {
+    let (pg, s) = setup(1, &[("max_prepared_statements", "1")]);
+    pg.psql("create table remade (a int); grant all on remade to public");
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "p", "select a from remade"), "1Z");
+    assert_eq!(describe_stmt(&mut c, "p"), "tTZ");
+    pg.psql(
+        "drop table remade; create table remade (a int); insert into remade values (7); grant all on remade to public",
+    );
+    // Another statement takes the server's only slot: p is prepared again, and checked.
+    assert_eq!(prepare(&mut c, "other", "select 2"), "1Z");
+    let m = run(&mut c, "p", &[]);
+    assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "7".to_string()), "{m:?}");
+}
+
 #[test]
 fn close_is_local_and_closed_names_are_gone() {
     let (_pg, s) = setup(1, &[]);

@@ -146,9 +146,8 @@ fn replies_sluice_owes_behind_a_running_query_are_bounded() {
     assert!(pg.running("pg_sleep(60)"), "the query never started");
     let mut writer = c.stream().try_clone().expect("a second handle");
     writer.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
-    let batch: Vec<u8> = (0..4096)
-        .flat_map(|i| if i % 2 == 0 { msg(b'C', b"Sx\0") } else { parse("held", "select 1") })
-        .collect();
+    let batch: Vec<u8> =
+        (0..4096).flat_map(|i| if i % 2 == 0 { msg(b'C', b"Sx\0") } else { parse("held", "select 1") }).collect();
     // 40 batches: ten times the bound. Sluice may close the connection while the
     // client still writes.
     for _ in 0..40 {

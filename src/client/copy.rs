@@ -186,7 +186,7 @@ mod tests {
         let discarded = bytes(|b| build::command_complete(b, "DISCARD ALL"));
         let mut sp = Splice::new();
         t.scan_server(&discarded, &mut sp, PoolMode::Transaction, &mut server).unwrap();
-        assert!(server.is_empty() && t.ext.emptied && t.discard_mark == Some(0));
+        assert!(server.is_empty() && t.ext.emptied.is_some() && t.discard_mark == Some(0));
         let eaten = error("08P01", "unexpected message type 0x44 during COPY from stdin");
         let mut sp = Splice::new();
         let r = t.scan_server(&eaten, &mut sp, PoolMode::Transaction, &mut ServerStatements::default());
@@ -202,7 +202,7 @@ mod tests {
         server.add(7, 10);
         let frame = bytes(|b| build::command_complete(b, "DISCARD ALL"));
         t.ext.on_server(&scanned(&frame), &mut Splice::new(), &mut server).unwrap();
-        assert!(server.is_empty() && t.ext.emptied && t.ext.discarded);
+        assert!(server.is_empty() && t.ext.emptied.is_some() && t.ext.discarded);
     }
 
     /// Settings reported before a DISCARD ALL and after it, read at once: the mark

@@ -60,7 +60,6 @@ const LOCAL_REPLIES_LIMIT: usize = 16_384;
 pub struct Extended {
     queue: Queue,
     last_bind: Option<u64>,
-    last_bind_command: Option<SqlCommand>,
     /// The server reported an error in an extended-protocol exchange whose Sync has not
     /// come yet: it skips every message up to that Sync, and so does the tracking.
     skipping: bool,
@@ -71,9 +70,11 @@ pub struct Extended {
     /// pipelined behind the failed message): the caller expects no ReadyForQuery for
     /// them, and takes the count.
     pub skipped_requests: u32,
-    /// Set when a prepared DEALLOCATE ALL / DISCARD ALL ran: the client's statements
-    /// are gone.
-    pub emptied: bool,
+    /// Set when a DEALLOCATE ALL / DISCARD ALL ran: the client's statements are gone
+    /// but for those its Parses queued behind it define, given here; what the answers
+    /// before it settled (`redefined`, `reopened`) was dropped. The caller empties the
+    /// client's names before it settles the rest (`settle_names`).
+    pub emptied: Option<Vec<(Bytes, Arc<Statement>)>>,
     /// Set when the server finished a DISCARD ALL (its statements are gone).
     pub discarded: bool,
     /// Client statements whose Parse failed or was skipped: the caller forgets them.
@@ -134,13 +135,12 @@ impl Extended {
     pub fn clear(&mut self) {
         self.queue.clear();
         self.last_bind = None;
-        self.last_bind_command = None;
         self.skipping = false;
         self.refuse = false;
         self.skipped_requests = 0;
         self.unnamed_lost = None;
         self.unnamed_reopened = None;
-        self.emptied = false;
+        self.emptied = None;
         self.discarded = false;
         // Checked first: clearing runs drop glue even when empty (nearly always).
         for v in [&mut self.undefined, &mut self.redefined, &mut self.reopened] {
@@ -216,11 +216,7 @@ impl Extended {
             fe::BIND | fe::DESCRIBE => self.on_bind_or_describe(m, sp, cx).map(|()| false),
             fe::CLOSE => self.on_close(m, sp, cx).and_then(|()| self.local_replies_bounded()),
             fe::EXECUTE => {
-                let mut item = Expect::new(Kind::Execute, Reply::Forward, self.last_bind);
-                if let Some(c) = self.last_bind_command.as_ref().filter(|c| c.empties()) {
-                    item.effect = Effect::Empties { discard: *c == SqlCommand::DiscardAll };
-                }
-                self.queue.push_back(item);
+                self.queue.push_back(Expect::new(Kind::Execute, Reply::Forward, self.last_bind));
                 Ok(false)
             }
             fe::SYNC => {
@@ -462,7 +458,6 @@ impl Extended {
         }
         if kind == Kind::Bind {
             self.last_bind = stmt;
-            self.last_bind_command = effects.command;
             // Its execution in this exchange may SET what later statements parse to.
             self.parsing_set |= effects.sets_parsing;
             self.session_set |= effects.sets_session;

@@ -458,10 +458,11 @@ impl Session {
                 }
             }
         }
-        self.track.ext.settle_names(&mut self.stmts);
-        if std::mem::take(&mut self.track.ext.emptied) {
+        if let Some(kept) = self.track.ext.emptied.take() {
             self.stmts.clear();
+            kept.into_iter().for_each(|(name, st)| self.stmts.insert(&name, st));
         }
+        self.track.ext.settle_names(&mut self.stmts);
         for (id, seen) in self.track.ext.stale.drain(..) {
             self.pool.mark_stale(id, seen);
         }

@@ -13,12 +13,37 @@ use crate::protocol::fields::ErrorFields;
 use crate::protocol::scan::{Msg, Splice};
 use crate::protocol::{ProtocolError, be, body};
 
-/// The shape a Describe reply gives: the RowDescription frame, or NoData.
+/// The shape a Describe reply gives: of a RowDescription, each column's name, type
+/// and type modifier, what PostgreSQL compares before it refuses a changed result type
+/// (not the column's table and attribute number: a table made again alike is the same
+/// result); NoData as `n`.
 fn shape_of(m: &Msg) -> Bytes {
     match m.frame {
-        Some(f) if m.tag == be::ROW_DESCRIPTION => Bytes::copy_from_slice(f),
+        Some(f) if m.tag == be::ROW_DESCRIPTION => {
+            row_shape(body(f)).map_or_else(|| Bytes::copy_from_slice(f), Bytes::from)
+        }
         _ => Bytes::from_static(b"n"),
     }
+}
+
+/// A RowDescription body's columns as name, type OID and type modifier (None if it is
+/// malformed: the frame is then compared whole).
+fn row_shape(body: &[u8]) -> Option<Vec<u8>> {
+    let (count, mut rest) = crate::protocol::read_i16(body)?;
+    let mut out = Vec::with_capacity(body.len());
+    out.extend_from_slice(&count.to_be_bytes());
+    for _ in 0..count {
+        let (name, after) = crate::protocol::read_cstr(rest)?;
+        // Table OID (4), attribute number (2), type OID (4), length (2), modifier (4),
+        // format (2).
+        let fixed = after.get(..18)?;
+        out.extend_from_slice(name);
+        out.push(0);
+        out.extend_from_slice(&fixed[6..10]);
+        out.extend_from_slice(&fixed[12..16]);
+        rest = &after[18..];
+    }
+    rest.is_empty().then_some(out)
 }
 
 /// How the server answered a client's Parse of a name it holds (`Effect::Redefine`).
@@ -35,7 +60,12 @@ impl Extended {
     /// Records a CommandComplete of DISCARD ALL or DEALLOCATE ALL (`emptied_by`).
     #[inline]
     pub(in crate::client) fn note_emptying(&mut self, m: &Msg, server: &mut ServerStatements) {
-        let tag = crate::protocol::read_cstr(body(m.frame.unwrap_or_default())).map_or(&[][..], |(t, _)| t);
+        let body = body(m.frame.unwrap_or_default());
+        // Most tags (SELECT, INSERT...) are told by their first letter.
+        if body.first() != Some(&b'D') {
+            return;
+        }
+        let tag = crate::protocol::read_cstr(body).map_or(&[][..], |(t, _)| t);
         let discard = tag == b"DISCARD ALL";
         if discard || tag == b"DEALLOCATE ALL" {
             self.emptied_by(discard, server);
@@ -43,15 +73,23 @@ impl Extended {
     }
 
     /// The server's statements are gone, but for those parsed behind the command in the
-    /// same pipeline (their Parse still queued); so are the client's (`emptied`), and
-    /// after DISCARD ALL its settings (`discarded`).
+    /// same pipeline (their Parse still queued); so are the client's, but for the names
+    /// those Parses define (`emptied`), and after DISCARD ALL its settings (`discarded`).
     fn emptied_by(&mut self, discard: bool, server: &mut ServerStatements) {
         let parsed_behind = |e: &Expect| match &e.effect {
             Effect::Redefine(r) => Some(r.st.id),
             _ => e.stmt.filter(|_| e.kind == Kind::Parse),
         };
         server.clear_except(self.queue.iter().filter_map(parsed_behind));
-        self.emptied = true;
+        let defined_behind = |e: &Expect| match &e.effect {
+            Effect::Define(name, st) => Some((name.clone(), st.clone())),
+            _ => None,
+        };
+        self.emptied = Some(self.queue.iter().filter_map(defined_behind).collect());
+        // Names the answers before it gave back or defined again are gone with the rest
+        // (a Parse of a name again queued behind it settles after it, as ever).
+        self.redefined.clear();
+        self.reopened.clear();
         self.discarded |= discard;
     }
 
@@ -114,10 +152,11 @@ impl Extended {
             return Ok(refused);
         }
         let (kind, swallowed) = (head.kind, head.reply == Reply::Swallow);
-        // A client's simple query that emptied the server's statements: DISCARD ALL,
-        // DEALLOCATE ALL (also in forms Sluice does not answer itself: `/* c */
-        // DEALLOCATE ALL`, one of several statements).
-        if m.tag == be::COMMAND_COMPLETE && kind == Kind::Query {
+        // A client's command that emptied the server's statements, told by its tag:
+        // DISCARD ALL, DEALLOCATE ALL, as a simple query (also in forms Sluice does not
+        // answer itself: `/* c */ DEALLOCATE ALL`, one of several statements) or the
+        // Execute of a prepared one (whichever portal it runs).
+        if m.tag == be::COMMAND_COMPLETE && matches!(kind, Kind::Query | Kind::Execute) {
             self.note_emptying(m, server);
         }
         // Every message of a reply to an injected message is removed.
@@ -131,7 +170,6 @@ impl Extended {
         let end = m.start + m.frame_len;
         match item.effect {
             Effect::Redefine(r) => self.settle_redefinition(*r, Answer::Parsed, server),
-            Effect::Empties { discard } if !item.failed => self.emptied_by(discard, server),
             Effect::Capture(st, generation) => {
                 tracing::debug!(stmt = st.id, generation, "shape captured");
                 *st.shape.lock() = Some((shape_of(m), generation));
@@ -341,6 +379,33 @@ fn is_stale_plan(f: &ErrorFields) -> bool {
 mod tests {
     use super::*;
     use crate::protocol::fe;
+
+    /// A RowDescription body of one column `a` from table `table` (attribute 1).
+    fn one_column(table: u32, type_oid: u32, modifier: i32) -> Vec<u8> {
+        let mut b = 1u16.to_be_bytes().to_vec();
+        b.extend_from_slice(b"a\0");
+        b.extend_from_slice(&table.to_be_bytes());
+        b.extend_from_slice(&1u16.to_be_bytes());
+        b.extend_from_slice(&type_oid.to_be_bytes());
+        b.extend_from_slice(&4i16.to_be_bytes());
+        b.extend_from_slice(&modifier.to_be_bytes());
+        b.extend_from_slice(&0u16.to_be_bytes());
+        b
+    }
+
+    /// The shape is the columns' names, types and modifiers: another table OID is the
+    /// same shape, another type or modifier is not; a malformed body has none.
+    #[test]
+    fn a_row_shape_leaves_out_where_columns_come_from() {
+        let shape = |table, type_oid, modifier| row_shape(&one_column(table, type_oid, modifier));
+        assert!(shape(16384, 23, -1).is_some());
+        assert_eq!(shape(16384, 23, -1), shape(99999, 23, -1));
+        assert_ne!(shape(16384, 23, -1), shape(16384, 20, -1));
+        assert_ne!(shape(16384, 1043, 14), shape(16384, 1043, 24));
+        let body = one_column(16384, 23, -1);
+        assert_eq!(row_shape(&body[..body.len() - 1]), None);
+        assert_eq!(row_shape(&[body.as_slice(), b"x"].concat()), None);
+    }
 
     /// A stale statement is told from the routine, whatever the server's language
     /// (`lc_messages`); the English message is the fallback.

@@ -110,10 +110,6 @@ pub(super) enum Effect {
     /// Parse that defined it, still in the pipeline, was skipped, and then the name
     /// stands. (Boxed: rare.)
     Redefine(Box<Redefinition>),
-    /// DEALLOCATE ALL / DISCARD ALL run on the server (a simple query, or the Execute
-    /// of a prepared one): on success the server and the client hold no statements any
-    /// more (and after DISCARD ALL, no settings).
-    Empties { discard: bool },
     /// The client's Describe of its statement (at this generation): remember the
     /// shape it saw.
     Capture(Arc<Statement>, u64),
