@@ -444,6 +444,32 @@ async fn kill_client_reaches_a_client_waiting_for_a_server() {
     assert_eq!(value(&holder, "select count(*) from killed_waiting").await, "0", "the killed client's insert ran");
 }
 
+/// A client killed while the server it got is being checked (`server_check_query`,
+/// here one that takes a while) leaves without its request being sent: the check's end
+/// does not let the request through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_killed_during_its_servers_check_sends_nothing() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg))
+        .general("server_check_delay", "0")
+        .general("server_check_query", "\"select pg_sleep(2)\"")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let victim = app_client(s.port).await;
+    victim.simple_query("create table killed_checking (a int)").await.unwrap();
+    let insert = tokio::spawn(async move { victim.simple_query("insert into killed_checking values (1)").await });
+    assert!(pg.running("pg_sleep(2)"), "the server check never ran");
+    let a = admin(s.port).await;
+    let id = cell(&a, "SHOW CLIENTS", "state", "waiting", "id").await.expect("the victim waits for its check");
+    a.simple_query(&format!("KILL_CLIENT {id}")).await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(10), insert).await.expect("the victim was not killed");
+    let e = ended.unwrap().expect_err("the client got an error");
+    assert_eq!(code(&e), "57P01", "{e}");
+    // The check over, the server is lent to the next client: the insert never ran.
+    let next = app_client(s.port).await;
+    assert_eq!(value(&next, "select count(*) from killed_checking").await, "0", "the killed client's insert ran");
+}
+
 /// Sends `PAUSE app` from a console client of its own, and returns once the console
 /// `a` shows it in effect; the task ends when the PAUSE does.
 async fn start_pause(

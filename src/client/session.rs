@@ -325,6 +325,11 @@ impl Session {
                 server = held.take();
             }
         }
+        // Killed or shut down during the check or the SET: the request is not sent either.
+        if round_trips && let Some(exit) = self.interruption() {
+            self.pool.checkin(server);
+            return Err(exit);
+        }
         self.pool.stats.waited(since.map_or(Duration::ZERO, |s| s.elapsed()));
         // A connection taken at once (`since` unset) and used as it was starts in the
         // tick the request did.
