@@ -470,6 +470,25 @@ async fn a_client_killed_during_its_servers_check_sends_nothing() {
     assert_eq!(value(&next, "select count(*) from killed_checking").await, "0", "the killed client's insert ran");
 }
 
+/// RECONNECT while a connection is being checked before its loan: once the check
+/// passes it is closed, not lent even once, and the client gets a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_marked_during_its_check_is_not_lent() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg))
+        .general("server_check_delay", "0")
+        .general("server_check_query", "\"select pg_sleep(2)\"")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let c = app_client(s.port).await;
+    let first = value(&c, "select pg_backend_pid()").await;
+    let second = tokio::spawn(async move { value(&c, "select pg_backend_pid()").await });
+    assert!(pg.running("pg_sleep(2)"), "the server check never ran");
+    admin(s.port).await.simple_query("RECONNECT app").await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(20), second).await.expect("no answer").unwrap();
+    assert_ne!(second, first, "the connection marked during its check was lent");
+}
+
 /// Sends `PAUSE app` from a console client of its own, and returns once the console
 /// `a` shows it in effect; the task ends when the PAUSE does.
 async fn start_pause(

@@ -24,13 +24,18 @@ impl Pool {
     /// The check before a loan: `server` back once `server_check_query` shows it alive
     /// (answered without an error, and no transaction left open); None when it fails,
     /// and the server is closed (also when the caller is dropped during the round trip:
-    /// its slot is freed).
+    /// its slot is freed), or when a RECONNECT, KILL or a move of the pool's host came
+    /// during the check (not lent even once, as a connection opened across one).
     pub async fn checked(&self, server: Box<ServerConn>) -> Option<Box<ServerConn>> {
         let mut held = Borrowed::new(self, server);
         let settings = self.settings();
         let failed = match held.exec(&settings.check_query, settings.internal).await {
             Err(e) => e.to_string(),
             Ok(()) if held.tx != TxStatus::Idle => "server_check_query left a transaction open".into(),
+            Ok(()) if self.marked(&held) || self.left_behind(&held.info) => {
+                tracing::debug!(server = held.id, "marked for closing during its check: closed");
+                return None;
+            }
             Ok(()) => return Some(held.take()),
         };
         tracing::warn!(server = held.id, "server check failed, closing the connection: {failed}");
