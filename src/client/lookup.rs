@@ -74,7 +74,12 @@ fn refused(name: &str) -> Exit {
 pub(super) fn adopt(app: &App, users: &UserStore, database: &str, found: Candidate) -> Arc<UserAuth> {
     let (user, changed) = users.found().adopt(database, found.user, found.seq);
     if changed {
-        app.pools.refresh_login(&app.config.load(), &app.users.load(), database, &user.name);
+        // Read again after a reload that came meanwhile (`Pools::refresh_login`).
+        while app
+            .pools
+            .refresh_login(app.pools.reloads(), &app.config.load(), &app.users.load(), database, &user.name)
+            .is_err()
+        {}
     }
     user
 }

@@ -358,14 +358,28 @@ impl Pools {
     }
 
     /// A lookup found a new password for a user of `db`: its pool, if it has one, logs
-    /// in with it from now on (connections already open stay, as in PostgreSQL).
-    pub fn refresh_login(&self, cfg: &Config, users: &UserStore, db: &str, user: &str) {
-        let pool = self.map.lock().get(db).and_then(|m| m.get(user)).cloned();
-        if let Some(pool) = pool
+    /// in with it from now on (connections already open stay, as in PostgreSQL). Under
+    /// the registry's lock, as a reload's updates, and refused (`Reloaded`: the caller
+    /// reads the configuration again) when a reload came since the caller read it
+    /// (`seen`), so an older configuration never replaces the one a reload applied.
+    pub fn refresh_login(
+        &self,
+        seen: u64,
+        cfg: &Config,
+        users: &UserStore,
+        db: &str,
+        user: &str,
+    ) -> Result<(), Reloaded> {
+        let map = self.map.lock();
+        if seen != self.reloads() {
+            return Err(Reloaded);
+        }
+        if let Some(pool) = map.get(db).and_then(|m| m.get(user))
             && let Some(s) = settings_of(cfg, users, &self.side(), &pool.key)
         {
             pool.update(s);
         }
+        Ok(())
     }
 }
 
@@ -531,6 +545,28 @@ mod tests {
         pools.reload(&cfg(&hash), &users);
         let login = pool.settings().login.clone();
         assert_eq!((login.md5.as_deref(), login.password.as_deref()), (Some(hash.as_str()), None));
+    }
+
+    /// A refresh of a pool's login read before a reload is refused (the caller reads
+    /// the configuration again) rather than putting the older settings back: here the
+    /// older configuration had the pool's database on another host.
+    #[test]
+    fn a_login_refresh_read_before_a_reload_is_refused() {
+        let cfg = |host: &str| {
+            let text = format!("[databases.a]\nhost = \"{host}\"\n[users.u1]\npassword = \"p1\"\n");
+            Config::parse(&text, Path::new("sluice.toml")).expect("a valid config")
+        };
+        let (old, new) = (cfg("127.0.0.1"), cfg("127.0.0.2"));
+        let users = UserStore::from_config(&old).expect("valid users");
+        let pools = Pools::default();
+        let pool = pools.get(&old, &users, "a", "u1").expect("a pool");
+        let seen = pools.reloads();
+        pools.reload(&new, &users);
+        let host = |p: &Pool| p.settings().target.addr.host.to_string();
+        assert_eq!(host(&pool), "127.0.0.2");
+        assert!(pools.refresh_login(seen, &old, &users, "a", "u1").is_err());
+        assert_eq!(host(&pool), "127.0.0.2");
+        assert!(pools.refresh_login(pools.reloads(), &new, &users, "a", "u1").is_ok());
     }
 
     /// The lookups' pool is one of its own, beside the pool clients of `auth_user` get,
