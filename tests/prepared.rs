@@ -509,6 +509,59 @@ fn session_mode_passes_statements_through() {
     assert_eq!(first_value(&c.until_ready()), "mine");
 }
 
+/// Statement mode: a DEALLOCATE (answered by Sluice) pipelined behind a BEGIN, in one
+/// write. The BEGIN's block is refused as statement mode refuses any (its
+/// ReadyForQuery replaced by the error and an idle one) and the DEALLOCATE answered
+/// after it: one ReadyForQuery per query, as the client counts them.
+#[test]
+fn statement_mode_answers_a_deallocate_behind_a_refused_begin_once() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .general("pool_mode", "\"statement\"")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let mut c = login(&s);
+    c.send(&[query("begin"), query("deallocate all")].concat());
+    let first = c.until_ready();
+    assert_eq!(tags(&first), "CEZ", "{first:?}");
+    assert_eq!((sqlstate(&first[1].1), first[2].1.clone()), ("25001".to_string(), b"I".to_vec()));
+    let second = c.until_ready();
+    assert_eq!(tags(&second), "CZ", "{second:?}");
+    c.send(&query("select 1"));
+    let m = c.until_ready();
+    assert_eq!((tags(&m), first_value(&m)), ("TDCZ".to_string(), "1".to_string()), "{m:?}");
+}
+
+/// Statement mode: a COPY inside a transaction block fails while the client has sent
+/// part of its next CopyData. The block is left open, but the ROLLBACK that statement
+/// mode sends would land inside that half message: the client is refused (25001) and
+/// the server closed at once, with no wait (here `internal_query_timeout = 0`, which
+/// would make that wait endless).
+#[test]
+fn statement_mode_refuses_a_block_left_mid_message() {
+    let pg = PgCluster::start();
+    pg.psql("create table copied_ints (a int); grant all on copied_ints to public");
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .general("pool_mode", "\"statement\"")
+        .general("internal_query_timeout", "0")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let mut c = login(&s);
+    c.send(&query("begin; copy copied_ints from stdin"));
+    assert_eq!(tags(&c.take(2)), "CG");
+    let mut half = msg(b'd', &[b'1'; 1000]);
+    half.truncate(100);
+    c.send(&[msg(b'd', b"not a number\n"), half].concat());
+    c.expect_error("22P02", "invalid input syntax");
+    c.expect_error("25001", "transaction blocks are not allowed in statement pooling mode");
+    assert!(c.closed(), "the refused client's connection stays open");
+    let mut next = login(&s);
+    next.send(&query("select count(*) from copied_ints"));
+    assert_eq!(first_value(&next.until_ready()), "0");
+}
+
 #[test]
 fn refused_discard_all_keeps_statements() {
     let (_pg, s) = setup(1, &[]);

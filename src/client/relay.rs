@@ -504,9 +504,12 @@ impl Session {
     ) -> Result<(), Exit> {
         self.track.violation = false;
         let server = self.server.as_mut().expect("relay without a server");
-        if !self.to_server.is_empty() {
+        let (client_mid, server_mid) = (self.track.client_scan.mid_message(), self.track.server_scan.mid_message());
+        if !self.to_server.is_empty() || client_mid || server_mid {
             // Client input is still going out (nothing the server answers, or the block
-            // would not be left open): no room for the ROLLBACK, give the server up.
+            // would not be left open), or part of a message either way (a CopyData after
+            // a failed COPY; an asynchronous message): no room for the ROLLBACK, whose
+            // bytes or answer would land inside it; give the server up.
             server.broken = true;
             return Err(Exit::fatal(sqlstate::ACTIVE_SQL_TRANSACTION, STATEMENT_MODE_REFUSAL));
         }

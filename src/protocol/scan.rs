@@ -167,9 +167,16 @@ impl Splice {
         Self::default()
     }
 
-    /// Drops `start..end` of the input from the output.
+    /// Drops `start..end` of the input from the output. Edits stay in offset order: a
+    /// drop decided after bytes were inserted past its start (Sluice's own replies placed
+    /// after a ReadyForQuery that statement mode then drops) goes before those inserts.
+    #[inline]
     pub fn drop_range(&mut self, start: usize, end: usize) {
-        self.edits.push(Edit::Drop(start..end));
+        let mut at = self.edits.len();
+        while at > 0 && matches!(self.edits[at - 1], Edit::Insert { at: i, .. } if i > start) {
+            at -= 1;
+        }
+        self.edits.insert(at, Edit::Drop(start..end));
     }
 
     /// Inserts bytes before input offset `at`.

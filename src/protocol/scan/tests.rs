@@ -123,6 +123,14 @@ fn splice_drops_and_inserts() {
     let out = sp.finish(&src, src.len()).to_vec();
     assert_eq!(out, [a.clone(), b"ins".to_vec(), b.clone()].concat());
     sp.reset();
+    // A drop decided after an insert at its end (or an insert at its start, before it)
+    // still drops the message and keeps the inserted bytes.
+    sp.insert(a.len(), b"<");
+    sp.insert(a.len() + x.len(), b"ins");
+    sp.drop_range(a.len(), a.len() + x.len());
+    let out = sp.finish(&src, src.len()).to_vec();
+    assert_eq!(out, [a.clone(), b"<ins".to_vec(), b.clone()].concat());
+    sp.reset();
     sp.insert(0, b"pre");
     assert_eq!(sp.finish(&src, a.len()), [b"pre".to_vec(), a].concat());
 }
