@@ -159,6 +159,10 @@ pub struct Checks {
     pam: std::sync::OnceLock<Result<std::sync::Arc<super::pam::Pam>, String>>,
     /// Permits for PAM checks (on blocking threads too, bounded the same way).
     pam_checks: std::sync::Arc<tokio::sync::Semaphore>,
+    /// The iteration count of the last real SCRAM secret a login used, which unknown
+    /// users' mock secrets show (a fixed 4096 would tell them apart from real users
+    /// whose secrets were made with another count, as PostgreSQL's `scram_iterations`).
+    mock_iterations: std::sync::atomic::AtomicU32,
 }
 
 /// PBKDF2 runs of clear-text logins at once (`Checks`).
@@ -172,7 +176,18 @@ impl Checks {
     pub fn new(mock_key: [u8; 32]) -> Self {
         let derivations = std::sync::Arc::new(tokio::sync::Semaphore::new(DERIVATIONS_AT_ONCE));
         let pam_checks = std::sync::Arc::new(tokio::sync::Semaphore::new(PAM_CHECKS_AT_ONCE));
-        Checks { mock_key, derivations, pam: std::sync::OnceLock::new(), pam_checks }
+        let mock_iterations = scram::DEFAULT_ITERATIONS.into();
+        Checks { mock_key, derivations, pam: std::sync::OnceLock::new(), pam_checks, mock_iterations }
+    }
+
+    /// The mock secret of a user with none (`ScramSecret::mock`).
+    fn mock(&self, user: &str) -> ScramSecret {
+        ScramSecret::mock(user, &self.mock_key, self.mock_iterations.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// A login used a real SCRAM secret: mock secrets show its iteration count from now on.
+    fn seen(&self, secret: &ScramSecret) {
+        self.mock_iterations.store(secret.iterations, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Checks `user`'s `password` with PAM at `place`, on a blocking thread once a
@@ -230,7 +245,6 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     checks: &Checks,
     shown: Shown<'_>,
 ) -> Result<Proven, AuthFailure> {
-    let mock_key = &checks.mock_key;
     // Who the connection shows the client to be, where the method asks (cert, peer).
     let map = shown.map;
     let shown_as = |seen: Option<&str>, mismatch: fn(String) -> AuthFailure, missing| match (seen, user) {
@@ -250,10 +264,10 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
         // A SCRAM secret cannot check an md5 response: that user does SCRAM instead, as
         // in PgBouncer and PostgreSQL.
         Method::Md5 if user.is_some_and(|u| matches!(u.secret, Some(Secret::Scram(_)))) => {
-            scram_login(stream, buf, name, user, mock_key).await
+            scram_login(stream, buf, name, user, checks).await
         }
         Method::Md5 => md5_exchange(stream, buf, name, user).await,
-        Method::ScramSha256 => scram_login(stream, buf, name, user, mock_key).await,
+        Method::ScramSha256 => scram_login(stream, buf, name, user, checks).await,
         Method::Password => password_exchange(stream, buf, name, user, checks).await,
         Method::Pam => pam_exchange(stream, buf, name, checks, shown.pam).await,
     }
@@ -316,7 +330,10 @@ async fn password_exchange<S: AsyncRead + AsyncWrite + Unpin>(
         (Some(Secret::Scram(secret)), Ok(_)) => Some(secret),
         _ => None,
     };
-    let mock = ScramSecret::mock(name, &checks.mock_key);
+    if let Some(secret) = secret {
+        checks.seen(secret);
+    }
+    let mock = checks.mock(name);
     let keys = checks.derive(password, secret.unwrap_or(&mock)).await?;
     match secret {
         Some(secret) if secret.owns_client_key(&keys.client_key) => {
@@ -334,15 +351,16 @@ async fn scram_login<S: AsyncRead + AsyncWrite + Unpin>(
     buf: &mut BytesMut,
     name: &str,
     user: Option<&UserAuth>,
-    mock_key: &[u8],
+    checks: &Checks,
 ) -> Result<Proven, AuthFailure> {
     let Some(secret) = user.and_then(|u| u.scram_secret()).cloned() else {
         // A mock secret: refused at the end of the exchange, whatever the proof.
-        return match scram_exchange(stream, buf, name, ScramSecret::mock(name, mock_key)).await {
+        return match scram_exchange(stream, buf, name, checks.mock(name)).await {
             Ok(_) | Err(AuthFailure::BadPassword(_)) => Err(unverifiable(name, user)),
             Err(e) => Err(e),
         };
     };
+    checks.seen(&secret);
     let (key, greeting) = scram_exchange(stream, buf, name, secret).await?;
     Ok(Proven { client_key: Some(key), greeting, ..Proven::default() })
 }
@@ -498,6 +516,38 @@ mod tests {
         assert_eq!(seen("old", Some(&md5)).await, unknown);
         let none = UserAuth::new("old", None, None).unwrap();
         assert_eq!(seen("old", Some(&none)).await, unknown);
+    }
+
+    /// An unknown user's mock secret shows the iteration count of the real secrets in
+    /// use (PostgreSQL's `scram_iterations` may be other than 4096), so the count does
+    /// not tell real users from unknown ones.
+    #[tokio::test]
+    async fn an_unknown_users_iterations_are_those_of_real_secrets() {
+        let checks = Checks::new(*b"a fixed mock key for these tests");
+        let told = |name: &'static str, user: Option<UserAuth>| {
+            let checks = &checks;
+            async move {
+                let (client, mut server) = tokio::io::duplex(1 << 16);
+                let client = tokio::spawn(wrong_password(client));
+                let mut buf = BytesMut::new();
+                let refused = authenticate(
+                    &mut server,
+                    &mut buf,
+                    Method::ScramSha256,
+                    name,
+                    user.as_ref(),
+                    checks,
+                    Shown::default(),
+                );
+                assert!(refused.await.is_err());
+                client.await.unwrap().2
+            }
+        };
+        assert_eq!(told("nobody", None).await, 4096);
+        let secret = ScramSecret::derive("p", b"0123456789abcdef", 8192).to_string();
+        let real = UserAuth::new("real", Some(&secret), None).unwrap();
+        assert_eq!(told("real", Some(real)).await, 8192);
+        assert_eq!(told("nobody", None).await, 8192);
     }
 
     /// A clear-text password of no bytes is refused before any check, as PostgreSQL

@@ -13,7 +13,7 @@ pub const SCRAM_SHA_256: &str = "SCRAM-SHA-256";
 /// count is a denial of service rather than protection.
 const MAX_ITERATIONS: u32 = 10_000_000;
 /// Iteration count and salt length of the secrets Sluice invents (PostgreSQL's defaults).
-const DEFAULT_ITERATIONS: u32 = 4096;
+pub const DEFAULT_ITERATIONS: u32 = 4096;
 const SALT_LEN: usize = 16;
 /// The channel-binding attribute values for the gs2 headers "n,," and "y,,".
 const CBIND_N: &str = "biws";
@@ -81,15 +81,16 @@ impl ScramSecret {
 
     /// A secret for a user that does not exist: a salt derived deterministically from
     /// (user, mock_key) with HMAC so repeated attempts see the same salt (as PostgreSQL
-    /// does), iterations 4096, and keys such that no proof can verify.
+    /// does), `iterations` (those of the real secrets: `Checks::mock`), and keys such
+    /// that no proof can verify.
     ///
     /// The StoredKey is an HMAC output rather than the hash of any ClientKey, so a proof
     /// would need a SHA-256 preimage of it; the exchange runs the same computations as for
     /// a real user, so neither the messages nor the timing reveal that the user is missing.
-    pub fn mock(user: &str, mock_key: &[u8]) -> Self {
+    pub fn mock(user: &str, mock_key: &[u8], iterations: u32) -> Self {
         let derive = |label: &[u8]| hmac(mock_key, &[label, user.as_bytes()]);
         Self {
-            iterations: DEFAULT_ITERATIONS,
+            iterations,
             salt: derive(b"sluice mock salt\0")[..SALT_LEN].to_vec(),
             stored_key: derive(b"sluice mock stored key\0"),
             server_key: derive(b"sluice mock server key\0"),

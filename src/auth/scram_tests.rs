@@ -183,10 +183,10 @@ fn secret_parse_rejects_malformed() {
 
 #[test]
 fn mock_secret() {
-    let mock = ScramSecret::mock("alice", b"key");
-    assert_eq!(mock, ScramSecret::mock("alice", b"key"));
-    assert_ne!(mock.salt, ScramSecret::mock("bob", b"key").salt);
-    assert_ne!(mock.salt, ScramSecret::mock("alice", b"other key").salt);
+    let mock = ScramSecret::mock("alice", b"key", 4096);
+    assert_eq!(mock, ScramSecret::mock("alice", b"key", 4096));
+    assert_ne!(mock.salt, ScramSecret::mock("bob", b"key", 4096).salt);
+    assert_ne!(mock.salt, ScramSecret::mock("alice", b"other key", 4096).salt);
     assert_eq!((mock.iterations, mock.salt.len()), (4096, 16));
     assert_eq!(ScramSecret::parse(&mock.to_string()), Ok(mock.clone()));
     for pw in ["", "alice", "key", "pencil"] {
