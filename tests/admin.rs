@@ -444,17 +444,23 @@ async fn kill_client_reaches_a_client_waiting_for_a_server() {
     assert_eq!(value(&holder, "select count(*) from killed_waiting").await, "0", "the killed client's insert ran");
 }
 
+/// A pool of one whose connection is checked before every loan, by a check that takes
+/// 2 s (`pg_sleep(2)`, which `PgCluster::running` can see).
+fn checked_slowly(pg: &PgCluster) -> Sluice {
+    with_console(Sluice::builder(pg))
+        .general("server_check_delay", "0")
+        .general("server_check_query", "\"select pg_sleep(2)\"")
+        .database("app", &[("pool_size", "1")])
+        .start()
+}
+
 /// A client killed while the server it got is being checked (`server_check_query`,
 /// here one that takes a while) leaves without its request being sent: the check's end
 /// does not let the request through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_killed_during_its_servers_check_sends_nothing() {
     let pg = PgCluster::start();
-    let s = with_console(Sluice::builder(&pg))
-        .general("server_check_delay", "0")
-        .general("server_check_query", "\"select pg_sleep(2)\"")
-        .database("app", &[("pool_size", "1")])
-        .start();
+    let s = checked_slowly(&pg);
     let victim = app_client(s.port).await;
     victim.simple_query("create table killed_checking (a int)").await.unwrap();
     let insert = tokio::spawn(async move { victim.simple_query("insert into killed_checking values (1)").await });
@@ -475,11 +481,7 @@ async fn a_client_killed_during_its_servers_check_sends_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_marked_during_its_check_is_not_lent() {
     let pg = PgCluster::start();
-    let s = with_console(Sluice::builder(&pg))
-        .general("server_check_delay", "0")
-        .general("server_check_query", "\"select pg_sleep(2)\"")
-        .database("app", &[("pool_size", "1")])
-        .start();
+    let s = checked_slowly(&pg);
     let c = app_client(s.port).await;
     let first = value(&c, "select pg_backend_pid()").await;
     let second = tokio::spawn(async move { value(&c, "select pg_backend_pid()").await });
