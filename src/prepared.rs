@@ -368,13 +368,13 @@ fn first_word(sql: &[u8]) -> &[u8] {
     &word[..word.iter().position(|b| !b.is_ascii_alphabetic()).unwrap_or(word.len())]
 }
 
-/// Settings whose value never changes how PostgreSQL reads a statement or what it
-/// returns: a SET or RESET of one of these leaves prepared statements shareable.
 /// Whether a setting is one of the few known not to change what statements parse to.
 pub fn parse_neutral(name: &[u8]) -> bool {
     PARSE_NEUTRAL.iter().any(|n| n.eq_ignore_ascii_case(name))
 }
 
+/// Settings whose value never changes how PostgreSQL reads a statement or what it
+/// returns: a SET or RESET of one of these leaves prepared statements shareable.
 const PARSE_NEUTRAL: [&[u8]; 8] = [
     b"statement_timeout",
     b"lock_timeout",

@@ -302,6 +302,35 @@ fn names_parsed_behind_a_simple_discard_all_stay_the_clients() {
     books_never_missed_a_copy(&s);
 }
 
+/// Behind a DISCARD ALL in the same write: a name parsed and closed again is gone; a
+/// name held from before, closed where an error makes the server skip the Close, is
+/// gone too (the DISCARD took it, as on PostgreSQL: 26000); a Parse of a text the
+/// server already held (answered from its cache otherwise) still defines the name,
+/// although the DISCARD emptied that server.
+#[test]
+fn names_closed_or_cached_behind_a_discard_all_end_as_on_postgresql() {
+    let (_pg, s) = setup(1, &[]);
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "old", "select 8"), "1Z");
+    let failing = [parse("", "select 1/0"), bind("", "", &[]), execute("", 0)].concat();
+    let after = [parse("gone", "select 10"), close_stmt("gone"), failing, close_stmt("old"), sync()].concat();
+    c.send(&[query("discard all"), after].concat());
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    assert_eq!(tags(&c.until_ready()), "131EZ");
+    for name in ["gone", "old"] {
+        let m = run(&mut c, name, &[]);
+        assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "26000".to_string()), "{name}: {m:?}");
+    }
+    // The server holds `select 9` when the DISCARD comes.
+    assert_eq!(prepare(&mut c, "shared", "select 9"), "1Z");
+    c.send(&[query("discard all"), parse("cached", "select 9"), msg(b'D', b"Scached\0"), sync()].concat());
+    assert_eq!(tags(&c.until_ready()), "CZ");
+    assert_eq!(tags(&c.until_ready()), "1tTZ");
+    let m = run(&mut c, "cached", &[]);
+    assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "9".to_string()), "{m:?}");
+    books_never_missed_a_copy(&s);
+}
+
 /// A prepared DISCARD ALL bound to one portal while another portal runs: what empties
 /// the statements is the command that completes, told by its tag, not the last Bind.
 /// Bound and not run, the DISCARD leaves the client's statements as they were; run

@@ -123,21 +123,16 @@ fn a_client_that_stops_reading_sluices_own_replies_is_killed_and_its_server_free
     assert!(c.closed(), "the stalled client's connection stays open");
 }
 
-/// Behind a query the server is still running, a client sends Closes (and Parses of a
-/// statement the server holds), which Sluice answers itself: their replies wait behind
-/// the query's, and nothing reaches the server to hold the client back. Past a bound
-/// the client is refused (53400) instead of Sluice's memory growing without end, and
-/// its server is freed.
+/// Behind a query the server is still running, a client sends named Closes, which
+/// Sluice answers itself: their replies wait behind the query's, and nothing reaches
+/// the server to hold the client back. Past a bound the client is refused (53400)
+/// instead of Sluice's memory growing without end, and its server is freed.
 #[test]
 fn replies_sluice_owes_behind_a_running_query_are_bounded() {
-    use common::raw::{bind, execute, flush, parse, sync};
+    use common::raw::{bind, execute, flush, parse};
     let pg = PgCluster::start();
     let s = sluice(&pg, &[]);
     let mut c = Raw::login(s.port, "u_trust", "app");
-    let mut prepare = parse("held", "select 1");
-    prepare.extend(sync());
-    c.send(&prepare);
-    c.until_ready();
     let mut sleeping = parse("", "select pg_sleep(60)");
     sleeping.extend(bind("", "", &[]));
     sleeping.extend(execute("", 0));
@@ -146,8 +141,7 @@ fn replies_sluice_owes_behind_a_running_query_are_bounded() {
     assert!(pg.running("pg_sleep(60)"), "the query never started");
     let mut writer = c.stream().try_clone().expect("a second handle");
     writer.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
-    let batch: Vec<u8> =
-        (0..4096).flat_map(|i| if i % 2 == 0 { msg(b'C', b"Sx\0") } else { parse("held", "select 1") }).collect();
+    let batch: Vec<u8> = (0..4096).flat_map(|_| msg(b'C', b"Sx\0")).collect();
     // 40 batches: ten times the bound. Sluice may close the connection while the
     // client still writes.
     for _ in 0..40 {
@@ -158,4 +152,31 @@ fn replies_sluice_owes_behind_a_running_query_are_bounded() {
     c.expect_error("53400", "too many replies waiting behind the server's answers");
     assert!(c.closed(), "the refused client's connection stays open");
     next_client_is_served(&s);
+}
+
+/// The bound on Sluice's own replies counts those in a row behind the last message
+/// that went to the server: a client pipelining many Closes, each followed by a Sync
+/// the server answers, behind a query still running, is served in full.
+#[test]
+fn sluices_own_replies_between_requests_to_the_server_are_not_bounded() {
+    use common::raw::{bind, execute, flush, parse, sync};
+    let pg = PgCluster::start();
+    let s = sluice(&pg, &[]);
+    let mut c = Raw::login(s.port, "u_trust", "app");
+    let mut sleeping = parse("", "select pg_sleep(1)");
+    sleeping.extend(bind("", "", &[]));
+    sleeping.extend(execute("", 0));
+    sleeping.extend(flush());
+    c.send(&sleeping);
+    assert!(pg.running("pg_sleep(1)"), "the query never started");
+    let groups = 20_000;
+    let batch: Vec<u8> = (0..groups).flat_map(|_| [msg(b'C', b"Sx\0"), sync()].concat()).collect();
+    c.send(&batch);
+    assert_eq!(tags(&c.take(3)), "12D");
+    let m = c.take(2 * groups + 1);
+    assert_eq!(tags(&m[..3]), "C3Z", "{:?}", &m[..3]);
+    assert!(
+        m[1..].chunks(2).all(|p| p[0].0 == b'3' && p[1].0 == b'Z'),
+        "not one CloseComplete and ReadyForQuery per Sync"
+    );
 }

@@ -159,9 +159,11 @@ pub struct Checks {
     pam: std::sync::OnceLock<Result<std::sync::Arc<super::pam::Pam>, String>>,
     /// Permits for PAM checks (on blocking threads too, bounded the same way).
     pam_checks: std::sync::Arc<tokio::sync::Semaphore>,
-    /// The iteration count of the last real SCRAM secret a login used, which unknown
+    /// The highest iteration count of the real SCRAM secrets logins used, which unknown
     /// users' mock secrets show (a fixed 4096 would tell them apart from real users
-    /// whose secrets were made with another count, as PostgreSQL's `scram_iterations`).
+    /// whose secrets were made with another count, as PostgreSQL's `scram_iterations`;
+    /// the highest, not the last, so an unknown user's count does not move with other
+    /// users' logins).
     mock_iterations: std::sync::atomic::AtomicU32,
 }
 
@@ -185,9 +187,10 @@ impl Checks {
         ScramSecret::mock(user, &self.mock_key, self.mock_iterations.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// A login used a real SCRAM secret: mock secrets show its iteration count from now on.
+    /// A login used a real SCRAM secret: mock secrets show at least its iteration count
+    /// from now on.
     fn seen(&self, secret: &ScramSecret) {
-        self.mock_iterations.store(secret.iterations, std::sync::atomic::Ordering::Relaxed);
+        self.mock_iterations.fetch_max(secret.iterations, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Checks `user`'s `password` with PAM at `place`, on a blocking thread once a

@@ -50,8 +50,8 @@ impl ClientCtx<'_> {
     }
 }
 
-/// The replies Sluice gives itself (cached Parses, Closes) that may wait behind an
-/// answer the server owes, per client (`Extended::local_replies_bounded`).
+/// The replies Sluice gives itself (cached Parses, Closes) that may wait in a row behind
+/// an answer the server owes, per client (`Extended::local_replies_bounded`).
 const LOCAL_REPLIES_LIMIT: usize = 16_384;
 
 /// Per-link state of the replies the server owes (every mode) and, in the pooled modes,
@@ -305,9 +305,10 @@ impl Extended {
     /// A client that keeps sending Parses and Closes Sluice answers itself behind an
     /// answer the server owes (a long query, say) would queue their replies without
     /// end: nothing reaches the server, so nothing holds the client back. Past
-    /// `LOCAL_REPLIES_LIMIT` of them the client is refused.
+    /// `LOCAL_REPLIES_LIMIT` of them in a row, with no message to the server between
+    /// (which the server's socket would hold back), the client is refused.
     fn local_replies_bounded(&self) -> Result<bool, ProtocolError> {
-        match self.queue.locals() > LOCAL_REPLIES_LIMIT {
+        match self.queue.local_run() > LOCAL_REPLIES_LIMIT {
             true => Err(ProtocolError::Limit(
                 "too many replies waiting behind the server's answers (the client sends without reading)",
             )),
@@ -338,7 +339,10 @@ impl Extended {
         }
         let st = Arc::new(prepared::statement(&p, cx.epoch, cx.settings));
         cx.stmts.insert(p.name, st.clone());
-        let presence = self.unless_in_doubt(st.id, cx.server.lookup_since(st.id, cx.generation(st.id), cx.epoch));
+        let mut presence = self.unless_in_doubt(st.id, cx.server.lookup_since(st.id, cx.generation(st.id), cx.epoch));
+        if presence == Presence::Fresh && self.command_ahead() {
+            presence = Presence::Stale;
+        }
         let item = if presence == Presence::Fresh {
             self.cache_hits += 1;
             let mut b = BytesMut::new();
@@ -358,6 +362,16 @@ impl Extended {
         };
         self.queue.push_back(item.with(Effect::Define(Bytes::copy_from_slice(p.name), st)));
         Ok(())
+    }
+
+    /// Whether a query or an Execute is unanswered: it may empty the server's statements
+    /// (DISCARD ALL, DEALLOCATE ALL, told only by its tag once it completes), so a copy
+    /// the books show may be gone by the time a Parse behind it runs, and that Parse is
+    /// not answered from the server's cache but sent, after a Close (harmless if the copy
+    /// is gone). (Out of line: a Parse behind a command is rare.)
+    #[inline(never)]
+    fn command_ahead(&self) -> bool {
+        self.queue.iter().any(|e| matches!(e.kind, Kind::Query | Kind::Execute))
     }
 
     /// Records a statement on the server, closing the least recently used one if full

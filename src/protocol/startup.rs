@@ -124,8 +124,6 @@ fn next_cstr(text: &str, pos: &mut usize) -> Option<Range<usize>> {
     Some(range)
 }
 
-/// Splits a libpq `options` value into `-c name=value` settings. Backslash escapes a
-/// space, as in PostgreSQL's own parser. Other switches are rejected.
 /// A boolean startup value read as PostgreSQL reads one (`parse_bool`): `true`,
 /// `false`, `yes`, `no`, `on`, `off` or a prefix of them (`on`/`off` at least two
 /// letters), any case, or `1`/`0`.
@@ -142,6 +140,8 @@ pub fn parse_bool(value: &str) -> Option<bool> {
     }
 }
 
+/// Splits a libpq `options` value into `-c name=value` settings. Backslash escapes a
+/// space, as in PostgreSQL's own parser. Other switches are rejected.
 pub fn parse_options(options: &str) -> Result<Vec<(String, String)>, String> {
     let mut words = Vec::new();
     let mut cur = String::new();

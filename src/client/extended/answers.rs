@@ -3,11 +3,13 @@
 //! precedes them, injected messages' replies are swallowed, and an error makes the
 //! queue skip to the next Sync as the server does.
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
 
 use super::Extended;
 use super::expect::{Effect, Expect, Kind, Redefinition, Reply};
-use crate::prepared::ServerStatements;
+use crate::prepared::{ServerStatements, Statement};
 use crate::protocol::build;
 use crate::protocol::fields::ErrorFields;
 use crate::protocol::scan::{Msg, Splice};
@@ -85,7 +87,15 @@ impl Extended {
             Effect::Define(name, st) => Some((name.clone(), st.clone())),
             _ => None,
         };
-        self.emptied = Some(self.queue.iter().filter_map(defined_behind).collect());
+        let behind: Vec<(Bytes, Arc<Statement>)> = self.queue.iter().filter_map(defined_behind).collect();
+        // Closes behind it of names defined before it give nothing back if skipped.
+        self.queue.forget_closes_unless(|st| behind.iter().any(|(_, s)| Arc::ptr_eq(s, st)));
+        // A name closed behind its Parse went when the Close was read (given back by
+        // `reopened` should the server skip the Close).
+        let closed = |name: &Bytes, st: &Arc<Statement>| {
+            self.queue.iter().any(|e| matches!(&e.effect, Effect::Close(n, s) if n == name && Arc::ptr_eq(s, st)))
+        };
+        self.emptied = Some(behind.iter().filter(|(n, st)| !closed(n, st)).cloned().collect());
         // Names the answers before it gave back or defined again are gone with the rest
         // (a Parse of a name again queued behind it settles after it, as ever).
         self.redefined.clear();

@@ -182,8 +182,9 @@ impl Expect {
 pub(super) struct Queue {
     items: VecDeque<Expect>,
     syncs: usize,
-    /// Items Sluice answers itself (`Kind::Local`).
-    locals: usize,
+    /// Items Sluice answers itself (`Kind::Local`) at the back of the queue, behind the
+    /// last message that went to the server.
+    local_run: usize,
 }
 
 impl Queue {
@@ -208,7 +209,7 @@ impl Queue {
     #[inline]
     pub fn push_back(&mut self, e: Expect) {
         self.syncs += usize::from(e.kind == Kind::Sync);
-        self.locals += usize::from(e.kind == Kind::Local);
+        self.local_run = if e.kind == Kind::Local { self.local_run + 1 } else { 0 };
         self.items.push_back(e);
     }
 
@@ -216,21 +217,22 @@ impl Queue {
     pub fn pop_front(&mut self) -> Option<Expect> {
         let e = self.items.pop_front()?;
         self.syncs -= usize::from(e.kind == Kind::Sync);
-        self.locals -= usize::from(e.kind == Kind::Local);
+        self.local_run = self.local_run.min(self.items.len());
         Some(e)
     }
 
     pub fn remove(&mut self, i: usize) -> Option<Expect> {
+        let in_run = i >= self.items.len() - self.local_run;
         let e = self.items.remove(i)?;
         self.syncs -= usize::from(e.kind == Kind::Sync);
-        self.locals -= usize::from(e.kind == Kind::Local);
+        self.local_run -= usize::from(in_run);
         Some(e)
     }
 
     pub fn clear(&mut self) {
         self.items.clear();
         self.syncs = 0;
-        self.locals = 0;
+        self.local_run = 0;
     }
 
     /// The oldest item, to mark it failed (its kind is not to change).
@@ -245,11 +247,22 @@ impl Queue {
         self.syncs
     }
 
-    /// How many items Sluice answers itself are queued (behind an answer the server
-    /// owes: those in front leave at once).
+    /// How many items Sluice answers itself are queued at the back, behind the last
+    /// message that went to the server (those at the front leave at once).
     #[inline]
-    pub fn locals(&self) -> usize {
-        self.locals
+    pub fn local_run(&self) -> usize {
+        self.local_run
+    }
+
+    /// Forgets what queued Closes answered by Sluice took, but of the statements `keep`
+    /// names (a DISCARD ALL or DEALLOCATE ALL ahead of them took those names anyway:
+    /// should the server skip a Close, there is nothing to give back).
+    pub fn forget_closes_unless(&mut self, keep: impl Fn(&Arc<Statement>) -> bool) {
+        for e in &mut self.items {
+            if matches!(&e.effect, Effect::Close(_, s) if !keep(s)) {
+                e.effect = Effect::None;
+            }
+        }
     }
 }
 
@@ -266,28 +279,32 @@ impl std::ops::Deref for Queue {
 mod tests {
     use super::*;
 
-    /// The Sync and local counts follow every way items enter and leave.
+    /// The Sync count and the run of local items at the back follow every way items
+    /// enter and leave.
     #[test]
     fn the_queue_counts_its_syncs() {
         let item = |kind| Expect::new(kind, Reply::Forward, None);
         let mut q = Queue::default();
-        let counted = |q: &Queue| {
-            let count = |kind| q.iter().filter(|e| e.kind == kind).count();
-            (q.syncs(), count(Kind::Sync), q.locals(), count(Kind::Local))
-        };
-        for kind in [Kind::Parse, Kind::Sync, Kind::Local, Kind::Bind, Kind::Sync, Kind::Sync, Kind::Local] {
+        let counted = |q: &Queue| (q.syncs(), q.iter().filter(|e| e.kind == Kind::Sync).count(), q.local_run());
+        for kind in [Kind::Parse, Kind::Local, Kind::Sync, Kind::Bind, Kind::Sync, Kind::Local, Kind::Local] {
             q.push_back(item(kind));
         }
-        assert_eq!(counted(&q), (3, 3, 2, 2));
-        assert_eq!(q.remove(4).map(|e| e.kind), Some(Kind::Sync));
-        assert_eq!(q.remove(2).map(|e| e.kind), Some(Kind::Local));
+        assert_eq!(counted(&q), (2, 2, 2));
+        assert_eq!(q.remove(5).map(|e| e.kind), Some(Kind::Local));
+        assert_eq!(q.remove(3).map(|e| e.kind), Some(Kind::Bind));
         assert!(q.remove(9).is_none());
-        assert_eq!(counted(&q), (2, 2, 1, 1));
-        assert_eq!(q.pop_front().map(|e| e.kind), Some(Kind::Parse));
-        assert_eq!(q.pop_front().map(|e| e.kind), Some(Kind::Sync));
-        assert_eq!(counted(&q), (1, 1, 1, 1));
+        assert_eq!(counted(&q), (2, 2, 1));
+        q.push_back(item(Kind::Local));
+        assert_eq!(counted(&q), (2, 2, 2));
+        for _ in 0..3 {
+            q.pop_front();
+        }
+        assert_eq!(counted(&q), (1, 1, 2));
+        q.pop_front();
+        q.pop_front();
+        assert_eq!(counted(&q), (0, 0, 1));
         q.clear();
-        assert_eq!(counted(&q), (0, 0, 0, 0));
+        assert_eq!(counted(&q), (0, 0, 0));
         assert!(q.pop_front().is_none());
     }
 }
