@@ -353,12 +353,18 @@ pub struct TextEffects {
     /// May change a session setting PostgreSQL does not report
     /// (`SetTarget::sets_session`).
     pub sets_session: bool,
+    /// May change the role (`SetTarget::sets_role`).
+    pub sets_role: bool,
 }
 
 impl TextEffects {
     pub fn of(sql: &[u8]) -> TextEffects {
         let set = SetTarget::of(sql);
-        TextEffects { sets_parsing: set.changes_parsing(), sets_session: set.sets_session() }
+        TextEffects {
+            sets_parsing: set.changes_parsing(),
+            sets_session: set.sets_session(),
+            sets_role: set.sets_role(),
+        }
     }
 }
 
@@ -430,6 +436,22 @@ impl SetTarget<'_> {
             SetTarget::Nothing => false,
             SetTarget::Unknown => true,
             SetTarget::Setting { name, .. } => !parse_neutral(name),
+        }
+    }
+
+    /// Whether it may change the session's role or authorization (`SET ROLE`, `SET
+    /// SESSION AUTHORIZATION`), which `RESET ALL` leaves as they are: the server's
+    /// settings are then taken as unknown, so the next client's are applied after a
+    /// reset of those too (`ServerConn::apply_params`).
+    pub fn sets_role(self) -> bool {
+        match self {
+            SetTarget::Nothing | SetTarget::Setting { local: true, .. } | SetTarget::Setting { reset: true, .. } => {
+                false
+            }
+            SetTarget::Unknown => true,
+            SetTarget::Setting { name, .. } => {
+                name.eq_ignore_ascii_case(b"role") || name.eq_ignore_ascii_case(b"authorization")
+            }
         }
     }
 
@@ -622,6 +644,18 @@ mod tests {
             "",
         ] {
             assert!(!SetTarget::of(sql.as_bytes()).sets_session(), "{sql}");
+        }
+    }
+
+    #[test]
+    fn sets_of_the_role_are_seen() {
+        for sql in
+            ["SET ROLE tenant", "set session role tenant", "SET SESSION AUTHORIZATION bob", "select 1; set x = 1"]
+        {
+            assert!(SetTarget::of(sql.as_bytes()).sets_role(), "{sql}");
+        }
+        for sql in ["SET LOCAL ROLE tenant", "RESET ROLE", "SET work_mem = '1MB'", "select 1", "set rolex = 1"] {
+            assert!(!SetTarget::of(sql.as_bytes()).sets_role(), "{sql}");
         }
     }
 

@@ -202,6 +202,26 @@ async fn connect_time_settings_hold_after_another_clients_set_or_reset() {
     }
 }
 
+/// A role one client takes on the server it shares (a session `SET ROLE`, or `role`
+/// asked for at connect time and then another session SET that leaves Sluice unsure
+/// of the server's settings) does not pass to the next client: `RESET ALL` leaves the
+/// role as it is, so the server is also given `RESET ROLE` (and `RESET SESSION
+/// AUTHORIZATION`) before another client's settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_taken_on_a_shared_server_stays_with_its_client() {
+    let pg = PgCluster::start();
+    pg.psql(&format!("create role tenant_a; grant tenant_a to {}", Role::SCRAM.name));
+    let s = pooled(&pg, "transaction", 1);
+    let plain = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let taker = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&taker, "set role tenant_a; select current_user").await, "tenant_a");
+    assert_eq!(value(&plain, "select current_user").await, Role::SCRAM.name, "after a session SET ROLE");
+    let asked = with_option(&s, "role=tenant_a").await;
+    assert_eq!(value(&asked, "set work_mem = '8MB'; select current_user").await, "tenant_a");
+    assert_eq!(value(&plain, "select current_user").await, Role::SCRAM.name, "after a connect-time role");
+    assert_eq!(value(&asked, "select current_user").await, "tenant_a", "the role asked for at connect time");
+}
+
 /// A client's `SET LOCAL`, `SET TRANSACTION` or SET of a reported setting leaves the
 /// record of what a server carries for clients standing: the next client with the
 /// same connect-time settings is served without them being set again (no `RESET ALL`

@@ -107,6 +107,8 @@ pub struct Extended {
     /// Likewise, a statement that may SET a session setting PostgreSQL does not report
     /// (`prepared::SetTarget::sets_session`): a SET or RESET completing counts as such.
     pub session_set: bool,
+    /// Likewise, a statement that may SET the role (`prepared::SetTarget::sets_role`).
+    pub role_set: bool,
 }
 
 impl Extended {
@@ -151,6 +153,7 @@ impl Extended {
         self.stale.clear();
         self.parsing_set = false;
         self.session_set = false;
+        self.role_set = false;
     }
 
     fn push(&mut self, kind: Kind, reply: Reply, stmt: Option<u64>) {
@@ -475,6 +478,7 @@ impl Extended {
             // Its execution in this exchange may SET what later statements parse to.
             self.parsing_set |= effects.sets_parsing;
             self.session_set |= effects.sets_session;
+            self.role_set |= effects.sets_role;
         }
         self.queue.push_back(Expect::new(kind, Reply::Forward, stmt).with(effect));
         Ok(())
@@ -578,11 +582,12 @@ impl Extended {
         cx.server.unnamed = 0;
         let sql = m.frame.filter(|f| f.len() == m.frame_len).and_then(|f| crate::protocol::read_cstr(body(f)));
         let sql = sql.map(|(sql, _)| sql);
-        if !self.parsing_set || !self.session_set {
+        if !self.parsing_set || !self.session_set || !self.role_set {
             // A text not read whole (long) may hold any statement.
             let set = sql.map_or(prepared::SetTarget::Unknown, prepared::SetTarget::of);
             self.parsing_set |= set.changes_parsing();
             self.session_set |= set.sets_session();
+            self.role_set |= set.sets_role();
         }
         match sql.and_then(prepared::sql_command) {
             Some(c @ (SqlCommand::Deallocate(_) | SqlCommand::DeallocateAll)) => Ok(self.on_deallocate(c, m, sp, cx)),

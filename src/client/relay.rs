@@ -474,6 +474,9 @@ impl Session {
             if seen.settings {
                 server.settings_changed();
             }
+            if seen.role {
+                server.settings_unknown();
+            }
         }
         if self.track.xact_done.is_some() || self.track.query_times.len() >= 1024 {
             self.flush_stats();

@@ -11,6 +11,9 @@ pub struct Seen {
     /// Settings, with SET or RESET: the settings the server is recorded as carrying
     /// for clients may no longer hold (`ServerConn::settings_changed`).
     pub settings: bool,
+    /// The role, with SET ROLE or SET SESSION AUTHORIZATION: the server's settings are
+    /// unknown (`ServerConn::settings_unknown`).
+    pub role: bool,
 }
 
 impl Seen {
@@ -19,15 +22,17 @@ impl Seen {
     /// ran a statement that may set something other than the few settings
     /// `prepared::SetTarget::changes_parsing` knows to be neutral (`parsing_set`); they change
     /// the settings a server carries for clients when it ran one that may set a session
-    /// setting PostgreSQL does not report (`session_set`: not `SET LOCAL`, say). The
-    /// first byte picks the comparisons (most tags are SELECT, INSERT, UPDATE...).
+    /// setting PostgreSQL does not report (`session_set`: not `SET LOCAL`, say), and the
+    /// role when it ran one that may set that (`role_set`). The first byte picks the
+    /// comparisons (most tags are SELECT, INSERT, UPDATE...).
     #[inline]
-    pub(super) fn note(&mut self, tag: &[u8], parsing_set: bool, session_set: bool) {
+    pub(super) fn note(&mut self, tag: &[u8], parsing_set: bool, session_set: bool, role_set: bool) {
         const DDL: [&[u8]; 5] = [b"ALTER ", b"CREATE ", b"DROP ", b"DISCARD", b"IMPORT "];
         match tag.first() {
             Some(b'S' | b'R') if tag.starts_with(b"SET") || tag.starts_with(b"RESET") => {
                 self.settings |= session_set;
                 self.schema |= parsing_set;
+                self.role |= role_set;
             }
             Some(b'A' | b'C' | b'D' | b'I') => self.schema |= DDL.iter().any(|p| tag.starts_with(p)),
             _ => {}
@@ -43,8 +48,8 @@ mod tests {
     fn command_tags_are_seen_for_what_they_change() {
         let seen = |tag: &[u8], set: bool| {
             let mut s = Seen::default();
-            s.note(tag, set, set);
-            (s.schema, s.settings)
+            s.note(tag, set, set, set);
+            (s.schema, s.settings && s.role)
         };
         assert_eq!(seen(b"SELECT 1\0", true), (false, false));
         assert_eq!(seen(b"INSERT 0 1\0", true), (false, false));

@@ -520,7 +520,8 @@ impl Track {
                         early_syncs.copy_ended(false);
                         // Session mode does not read statement texts: any SET counts.
                         let session = mode == PoolMode::Session;
-                        seen.note(body(frame), session || ext.parsing_set, session || ext.session_set);
+                        let (parsing, settings, role) = (ext.parsing_set, ext.session_set, ext.role_set);
+                        seen.note(body(frame), session || parsing, session || settings, session || role);
                         discard_at(ext, discard_mark, param_updates);
                     }
                     be::PARAMETER_STATUS => reported(frame, param_updates)?,
@@ -597,7 +598,7 @@ fn while_probing(
     match m.tag {
         be::PARAMETER_STATUS => reported(frame, b.param_updates)?,
         be::COMMAND_COMPLETE => {
-            b.seen.note(body(frame), true, true);
+            b.seen.note(body(frame), true, true, true);
             b.ext.note_emptying(m, b.prepared);
             discard_at(b.ext, b.discard_mark, b.param_updates);
         }
@@ -655,7 +656,7 @@ mod tests {
         t.xact_start = Some(Instant::now());
         t.xact_done = Some(Duration::from_millis(1));
         t.errors.push("40001".into());
-        t.seen = Seen { schema: true, settings: true };
+        t.seen = Seen { schema: true, settings: true, role: true };
         t.query_times.push(Duration::from_micros(5));
         t.pending = 2;
         t.unsynced = true;

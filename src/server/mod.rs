@@ -294,11 +294,16 @@ impl ServerConn {
         self.applied.as_ref().is_some_and(|a| want.same(a))
     }
 
-    /// Makes this connection carry `want`'s settings; `limits` as for `exec`.
+    /// Makes this connection carry `want`'s settings; `limits` as for `exec`. Settings
+    /// unknown (`applied` None: a client's SET of a setting PostgreSQL does not report)
+    /// are reset first: `RESET ALL` leaves the role and the session authorization
+    /// (PostgreSQL's `GUC_NO_RESET_ALL`), so those are reset by name, as DISCARD ALL
+    /// does, else a client's `SET ROLE` would pass to the next client.
     pub async fn apply_params(&mut self, want: &ClientParams, limits: QueryBounds) -> Result<(), ServerError> {
+        const RESET: &str = "RESET SESSION AUTHORIZATION;RESET ROLE;RESET ALL;";
         let sql = match &self.applied {
             Some(applied) => want.diff_sql(applied),
-            None => Some(format!("RESET ALL;{}", want.diff_sql(&ClientParams::default()).unwrap_or_default())),
+            None => Some(format!("{RESET}{}", want.diff_sql(&ClientParams::default()).unwrap_or_default())),
         };
         if let Some(sql) = sql {
             self.applied = None;
@@ -307,6 +312,13 @@ impl ServerConn {
         // Even when nothing differed: from now on the check is a pointer comparison.
         self.applied = Some(want.clone());
         Ok(())
+    }
+
+    /// A client may have changed the role (`SET ROLE`), which `RESET ALL` leaves: the
+    /// next client's settings are applied after a full reset (`apply_params`), also for
+    /// a client whose settings it otherwise carries.
+    pub fn settings_unknown(&mut self) {
+        self.applied = None;
     }
 
     /// The reset query ran: the connection carries no client settings and no prepared
