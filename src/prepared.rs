@@ -363,7 +363,7 @@ impl TextEffects {
         TextEffects {
             sets_parsing: set.changes_parsing(),
             sets_session: set.sets_session(),
-            sets_role: set.sets_role(),
+            sets_role: set.sets_role(Some(sql)),
         }
     }
 }
@@ -442,13 +442,15 @@ impl SetTarget<'_> {
     /// Whether it may change the session's role or authorization (`SET ROLE`, `SET
     /// SESSION AUTHORIZATION`), which `RESET ALL` leaves as they are: the server's
     /// settings are then taken as unknown, so the next client's are applied after a
-    /// reset of those too (`ServerConn::apply_params`).
-    pub fn sets_role(self) -> bool {
+    /// reset of those too (`ServerConn::apply_params`). Of several statements, when
+    /// the text (`sql`, None when not read whole) mentions a role or authorization.
+    pub fn sets_role(self, sql: Option<&[u8]>) -> bool {
+        let mentions = |word: &[u8]| sql.is_none_or(|s| s.windows(word.len()).any(|w| w.eq_ignore_ascii_case(word)));
         match self {
             SetTarget::Nothing | SetTarget::Setting { local: true, .. } | SetTarget::Setting { reset: true, .. } => {
                 false
             }
-            SetTarget::Unknown => true,
+            SetTarget::Unknown => mentions(b"role") || mentions(b"authorization"),
             SetTarget::Setting { name, .. } => {
                 name.eq_ignore_ascii_case(b"role") || name.eq_ignore_ascii_case(b"authorization")
             }
@@ -649,14 +651,17 @@ mod tests {
 
     #[test]
     fn sets_of_the_role_are_seen() {
+        let sets_role = |sql: &str| SetTarget::of(sql.as_bytes()).sets_role(Some(sql.as_bytes()));
         for sql in
-            ["SET ROLE tenant", "set session role tenant", "SET SESSION AUTHORIZATION bob", "select 1; set x = 1"]
+            ["SET ROLE tenant", "set session role tenant", "SET SESSION AUTHORIZATION bob", "select 1; set Role x"]
         {
-            assert!(SetTarget::of(sql.as_bytes()).sets_role(), "{sql}");
+            assert!(sets_role(sql), "{sql}");
         }
-        for sql in ["SET LOCAL ROLE tenant", "RESET ROLE", "SET work_mem = '1MB'", "select 1", "set rolex = 1"] {
-            assert!(!SetTarget::of(sql.as_bytes()).sets_role(), "{sql}");
+        for sql in ["SET LOCAL ROLE tenant", "RESET ROLE", "SET work_mem = '1MB'", "select 1", "select 1; set x = 1"] {
+            assert!(!sets_role(sql), "{sql}");
         }
+        // A text not read whole may hold anything.
+        assert!(SetTarget::Unknown.sets_role(None));
     }
 
     #[test]

@@ -587,7 +587,7 @@ impl Extended {
             let set = sql.map_or(prepared::SetTarget::Unknown, prepared::SetTarget::of);
             self.parsing_set |= set.changes_parsing();
             self.session_set |= set.sets_session();
-            self.role_set |= set.sets_role();
+            self.role_set |= set.sets_role(sql);
         }
         match sql.and_then(prepared::sql_command) {
             Some(c @ (SqlCommand::Deallocate(_) | SqlCommand::DeallocateAll)) => Ok(self.on_deallocate(c, m, sp, cx)),
