@@ -1,7 +1,9 @@
-//! The subject common name (CN) of an X.509 certificate, for `auth_type = "cert"`.
+//! The subject common name (CN) of an X.509 certificate, for `auth_type = "cert"` and
+//! verify-full's fallback, and whether a certificate carries name constraints.
 //! A minimal DER walk (RFC 5280 §4.1, X.690 §8.1): Certificate → TBSCertificate →
-//! subject Name → the first attribute of type 2.5.4.3. The certificate has already
-//! been verified by rustls; this only reads it, and returns None for anything odd.
+//! subject Name → the first attribute of type 2.5.4.3 (or → extensions). The
+//! certificate has already been verified by rustls; this only reads it, and returns
+//! None for anything odd.
 
 const SEQUENCE: u8 = 0x30;
 const SET: u8 = 0x31;
@@ -10,6 +12,10 @@ const OID: u8 = 0x06;
 const VERSION_TAG: u8 = 0xa0;
 /// id-at-commonName, 2.5.4.3.
 const OID_COMMON_NAME: &[u8] = &[0x55, 0x04, 0x03];
+/// `[3] EXPLICIT Extensions` at the end of a TBSCertificate.
+const EXTENSIONS_TAG: u8 = 0xa3;
+/// id-ce-nameConstraints, 2.5.29.30.
+const OID_NAME_CONSTRAINTS: &[u8] = &[0x55, 0x1d, 0x1e];
 
 /// One DER element: (tag, contents, what follows). None when truncated, when the
 /// length is indefinite or longer than 4 bytes, or for multi-byte tags.
@@ -40,18 +46,46 @@ fn expect(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
 
 /// The subject's first common name, if the certificate has one that is text.
 pub fn common_name(cert_der: &[u8]) -> Option<String> {
+    let (subject, _) = expect(after_validity(cert_der)?, SEQUENCE)?;
+    first_common_name(subject)
+}
+
+/// Whether a certificate has a name constraints extension (None when it cannot be
+/// read: the caller takes that as having one).
+pub fn has_name_constraints(cert_der: &[u8]) -> Option<bool> {
+    // subject, subjectPublicKeyInfo
+    let mut rest = element(element(after_validity(cert_der)?)?.2)?.2;
+    while !rest.is_empty() {
+        let (tag, contents, after) = element(rest)?;
+        rest = after;
+        if tag != EXTENSIONS_TAG {
+            continue; // issuerUniqueID, subjectUniqueID
+        }
+        let (mut extensions, _) = expect(contents, SEQUENCE)?;
+        while !extensions.is_empty() {
+            let (extension, after) = expect(extensions, SEQUENCE)?;
+            extensions = after;
+            if expect(extension, OID)?.0 == OID_NAME_CONSTRAINTS {
+                return Some(true);
+            }
+        }
+    }
+    Some(false)
+}
+
+/// A TBSCertificate from its subject on (past version, serialNumber, signature,
+/// issuer and validity).
+fn after_validity(cert_der: &[u8]) -> Option<&[u8]> {
     let (cert, _) = expect(cert_der, SEQUENCE)?;
     let (tbs, _) = expect(cert, SEQUENCE)?;
     let mut rest = tbs;
     if let Some((VERSION_TAG, _, after)) = element(rest) {
         rest = after;
     }
-    // serialNumber, signature, issuer, validity
     for _ in 0..4 {
         rest = element(rest)?.2;
     }
-    let (subject, _) = expect(rest, SEQUENCE)?;
-    first_common_name(subject)
+    Some(rest)
 }
 
 /// Name ::= SEQUENCE OF SET OF SEQUENCE { type OID, value ANY }
@@ -123,13 +157,29 @@ mod tests {
         let der = cert_with(&[(rcgen::DnType::CommonName, "u_scram")]);
         for n in 0..der.len() {
             let _ = common_name(&der[..n]);
+            let _ = has_name_constraints(&der[..n]);
         }
+    }
+
+    #[test]
+    fn name_constraints_are_seen() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        assert_eq!(has_name_constraints(params.self_signed(&key).unwrap().der()), Some(false));
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.name_constraints = Some(rcgen::NameConstraints {
+            permitted_subtrees: vec![rcgen::GeneralSubtree::DnsName(".dev.example.com".into())],
+            excluded_subtrees: vec![],
+        });
+        assert_eq!(has_name_constraints(params.self_signed(&key).unwrap().der()), Some(true));
+        assert_eq!(has_name_constraints(&[0x30, 0x03, 0x30, 0x01]), None);
     }
 
     proptest! {
         #[test]
         fn never_panics_on_noise(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = common_name(&bytes);
+            let _ = has_name_constraints(&bytes);
         }
 
         #[test]

@@ -64,8 +64,11 @@ impl ServerCertVerifier for ServerVerifier {
             // No subject alternative names at all (webpki lists every kind it saw):
             // libpq looks at the common name. (libpq also does when the names are all of
             // other kinds than the host's; Sluice refuses those, tls.md.)
+            // Not where a certificate of the chain carries name constraints: webpki
+            // checks them against subject alternative names only, where OpenSSL (for
+            // libpq) checks a common name it falls back to as well.
             Err(Error::InvalidCertificate(CertificateError::NotValidForNameContext { presented, .. }))
-                if presented.is_empty() =>
+                if presented.is_empty() && !constrained(intermediates, roots) =>
             {
                 common_name_matches(end_entity, server_name)
             }
@@ -96,6 +99,13 @@ impl ServerCertVerifier for ServerVerifier {
     }
 }
 
+/// Whether an intermediate certificate (one that cannot be read counts) or a trusted
+/// root carries name constraints.
+fn constrained(intermediates: &[CertificateDer<'_>], roots: &RootCertStore) -> bool {
+    intermediates.iter().any(|c| super::cn::has_name_constraints(c).unwrap_or(true))
+        || roots.roots.iter().any(|r| r.name_constraints.is_some())
+}
+
 /// libpq's fallback for certificates without subject alternative names.
 fn common_name_matches(cert: &CertificateDer<'_>, name: &ServerName<'_>) -> Result<ServerCertVerified, Error> {
     let (host, dns) = match name {
@@ -114,4 +124,60 @@ fn common_name_matches(cert: &CertificateDer<'_>, name: &ServerName<'_>) -> Resu
         return Ok(ServerCertVerified::assertion());
     }
     Err(CertificateError::NotValidForNameContext { expected: name.to_owned(), presented: vec![cn] }.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{BasicConstraints, CertificateParams, DnType, GeneralSubtree, IsCa, Issuer, KeyPair, NameConstraints};
+
+    /// A root, an intermediate it signs (with DNS name constraints or not) and a leaf the
+    /// intermediate signs with no subject alternative names and the common name `cn`:
+    /// the roots, the leaf and the intermediate.
+    fn chain(constraints: Option<NameConstraints>, cn: &str) -> (RootCertStore, Vec<CertificateDer<'static>>) {
+        let ca = |name: &str| {
+            let mut p = CertificateParams::new(Vec::new()).unwrap();
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            p.distinguished_name.push(DnType::CommonName, name);
+            p
+        };
+        let root_key = KeyPair::generate().unwrap();
+        let root_params = ca("root");
+        let root = root_params.self_signed(&root_key).unwrap();
+        let root_issuer = Issuer::new(root_params, root_key);
+        let mut inter_params = ca("intermediate");
+        inter_params.name_constraints = constraints;
+        let inter_key = KeyPair::generate().unwrap();
+        let inter = inter_params.signed_by(&inter_key, &root_issuer).unwrap();
+        let inter_issuer = Issuer::new(inter_params, inter_key);
+        let mut leaf_params = CertificateParams::new(Vec::new()).unwrap();
+        leaf_params.distinguished_name.push(DnType::CommonName, cn);
+        let leaf = leaf_params.signed_by(&KeyPair::generate().unwrap(), &inter_issuer).unwrap();
+        let mut roots = RootCertStore::empty();
+        roots.add(root.der().clone()).unwrap();
+        (roots, vec![leaf.der().clone(), inter.der().clone()])
+    }
+
+    fn verify(roots: RootCertStore, certs: &[CertificateDer<'static>], host: &str) -> Result<(), Error> {
+        let algs = rustls::crypto::aws_lc_rs::default_provider().signature_verification_algorithms;
+        let verifier = ServerVerifier::new(algs, Proof::ChainAndHost(Arc::new(roots)));
+        let name = ServerName::try_from(host.to_string()).unwrap();
+        verifier.verify_server_cert(&certs[0], &certs[1..], &name, &[], UnixTime::now()).map(|_| ())
+    }
+
+    /// verify-full's common-name fallback is not used under a name-constrained CA:
+    /// webpki checks constraints against subject alternative names only, so a leaf
+    /// without any, named outside the constraints, would pass on its common name.
+    #[test]
+    fn the_common_name_fallback_is_refused_under_name_constraints() {
+        let host = "db.prod.example.com";
+        let (roots, certs) = chain(None, host);
+        assert!(verify(roots, &certs, host).is_ok(), "the fallback without constraints");
+        let dev = NameConstraints {
+            permitted_subtrees: vec![GeneralSubtree::DnsName(".dev.example.com".into())],
+            excluded_subtrees: vec![],
+        };
+        let (roots, certs) = chain(Some(dev), host);
+        assert!(verify(roots, &certs, host).is_err(), "a common name outside the constraints accepted");
+    }
 }
