@@ -439,7 +439,7 @@ async fn signals(app: Arc<App>) {
             }
             _ = usr2.recv() => {
                 info!("SIGUSR2: resuming every pool");
-                app.pools.resume(None);
+                let _ = app.pools.resume(None); // (never refused without a name)
             }
         }
     }

@@ -444,6 +444,43 @@ async fn kill_client_reaches_a_client_waiting_for_a_server() {
     assert_eq!(value(&holder, "select count(*) from killed_waiting").await, "0", "the killed client's insert ran");
 }
 
+/// RESUME of a database that is not paused on its own is refused, as in PgBouncer:
+/// not paused at all, or paused only as part of everything (`PAUSE`, `KILL` or SIGUSR1
+/// without a name), where it resumed nothing and said RESUME.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_of_a_database_not_paused_on_its_own_is_refused() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg)).start();
+    let a = admin(s.port).await;
+    let e = a.simple_query("RESUME app").await.unwrap_err();
+    assert_eq!((code(&e), message(&e)), ("55000".to_string(), "database app is not paused".to_string()));
+    a.simple_query("PAUSE").await.unwrap();
+    let e = a.simple_query("RESUME app").await.unwrap_err();
+    assert_eq!(code(&e), "55000");
+    assert!(message(&e).contains("RESUME without a name"), "{e}");
+    assert_eq!(cell(&a, "SHOW DATABASES", "name", "app", "paused").await.as_deref(), Some("1"));
+    a.simple_query("RESUME").await.unwrap();
+    assert_eq!(cell(&a, "SHOW DATABASES", "name", "app", "paused").await.as_deref(), Some("0"));
+    assert_eq!(value(&app_client(s.port).await, "select 1").await, "1");
+}
+
+/// Console errors: a RELOAD of a broken file is PostgreSQL's config file error
+/// (F0000); a statement sent to the console by mistake is refused, and the log, which
+/// names the error, does not echo the statement (it may hold a password).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_errors_name_their_kind_and_keep_statements_out_of_the_log() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg)).start();
+    let a = admin(s.port).await;
+    let e = a.simple_query("ALTER ROLE app PASSWORD 'hunter2'").await.unwrap_err();
+    assert!(message(&e).starts_with("invalid command"), "{e}");
+    assert!(s.wait_log("pooler error: invalid command", Duration::from_secs(10)), "{}", s.log());
+    assert!(!s.log().contains("hunter2"), "{}", s.log());
+    s.write_config("[general]\nlisten_port = \"nope\"\n");
+    let e = a.simple_query("RELOAD").await.unwrap_err();
+    assert_eq!(code(&e), "F0000", "{e}");
+}
+
 /// A pool of one whose connection is checked before every loan, by a check that takes
 /// 2 s (`pg_sleep(2)`, which `PgCluster::running` can see).
 fn checked_slowly(pg: &PgCluster) -> Sluice {

@@ -285,8 +285,14 @@ pub async fn run(app: &Arc<App>, cmd: &Command, by: &str) -> Result<(), AdminErr
         Command::Resume(db) => {
             known(app, db)?;
             info!(by, database = db.as_deref().unwrap_or("*"), "admin: RESUME");
-            app.pools.resume(db.as_deref());
-            Ok(())
+            app.pools.resume(db.as_deref()).map_err(|e| {
+                let db = db.as_deref().unwrap_or_default();
+                let message = match e.all {
+                    true => format!("database {db} is not paused on its own: everything is (RESUME without a name)"),
+                    false => format!("database {db} is not paused"),
+                };
+                AdminError::new(sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE, message)
+            })
         }
         Command::Reconnect(db) => {
             known(app, db)?;
@@ -334,7 +340,7 @@ pub async fn run(app: &Arc<App>, cmd: &Command, by: &str) -> Result<(), AdminErr
         )),
         Command::Reload => {
             info!(by, "admin: RELOAD");
-            app.reload().map_err(|e| AdminError::new(sqlstate::INVALID_PARAMETER_VALUE, e))
+            app.reload().map_err(|e| AdminError::new(sqlstate::CONFIG_FILE_ERROR, e))
         }
         Command::Set { key, value } => {
             app.change_config(|cfg| super::config::set(cfg, key, value))?;

@@ -160,10 +160,11 @@ impl AdminSession {
     }
 
     /// Answers a command with `e` (logged with `log_pooler_errors`: up to its first
-    /// `:`, as what follows may echo the command, passwords included).
+    /// `:` or `'`, as what follows may echo the command, passwords included: `invalid
+    /// command 'ALTER ROLE ... PASSWORD ...'`).
     fn error(&mut self, e: &AdminError) {
         if self.app.config.load().general.log_pooler_errors {
-            let what = e.message.split(':').next().unwrap_or_default();
+            let what = e.message.split([':', '\'']).next().unwrap_or_default().trim_end();
             tracing::warn!(client = self.info.id, "pooler error: {what} ({})", e.code);
         }
         build::error_response(&mut self.out, Severity::Error, e.code, &e.message);

@@ -244,14 +244,15 @@ impl Pools {
     }
 
     /// RESUME one database or all. A database paused on its own stays paused while
-    /// everything is resumed only when named, as in PgBouncer.
-    pub fn resume(&self, db: Option<&str>) {
+    /// everything is resumed only when named, as in PgBouncer. Naming a database not
+    /// paused on its own is refused (`NotPaused`), as in PgBouncer: under a PAUSE of
+    /// everything (`PAUSE`, `KILL` or SIGUSR1 without a name) it would resume nothing.
+    pub fn resume(&self, db: Option<&str>) -> Result<(), NotPaused> {
         {
             let mut f = self.flags.lock();
             match db {
-                Some(d) => {
-                    f.paused.remove(d);
-                }
+                Some(d) if !f.paused.remove(d) => return Err(NotPaused { all: f.paused_all }),
+                Some(_) => {}
                 None => {
                     f.paused_all = false;
                     f.paused.clear();
@@ -263,6 +264,7 @@ impl Pools {
                 p.resume();
             }
         }
+        Ok(())
     }
 
     pub fn is_paused(&self, db: &str) -> bool {
@@ -381,6 +383,13 @@ impl Pools {
         }
         Ok(())
     }
+}
+
+/// A RESUME of a database that is not paused on its own (`Pools::resume`); `all`: while
+/// everything is paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotPaused {
+    pub all: bool,
 }
 
 fn db_max(cfg: &Config, db: &str) -> usize {

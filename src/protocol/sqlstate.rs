@@ -25,3 +25,4 @@ pub const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
 pub const UNDEFINED_OBJECT: &str = "42704";
 pub const CANT_CHANGE_RUNTIME_PARAM: &str = "55P02";
 pub const INVALID_CURSOR_NAME: &str = "34000";
+pub const CONFIG_FILE_ERROR: &str = "F0000";
