@@ -143,9 +143,11 @@ impl ClientParams {
 
     /// The SQL that turns a server whose settings are `from` into one with `self`'s.
     /// None when nothing differs. Values go through `set_config`, which parses them as
-    /// the startup packet does (`search_path=a,b` is a list of two, as with libpq).
-    pub fn diff_sql(&self, from: &ClientParams) -> Option<String> {
-        use crate::protocol::build::{quote_ident, quote_literal};
+    /// the startup packet does (`search_path=a,b` is a list of two, as with libpq);
+    /// `ascii`: written in ASCII whatever they hold (`build::quote_literal_as`).
+    pub fn diff_sql(&self, from: &ClientParams, ascii: bool) -> Option<String> {
+        use crate::protocol::build::{quote_ident, quote_literal_as};
+        let quote_literal = |s: &str| quote_literal_as(s, ascii);
         if self.same(from) {
             return None;
         }
@@ -307,14 +309,14 @@ mod tests {
     fn diff_sets_and_resets() {
         let a = p(&[("timezone", "UTC"), ("application_name", "a")]);
         let b = p(&[("application_name", "b"), ("search_path", "s")]);
-        assert_eq!(a.diff_sql(&a), None);
-        let sql = a.diff_sql(&b).unwrap();
+        assert_eq!(a.diff_sql(&a, false), None);
+        let sql = a.diff_sql(&b, false).unwrap();
         assert_eq!(
             sql,
             "SELECT pg_catalog.set_config(E'application_name', E'a', false), \
              pg_catalog.set_config(E'timezone', E'UTC', false);RESET \"search_path\";"
         );
-        assert_eq!(ClientParams::default().diff_sql(&ClientParams::default()), None);
+        assert_eq!(ClientParams::default().diff_sql(&ClientParams::default(), false), None);
     }
 
     #[test]

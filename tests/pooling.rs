@@ -222,6 +222,38 @@ async fn a_role_taken_on_a_shared_server_stays_with_its_client() {
     assert_eq!(value(&asked, "select current_user").await, "tenant_a", "the role asked for at connect time");
 }
 
+/// A client whose `client_encoding` is not UTF8 is given its settings again (after a
+/// session SET left the server's settings unknown) in a query PostgreSQL reads in that
+/// encoding: a value beyond ASCII goes as a Unicode escape and arrives as sent.
+#[test]
+fn settings_beyond_ascii_are_given_again_under_a_clients_encoding() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .general("pool_mode", "\"transaction\"")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let mut c = common::raw::Raw::open(s.port);
+    let params = [
+        ("user", Role::TRUST.name),
+        ("database", "app"),
+        ("client_encoding", "LATIN1"),
+        ("options", "-c app.label=café"),
+    ];
+    c.send(&startup(&params, 3 << 16));
+    c.until_ready();
+    let label = |c: &mut Raw| {
+        c.send(&query("show app.label"));
+        let m = c.until_ready();
+        m.iter().find(|(t, _)| *t == b'D').map(|(_, row)| row[6..].to_vec()).expect("a row")
+    };
+    // café in LATIN1.
+    assert_eq!(label(&mut c), b"caf\xe9");
+    c.send(&query("set work_mem = '8MB'"));
+    c.until_ready();
+    assert_eq!(label(&mut c), b"caf\xe9", "given again in the client's encoding");
+}
+
 /// A client's `SET LOCAL`, `SET TRANSACTION` or SET of a reported setting leaves the
 /// record of what a server carries for clients standing: the next client with the
 /// same connect-time settings is served without them being set again (no `RESET ALL`

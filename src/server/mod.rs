@@ -301,9 +301,13 @@ impl ServerConn {
     /// does, else a client's `SET ROLE` would pass to the next client.
     pub async fn apply_params(&mut self, want: &ClientParams, limits: QueryBounds) -> Result<(), ServerError> {
         const RESET: &str = "RESET SESSION AUTHORIZATION;RESET ROLE;RESET ALL;";
+        // PostgreSQL reads the query in the connection's client_encoding, which may be
+        // a client's (LATIN1): values beyond ASCII go as Unicode escapes, but in a
+        // SQL_ASCII database (which converts nothing, and refuses such escapes).
+        let ascii = self.reported("server_encoding").is_none_or(|e| !e.eq_ignore_ascii_case("SQL_ASCII"));
         let sql = match &self.applied {
-            Some(applied) => want.diff_sql(applied),
-            None => Some(format!("{RESET}{}", want.diff_sql(&ClientParams::default()).unwrap_or_default())),
+            Some(applied) => want.diff_sql(applied, ascii),
+            None => Some(format!("{RESET}{}", want.diff_sql(&ClientParams::default(), ascii).unwrap_or_default())),
         };
         if let Some(sql) = sql {
             self.applied = None;
