@@ -255,8 +255,8 @@ fn stats_part(app: &App, averages: bool) -> Table {
 fn totals(app: &App) -> Table {
     let mut total = Totals::default();
     metrics::db_totals(app).values().for_each(|t| total.sum(t));
-    let mut avg = Totals::default();
-    app.monitor.averages().values().for_each(|t| avg.sum(t));
+    // Rates add up; mean times are worked out from the summed totals (weighted).
+    let avg = app.monitor.overall_averages();
     let mut t = Table::new(&["name", "value"], "si");
     for c in stat_columns(&total) {
         t.push(vec![text(c.0), int(c.3)]);

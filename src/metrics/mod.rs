@@ -228,6 +228,9 @@ struct Period {
     /// The snapshot the current averages end with, and when it was taken.
     last: Option<(Instant, BTreeMap<String, Totals>)>,
     averages: BTreeMap<String, Totals>,
+    /// The averages of all databases together (SHOW TOTALS): from the summed totals,
+    /// so a mean time is weighted by each database's count, as in PgBouncer.
+    overall: Totals,
 }
 
 /// The stats task's results.
@@ -241,6 +244,11 @@ impl Monitor {
     /// Per-database averages over the last complete `stats_period`.
     pub fn averages(&self) -> BTreeMap<String, Totals> {
         self.period.lock().averages.clone()
+    }
+
+    /// The averages of all databases together (`Period::overall`).
+    pub fn overall_averages(&self) -> Totals {
+        self.period.lock().overall
     }
 
     /// The per-second samples, oldest first.
@@ -269,8 +277,16 @@ impl Monitor {
         if let Some((at, last)) = &p.last {
             let secs = now.duration_since(*at).as_secs_f64();
             let empty = Totals::default();
-            p.averages =
+            let averages =
                 totals.iter().map(|(db, t)| (db.clone(), t.averages(last.get(db).unwrap_or(&empty), secs))).collect();
+            let sum = |m: &BTreeMap<String, Totals>| {
+                m.values().fold(Totals::default(), |mut s, t| {
+                    s.sum(t);
+                    s
+                })
+            };
+            let overall = sum(&totals).averages(&sum(last), secs);
+            (p.averages, p.overall) = (averages, overall);
         }
         p.last = Some((now, totals));
         p.averages.clone()
@@ -360,6 +376,23 @@ pub fn errors_of(stats: &PoolStats) -> Vec<(String, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// SHOW TOTALS' averages: rates added up, mean times weighted by each database's
+    /// count (not a sum of the databases' means).
+    #[test]
+    fn overall_averages_weigh_each_database_by_its_count() {
+        let monitor = Monitor::default();
+        let start = Instant::now();
+        let at = |slow: (u64, u64), fast: (u64, u64)| {
+            let t = |(n, time): (u64, u64)| Totals { xact_count: n, xact_time: time, ..Default::default() };
+            BTreeMap::from([("a".to_string(), t(slow)), ("b".to_string(), t(fast))])
+        };
+        monitor.close_period(start, at((0, 0), (0, 0)));
+        monitor.close_period(start + Duration::from_secs(1), at((1, 1000), (10_000, 100_000)));
+        let overall = monitor.overall_averages();
+        assert_eq!((overall.xact_count, overall.xact_time), (10_001, 10));
+        assert_eq!(monitor.averages()["a"].xact_time, 1000);
+    }
 
     #[test]
     fn averages_are_rates_and_per_event_times() {
