@@ -218,7 +218,12 @@ fn setting(key: &str, value: &str, default: Option<&Value>) -> Result<Value, Str
     };
     let bad = |what: &str| format!("not {what}");
     Ok(match default {
-        Value::Integer(_) => Value::Integer(value.parse().map_err(|_| bad("an integer"))?),
+        Value::Integer(_) => Value::Integer(c_integer(value).ok_or_else(|| bad("an integer"))?),
+        // An integer to PgBouncer (0777 octal, 0x1ff hex, 511 decimal); octal text to Sluice.
+        Value::String(_) if key == "unix_socket_mode" => {
+            let mode = c_integer(value).filter(|m| *m >= 0).ok_or_else(|| bad("an integer"))?;
+            Value::String(format!("0{mode:o}"))
+        }
         Value::Float(_) => Value::Float(value.parse().map_err(|_| bad("a number of seconds"))?),
         Value::Boolean(_) => Value::Boolean(match value.to_ascii_lowercase().as_str() {
             "1" | "on" | "true" | "yes" => true,
@@ -226,6 +231,11 @@ fn setting(key: &str, value: &str, default: Option<&Value>) -> Result<Value, Str
             _ => return Err(bad("a boolean")),
         }),
         Value::Array(_) if key.ends_with("_tls_protocols") => return tls_protocols(value),
+        // PgBouncer's user lists take spaces between names as well as commas.
+        Value::Array(_) if key == "admin_users" || key == "stats_users" => {
+            let items = value.split([',', ' ', '\t']).filter(|s| !s.is_empty());
+            Value::Array(items.map(|s| Value::String(s.to_string())).collect())
+        }
         Value::Array(_) => {
             let items = value.split(',').map(str::trim).filter(|s| !s.is_empty());
             Value::Array(items.map(|s| Value::String(s.to_string())).collect())
@@ -235,6 +245,26 @@ fn setting(key: &str, value: &str, default: Option<&Value>) -> Result<Value, Str
         }
         _ => Value::String(value.to_string()),
     })
+}
+
+/// An integer as PgBouncer reads one (C's `strtol` with base 0): `0x` hexadecimal, a
+/// leading `0` octal, else decimal, with an optional sign.
+fn c_integer(value: &str) -> Option<i64> {
+    let value = value.trim();
+    let (negative, digits) = match value.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, value.strip_prefix('+').unwrap_or(value)),
+    };
+    let (radix, digits) = match digits.strip_prefix("0x").or_else(|| digits.strip_prefix("0X")) {
+        Some(hex) => (16, hex),
+        None if digits.len() > 1 && digits.starts_with('0') => (8, &digits[1..]),
+        None => (10, digits),
+    };
+    if digits.is_empty() || digits.starts_with(['+', '-']) {
+        return None;
+    }
+    let n = i64::from_str_radix(digits, radix).ok()?;
+    Some(if negative { -n } else { n })
 }
 
 fn tls_protocols(value: &str) -> Result<Value, String> {
@@ -541,5 +571,26 @@ dns_max_ttl = 30
                       PgBouncer's unix_socket_dir of this config is used",
         ];
         assert_eq!(c.notes, notes);
+    }
+
+    /// Integers as PgBouncer reads them (strtol, base 0), the socket mode included, and
+    /// user lists split at spaces as well as commas.
+    #[test]
+    fn integers_and_user_lists_read_as_pgbouncer_reads_them() {
+        for (text, n) in [("6432", 6432), ("06432", 3354), ("0x1f", 31), ("-1", -1), ("0", 0), (" 7 ", 7)] {
+            assert_eq!(c_integer(text), Some(n), "{text}");
+        }
+        for text in ["", "0x", "09", "abc", "--1", "1.5"] {
+            assert_eq!(c_integer(text), None, "{text}");
+        }
+        let ini = "[pgbouncer]\nlisten_port = 06432\nunix_socket_mode = 0777\n";
+        let c = from_pgbouncer_ini(ini).unwrap();
+        let cfg =
+            super::super::Config::parse(&c.toml, std::path::Path::new("x.toml")).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((cfg.general.listen_port, cfg.general.unix_socket_mode.as_str()), (3354, "0777"));
+        let c = from_pgbouncer_ini("[pgbouncer]\nadmin_users = alice bob,  carol\n").unwrap();
+        assert!(c.toml.contains("admin_users = [\"alice\", \"bob\", \"carol\"]"), "{}", c.toml);
+        let c = from_pgbouncer_ini("[pgbouncer]\nunix_socket_mode = 511\n").unwrap();
+        assert!(c.toml.contains("unix_socket_mode = \"0777\""), "{}", c.toml);
     }
 }
