@@ -529,6 +529,33 @@ async fn the_unix_socket_has_its_mode_and_group() {
     assert_eq!((meta.permissions().mode() & 0o777, meta.gid()), (0o770, gid));
     let c = common::connect_unix(&s.socket_dir, s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     assert_eq!(value(&c, "select 1").await, "1");
+    // Run as the postgres OS user, with a group it is not in: the start fails at the
+    // socket's chown, and leaves no socket file behind.
+    let dir = tempfile::tempdir().unwrap();
+    let port = common::free_port();
+    let config = format!(
+        "[general]\nlisten_addr = []\nlisten_port = {port}\nunix_socket_dir = {}\nunix_socket_group = \"root\"\n\
+         [databases.app]\n",
+        common::toml_str(&dir.path().display().to_string())
+    );
+    std::fs::write(dir.path().join("sluice.toml"), config).unwrap();
+    let uid = std::process::Command::new("id").args(["-u", "postgres"]).output().expect("id runs");
+    let uid: u32 = String::from_utf8(uid.stdout).unwrap().trim().parse().expect("the postgres user's id");
+    for path in [dir.path().to_path_buf(), dir.path().join("sluice.toml")] {
+        std::os::unix::fs::chown(&path, Some(uid), Some(gid)).unwrap();
+    }
+    let run = std::process::Command::new("setpriv")
+        .args(["--reuid=postgres", "--regid=postgres", "--init-groups", "--"])
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .arg("--config")
+        .arg(dir.path().join("sluice.toml"))
+        .output()
+        .unwrap();
+    assert!(!run.status.success(), "started with a group it is not in");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("giving the socket the group root (unix_socket_group)"), "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, [std::ffi::OsString::from("sluice.toml")], "{}", String::from_utf8_lossy(&run.stderr));
 }
 
 /// `so_reuseport`: a second Sluice (its own Unix socket off) starts on the first's port,

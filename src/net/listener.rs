@@ -247,13 +247,26 @@ impl Listener {
         let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
         socket.set_nonblocking(true)?;
         socket.bind(&socket2::SockAddr::unix(&path)?)?;
-        // Its mode before it listens: no connection is taken under a looser one.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
-        if let Some(gid) = gid {
-            std::os::unix::fs::chown(&path, None, Some(gid))?;
+        // Its mode before it listens: no connection is taken under a looser one. A
+        // failure from here on leaves no socket file behind (a group the user is not in).
+        let listening = || {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
+            if let Some(gid) = gid {
+                std::os::unix::fs::chown(&path, None, Some(gid)).map_err(|e| {
+                    let group = group.unwrap_or_default();
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("giving the socket the group {group} (unix_socket_group): {e}"),
+                    )
+                })?;
+            }
+            socket.listen(backlog.try_into().unwrap_or(i32::MAX))
+        };
+        if let Err(e) = listening() {
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
         }
-        socket.listen(backlog.try_into().unwrap_or(i32::MAX))?;
         let l = UnixListener::from_std(std::os::unix::net::UnixListener::from(std::os::fd::OwnedFd::from(socket)))?;
         Ok(Listener::Unix(l, path))
     }
