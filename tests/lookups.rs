@@ -258,6 +258,14 @@ async fn the_fallback_database_serves_databases_not_listed() {
     // A dropped pool is made again at the next login.
     let other = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "other").await;
     assert_eq!(value(&other, "select current_database()").await, "other");
+    // As in PgBouncer, a database the fallback would serve can be disabled (or paused)
+    // before its first client; RESUME and ENABLE take only one it serves now.
+    let e = console.simple_query("RESUME later").await.unwrap_err();
+    assert_eq!(common::code(&e), "42704", "{e}");
+    console.simple_query("DISABLE later").await.unwrap();
+    let e = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "later").await.unwrap_err();
+    assert_eq!(common::code(&e), "55000", "{e}");
+    console.simple_query("ENABLE later").await.unwrap();
 }
 
 /// md5 client logins, transaction mode, lookups as the superuser `u_admin` (listed with

@@ -252,12 +252,14 @@ pub const HELP: &str = "Console usage
 \tWAIT_CLOSE [<db>]";
 
 /// Checks that a named database is configured: an entry of its own, or one the fallback
-/// entry serves now (with a pool, or paused or disabled by name), as PgBouncer takes
-/// only the automatic databases it has made.
-fn known(app: &App, db: &Option<String>) -> Result<(), AdminError> {
+/// entry serves. As in PgBouncer, PAUSE, KILL, DISABLE, RECONNECT and WAIT_CLOSE take
+/// any name the fallback serves (`ahead`: so a database can be paused or disabled before
+/// its first client), RESUME and ENABLE only one it serves now (with a pool, or paused
+/// or disabled by name).
+fn known(app: &App, db: &Option<String>, ahead: bool) -> Result<(), AdminError> {
     let Some(d) = db else { return Ok(()) };
     let cfg = app.config.load();
-    let served = || !app.pools.of(Some(d)).is_empty() || app.pools.flagged().contains(d);
+    let served = || ahead || !app.pools.of(Some(d)).is_empty() || app.pools.flagged().contains(d);
     let listed = cfg.databases.contains_key(d) && d != crate::config::FALLBACK_DATABASE;
     if listed || (cfg.is_fallback_served(d) && served()) {
         return Ok(());
@@ -271,7 +273,7 @@ pub async fn run(app: &Arc<App>, cmd: &Command, by: &str) -> Result<(), AdminErr
     match cmd {
         Command::Empty | Command::Show(_) | Command::SessionSet => Ok(()),
         Command::Pause(db) => {
-            known(app, db)?;
+            known(app, db, true)?;
             info!(by, database = db.as_deref().unwrap_or("*"), "admin: PAUSE");
             app.pools.pause(db.as_deref());
             for p in app.pools.of(db.as_deref()) {
@@ -283,7 +285,7 @@ pub async fn run(app: &Arc<App>, cmd: &Command, by: &str) -> Result<(), AdminErr
             Ok(())
         }
         Command::Resume(db) => {
-            known(app, db)?;
+            known(app, db, false)?;
             info!(by, database = db.as_deref().unwrap_or("*"), "admin: RESUME");
             app.pools.resume(db.as_deref()).map_err(|e| {
                 let db = db.as_deref().unwrap_or_default();
@@ -295,7 +297,7 @@ pub async fn run(app: &Arc<App>, cmd: &Command, by: &str) -> Result<(), AdminErr
             })
         }
         Command::Reconnect(db) => {
-            known(app, db)?;
+            known(app, db, true)?;
             info!(by, database = db.as_deref().unwrap_or("*"), "admin: RECONNECT");
             app.pools.of(db.as_deref()).iter().for_each(|p| p.reconnect());
             if app.config.load().general.server_fast_close {
@@ -307,7 +309,7 @@ pub async fn run(app: &Arc<App>, cmd: &Command, by: &str) -> Result<(), AdminErr
             Ok(())
         }
         Command::Kill(db) => {
-            known(app, db)?;
+            known(app, db, true)?;
             info!(by, database = db.as_deref().unwrap_or("*"), "admin: KILL");
             kill(app, db.as_deref());
             Ok(())
@@ -321,14 +323,14 @@ pub async fn run(app: &Arc<App>, cmd: &Command, by: &str) -> Result<(), AdminErr
             Ok(())
         }
         Command::Disable(db) | Command::Enable(db) => {
-            known(app, &Some(db.clone()))?;
             let disable = matches!(cmd, Command::Disable(_));
+            known(app, &Some(db.clone()), disable)?;
             info!(by, database = %db, "admin: {}", cmd.tag());
             app.pools.set_disabled(db, disable);
             Ok(())
         }
         Command::WaitClose(db) => {
-            known(app, db)?;
+            known(app, db, true)?;
             for p in app.pools.of(db.as_deref()) {
                 p.wait_until(|p| p.marked_count() == 0).await;
             }
