@@ -192,7 +192,7 @@ impl App {
         let (client_tls, server_tls) = self.reload_tls(&mut cfg, &old);
         // A running auth_type kept (the new `cert` needed the client TLS files) must still
         // fit the new users' secrets.
-        cfg.check_users().map_err(|e| failed(&e))?;
+        cfg.check_users().map_err(|e| failed(&placed(&path, &e)))?;
         // The new auth_hba_file's lines against the TLS settings in force (the running
         // ones, when the new client TLS files could not be used).
         cfg.check_hba().map_err(|e| failed(&e))?;
@@ -541,4 +541,13 @@ pub fn raise_fd_limit() {
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
     }
+}
+
+/// A check's error (`key: message`) with the file and the line of its key, as the
+/// load's errors have them.
+fn placed(path: &std::path::Path, e: &str) -> String {
+    let key = e.split(": ").next().unwrap_or_default();
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let line = crate::config::locate_key(&text, &key.split('.').collect::<Vec<_>>());
+    format!("{}:{line}: {e}", path.display())
 }

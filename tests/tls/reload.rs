@@ -201,3 +201,29 @@ fn a_kept_hba_auth_type_keeps_its_rules() {
     assert!(s.log().contains("keeping the running client TLS setup"), "{}", s.log());
     assert_eq!(login().as_deref(), Ok("u_trust"), "the running hba rules still decide");
 }
+
+/// A reload to `auth_type = "cert"` whose client TLS files cannot be used keeps the
+/// running `scram-sha-256`; a `[users]` md5 hash the new file gives (fine under `cert`)
+/// cannot check that: the reload fails, its error naming the file, the line and the key.
+#[test]
+fn a_kept_auth_type_the_new_users_do_not_fit_names_file_line_and_key() {
+    let certs = TestCerts::generate();
+    let pg = PgCluster::start();
+    let live = CertFiles { cert: certs.dir().join("live.crt"), key: certs.dir().join("live.key") };
+    install(&certs.server, &live);
+    let s = client_tls(Sluice::builder(&pg), "require", &live, &certs).start();
+    std::fs::write(&live.cert, "not a certificate\n").unwrap();
+    let hash = crate::common::md5_secret(Role::MD5.name, Role::MD5.password);
+    let changed = s
+        .config()
+        .replace(r#"client_tls_sslmode = "require""#, r#"client_tls_sslmode = "verify-ca""#)
+        .replace("[general]\n", "[general]\nauth_type = \"cert\"\n")
+        + &format!("\n[users.late]\npassword = \"{hash}\"\n");
+    assert!(changed.contains(r#"auth_type = "cert""#), "{changed}");
+    s.write_config(&changed);
+    s.reload();
+    assert!(s.wait_log("reload failed", Duration::from_secs(10)), "{}", s.log());
+    let line = changed.lines().position(|l| l.starts_with("password = \"md5")).unwrap() + 1;
+    let want = format!("{}:{line}: users.late.password: ", s.config_path.display());
+    assert!(s.log().contains(&want), "no {want} in {}", s.log());
+}
