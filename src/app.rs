@@ -333,7 +333,7 @@ pub fn bind(cfg: &Config) -> Result<Vec<Listener>, AppError> {
 }
 
 /// Runs Sluice until shutdown.
-pub async fn run(app: Arc<App>, listeners: Vec<Listener>) {
+pub async fn run(app: Arc<App>, listeners: Vec<Listener>, signals: Signals) {
     for l in listeners {
         info!("listening on {}", l.describe());
         app.listeners.lock().sockets.extend(l.tcp_socket());
@@ -342,7 +342,7 @@ pub async fn run(app: Arc<App>, listeners: Vec<Listener>) {
     tokio::spawn(janitor(app.clone()));
     tokio::spawn(crate::metrics::stats_task(app.clone()));
     start_metrics(&app).await;
-    tokio::spawn(signals(app.clone()));
+    tokio::spawn(on_signals(app.clone(), signals));
     crate::net::notify::service_manager("READY=1");
     let mut phase = app.phase();
     let _ = phase.wait_for(|p| *p != Phase::Running).await;
@@ -396,21 +396,36 @@ async fn start_metrics(app: &Arc<App>) {
     }
 }
 
+/// The signals Sluice handles, installed as start-up begins (`Signals::install`), so
+/// that one sent before Sluice is ready waits for it rather than ending the process.
+pub struct Signals {
+    hup: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    quit: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers (inside the runtime).
+    pub fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            hup: signal(SignalKind::hangup())?,
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            quit: signal(SignalKind::quit())?,
+            usr1: signal(SignalKind::user_defined1())?,
+            usr2: signal(SignalKind::user_defined2())?,
+        })
+    }
+}
+
 /// SIGHUP reloads, SIGTERM drains (a second one, while draining, stops), SIGINT and
 /// SIGQUIT stop, SIGUSR1/SIGUSR2 pause/resume every pool (admin PAUSE/RESUME).
-async fn signals(app: Arc<App>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut hup), Ok(mut term), Ok(mut int), Ok(mut quit), Ok(mut usr1), Ok(mut usr2)) = (
-        signal(SignalKind::hangup()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::quit()),
-        signal(SignalKind::user_defined1()),
-        signal(SignalKind::user_defined2()),
-    ) else {
-        error!("cannot install signal handlers");
-        return;
-    };
+async fn on_signals(app: Arc<App>, signals: Signals) {
+    let Signals { mut hup, mut term, mut int, mut quit, mut usr1, mut usr2 } = signals;
     loop {
         tokio::select! {
             _ = hup.recv() => {

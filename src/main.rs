@@ -65,7 +65,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
+        // First: a signal from here on (a logrotate SIGHUP during start-up) is taken
+        // up once Sluice runs, not the default action, which would end the process.
+        let signals = match app::Signals::install() {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("sluice: cannot install signal handlers: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
         let listeners = match app::bind(&cfg) {
             Ok(l) => l,
             Err(e) => {
@@ -80,9 +89,13 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        app::run(app, listeners).await;
+        app::run(app, listeners, signals).await;
         ExitCode::SUCCESS
-    })
+    });
+    // Not waiting for blocking work still under way (a PAM check, a DNS lookup), which
+    // could hold the exit without end: every client is gone by now.
+    runtime.shutdown_background();
+    code
 }
 
 fn init_logging(cfg: &Config) {

@@ -192,6 +192,43 @@ fn a_broken_file_stops_start_up_naming_its_line() {
     assert!(e.contains(&want), "{e}");
 }
 
+/// A PAM check still running (here one that sleeps) holds up no exit: SIGINT ends the
+/// process at once, without waiting for the blocking thread the check runs on.
+#[tokio::test]
+async fn a_pam_check_under_way_holds_up_no_exit() {
+    use std::os::unix::fs::PermissionsExt;
+    let pg = PgCluster::start();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("check.sh");
+    std::fs::write(&script, "#!/bin/sh\nexec sleep 30\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let service = format!("auth required pam_exec.so quiet {}\naccount required pam_permit.so\n", script.display());
+    std::fs::write(dir.path().join("sluice-test"), service).unwrap();
+    let mut s = Sluice::builder(&pg)
+        .general("auth_type", "\"pam\"")
+        .general("pam_service", "\"sluice-test\"")
+        .general("pam_config_dir", &toml_str(&dir.path().display().to_string()))
+        .start();
+    let port = s.port;
+    let _login =
+        tokio::spawn(async move { try_connect(port, Role::MD5.name, Role::MD5.password, "app").await.is_ok() });
+    let pid = s.pid();
+    let sleeping = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
+            .any(|stat| {
+                // pid (comm) state ppid ...
+                let (comm, rest) =
+                    stat.split_once(") ").map(|(a, b)| (a.rsplit('(').next().unwrap_or(""), b)).unwrap_or(("", ""));
+                comm == "sleep" && rest.split(' ').nth(1) == Some(pid.to_string().as_str())
+            })
+    };
+    assert!(common::eventually(Duration::from_secs(10), || async { sleeping() }).await, "the PAM check never ran");
+    s.interrupt();
+    assert!(s.wait_exit(Duration::from_secs(10)).is_some(), "the exit waited for the PAM check");
+}
+
 /// `auth_type = "pam"`: PAM (here a service file in `pam_config_dir` whose check, run by
 /// pam_exec, knows three users' passwords) checks the clear-text password, whatever the
 /// config lists: a user PAM lets in logs in to PostgreSQL with the password it gave,

@@ -351,6 +351,46 @@ fn tells_the_service_manager_when_ready_and_stopping() {
     assert_eq!(next(), "STOPPING=1");
 }
 
+/// A SIGHUP the instant `READY=1` is out (a service manager, or logrotate, sending it
+/// then) is a reload, not the signal's default action, which ends the process: the
+/// handlers are in place from the start of the runtime. (Run without the harness, which
+/// waits for the port before returning, and so would not send the signal that early.)
+#[test]
+fn a_sighup_at_ready_is_a_reload() {
+    let pg = PgCluster::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notify");
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let config = dir.path().join("sluice.toml");
+    let text = Sluice::builder(&pg).general("unix_socket_dir", "\"\"").config_text();
+    std::fs::write(&config, text).unwrap();
+    let log = std::fs::File::create(dir.path().join("log")).unwrap();
+    for round in 0..5 {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("--config")
+            .arg(&config)
+            .env("NOTIFY_SOCKET", &path)
+            .stderr(log.try_clone().unwrap())
+            .spawn()
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let n = socket.recv(&mut buf).expect("READY=1");
+        assert_eq!(&buf[..n], b"READY=1");
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGHUP) };
+        let reloaded =
+            || std::fs::read_to_string(dir.path().join("log")).unwrap().matches("configuration reloaded").count();
+        let alive = common::wait_until(Duration::from_secs(10), || reloaded() > round);
+        let status = child.try_wait().unwrap();
+        assert!(alive && status.is_none(), "round {round}: {status:?}");
+        // SAFETY: as above.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        assert_eq!(socket.recv(&mut buf).ok().map(|n| buf[..n].to_vec()), Some(b"STOPPING=1".to_vec()));
+        assert!(common::wait_exit(&mut child, Duration::from_secs(20)).is_some(), "round {round}: no exit");
+    }
+}
+
 /// PgBouncer's userlist.txt read as it is (`auth_file`): a user only in the file logs
 /// in with the SCRAM secret it holds (here copied from pg_authid, as userlist files
 /// often are), one also under `[users]` with the file's md5 hash; a reload reads the
