@@ -33,9 +33,11 @@ pub struct Statement {
     /// What executing it does beyond its result.
     pub effects: TextEffects,
     /// The reply (RowDescription or NoData frame) the client got when it described
-    /// the statement, and the statement generation it was seen at; a copy on another
-    /// server, or of a later generation, is checked against it before use.
-    pub shape: parking_lot::Mutex<Option<(Bytes, u64)>>,
+    /// the statement, the statement generation it was seen at, and its hash; a copy
+    /// that was not checked against that shape on its server (prepared by Sluice, or by
+    /// another client: `ServerStatements::checked`), or of a later generation, is
+    /// checked against it before use.
+    pub shape: parking_lot::Mutex<Option<(Bytes, u64, u64)>>,
 }
 
 impl Statement {
@@ -215,8 +217,9 @@ pub type Generations = HashMap<u64, u64>;
 /// The statements a server connection holds, with least-recently-used eviction.
 #[derive(Debug, Default)]
 pub struct ServerStatements {
-    /// id → (last use tick, generation prepared, schema epoch prepared in).
-    used: HashMap<u64, (u64, u64, u64)>,
+    /// id → (last use tick, generation prepared, schema epoch prepared in, hash of the
+    /// shape a client's Describe of this copy showed, 0 before any).
+    used: HashMap<u64, (u64, u64, u64, u64)>,
     tick: u64,
     /// Statements to Close on the server before its next use (evicted or stale).
     pub to_close: Vec<u64>,
@@ -236,7 +239,7 @@ impl ServerStatements {
     pub fn lookup_since(&mut self, id: u64, generation: u64, epoch: u64) -> Presence {
         self.tick += 1;
         match self.used.get_mut(&id) {
-            Some((t, g, e)) if *g == generation && *e >= epoch => {
+            Some((t, g, e, _)) if *g == generation && *e >= epoch => {
                 *t = self.tick;
                 Presence::Fresh
             }
@@ -251,7 +254,19 @@ impl ServerStatements {
 
     /// The generation the server holds `id` at.
     pub fn generation(&self, id: u64) -> Option<u64> {
-        self.used.get(&id).map(|(_, g, _)| *g)
+        self.used.get(&id).map(|(_, g, _, _)| *g)
+    }
+
+    /// The hash of the shape a client's Describe of this copy showed (0: none yet).
+    pub fn checked(&self, id: u64) -> u64 {
+        self.used.get(&id).map_or(0, |(_, _, _, c)| *c)
+    }
+
+    /// A client's Describe of this copy showed the shape that hashes to `hash`.
+    pub fn set_checked(&mut self, id: u64, hash: u64) {
+        if let Some((_, _, _, c)) = self.used.get_mut(&id) {
+            *c = hash;
+        }
     }
 
     /// Records a statement as prepared; returns the one evicted to stay within `cap`.
@@ -262,11 +277,11 @@ impl ServerStatements {
     /// Records `id` prepared at `generation` in schema `epoch`.
     pub fn add_gen(&mut self, id: u64, generation: u64, epoch: u64, cap: usize) -> Option<u64> {
         self.tick += 1;
-        self.used.insert(id, (self.tick, generation, epoch));
+        self.used.insert(id, (self.tick, generation, epoch, 0));
         if self.used.len() <= cap.max(1) {
             return None;
         }
-        let (&oldest, _) = self.used.iter().filter(|(k, _)| **k != id).min_by_key(|(_, (t, _, _))| *t)?;
+        let (&oldest, _) = self.used.iter().filter(|(k, _)| **k != id).min_by_key(|(_, (t, _, _, _))| *t)?;
         self.used.remove(&oldest);
         Some(oldest)
     }

@@ -87,6 +87,29 @@ fn a_table_made_again_alike_keeps_its_statements() {
     assert_eq!((tags(&m), first_value(&m)), ("2DCZ".to_string(), "7".to_string()), "{m:?}");
 }
 
+/// A client's described statement whose shared copy another client's Parse made again
+/// after a schema change (the ALTER ran through Sluice): the first client's next Bind
+/// is checked against that copy and refused with 0A000, as PostgreSQL refuses a
+/// statement whose result type changed, rather than given rows of the new type.
+#[test]
+fn a_copy_another_client_made_after_ddl_is_checked_before_use() {
+    let (pg, s) = setup(1, &[]);
+    pg.psql("create table reshaped (a int); insert into reshaped values (5); alter table reshaped owner to u_trust");
+    let (mut c, mut d) = (login(&s), login(&s));
+    assert_eq!(prepare(&mut c, "p", "select a from reshaped"), "1Z");
+    assert_eq!(describe_stmt(&mut c, "p"), "tTZ");
+    d.send(&query("alter table reshaped alter column a type bigint"));
+    assert_eq!(tags(&d.until_ready()), "CZ");
+    assert_eq!(prepare(&mut d, "q", "select a from reshaped"), "1Z");
+    let m = run(&mut c, "p", &[]);
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "0A000".to_string()), "{m:?}");
+    // Prepared again, it runs with the new type.
+    c.send(&[close_stmt("p"), sync()].concat());
+    c.until_ready();
+    assert_eq!(prepare(&mut c, "p", "select a from reshaped"), "1Z");
+    assert_eq!(first_value(&run(&mut c, "p", &[])), "5");
+}
+
 #[test]
 fn close_is_local_and_closed_names_are_gone() {
     let (_pg, s) = setup(1, &[]);

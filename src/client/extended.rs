@@ -424,10 +424,13 @@ impl Extended {
             self.server_parses += 1;
             self.push(Kind::Parse, Reply::Swallow, Some(st.id));
         }
-        // A copy the client's view of the statement may not match: check its shape.
-        let seen_at = st.shape.lock().as_ref().map(|(_, g)| *g);
-        tracing::debug!(stmt = st.id, ?presence, generation, ?seen_at, "statement needed");
-        if seen_at.is_some_and(|g| presence != Presence::Fresh || g < generation) {
+        // A copy the client's view of the statement may not match: check its shape
+        // (also a copy another client prepared after a schema change, which no Describe
+        // on this server has shown the client's shape of).
+        let seen = st.shape.lock().as_ref().map(|(_, g, h)| (*g, *h));
+        tracing::debug!(stmt = st.id, ?presence, generation, ?seen, "statement needed");
+        let unchecked = |h: u64, cx: &ClientCtx| cx.server.checked(st.id) != h;
+        if seen.is_some_and(|(g, h)| presence != Presence::Fresh || g < generation || unchecked(h, cx)) {
             let (buf, from) = sp.insert_buf();
             prepared::describe_frame(buf, &st.name);
             sp.commit_insert(at, from);

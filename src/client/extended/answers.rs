@@ -28,6 +28,12 @@ fn shape_of(m: &Msg) -> Bytes {
     }
 }
 
+/// The hash a shape is known by (`ServerStatements::checked`); never 0, which means none.
+fn shape_hash(shape: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::default().hash_one(shape) | 1
+}
+
 /// A RowDescription body's columns as name, type OID and type modifier (None if it is
 /// malformed: the frame is then compared whole).
 fn row_shape(body: &[u8]) -> Option<Vec<u8>> {
@@ -182,16 +188,21 @@ impl Extended {
             Effect::Redefine(r) => self.settle_redefinition(*r, Answer::Parsed, server),
             Effect::Capture(st, generation) => {
                 tracing::debug!(stmt = st.id, generation, "shape captured");
-                *st.shape.lock() = Some((shape_of(m), generation));
+                let shape = shape_of(m);
+                let hash = shape_hash(&shape);
+                server.set_checked(st.id, hash);
+                *st.shape.lock() = Some((shape, generation, hash));
             }
             Effect::Verify(st, generation) => {
                 let now = shape_of(m);
                 let changed = {
                     let mut shape = st.shape.lock();
                     match shape.as_mut() {
-                        // Same shape: the client's view holds for this generation too.
-                        Some((seen, g)) if *seen == now => {
+                        // Same shape: the client's view holds for this generation too,
+                        // and this copy is checked.
+                        Some((seen, g, hash)) if *seen == now => {
                             *g = generation;
+                            server.set_checked(st.id, *hash);
                             false
                         }
                         // Changed: the statement stays refused until re-described.
