@@ -110,6 +110,27 @@ fn a_copy_another_client_made_after_ddl_is_checked_before_use() {
     assert_eq!(first_value(&run(&mut c, "p", &[])), "5");
 }
 
+/// In a failed transaction PostgreSQL refuses a Parse (25P02), also of a text the
+/// server holds: Sluice sends it rather than answering from the server's cache, so the
+/// client gets that error, the name stays undefined, and after ROLLBACK it prepares.
+#[test]
+fn a_parse_in_a_failed_transaction_is_refused_as_postgresql_refuses_it() {
+    let (_pg, s) = setup(1, &[]);
+    let mut c = login(&s);
+    assert_eq!(prepare(&mut c, "s1", "select 1"), "1Z");
+    for sql in ["begin", "select 1/0"] {
+        c.send(&query(sql));
+        c.until_ready();
+    }
+    c.send(&[parse("s2", "select 1"), sync()].concat());
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[0].1), m[1].1.clone()), ("EZ".to_string(), "25P02".to_string(), b"E".to_vec()));
+    c.send(&query("rollback"));
+    c.until_ready();
+    assert_eq!(prepare(&mut c, "s2", "select 1"), "1Z");
+    assert_eq!(first_value(&run(&mut c, "s2", &[])), "1");
+}
+
 #[test]
 fn close_is_local_and_closed_names_are_gone() {
     let (_pg, s) = setup(1, &[]);

@@ -343,7 +343,7 @@ impl Extended {
         let st = Arc::new(prepared::statement(&p, cx.epoch, cx.settings));
         cx.stmts.insert(p.name, st.clone());
         let mut presence = self.unless_in_doubt(st.id, cx.server.lookup_since(st.id, cx.generation(st.id), cx.epoch));
-        if presence == Presence::Fresh && self.command_ahead() {
+        if presence == Presence::Fresh && self.cache_unsure(cx.tx) {
             presence = Presence::Stale;
         }
         let item = if presence == Presence::Fresh {
@@ -367,14 +367,18 @@ impl Extended {
         Ok(())
     }
 
-    /// Whether a query or an Execute is unanswered: it may empty the server's statements
-    /// (DISCARD ALL, DEALLOCATE ALL, told only by its tag once it completes), so a copy
-    /// the books show may be gone by the time a Parse behind it runs, and that Parse is
-    /// not answered from the server's cache but sent, after a Close (harmless if the copy
-    /// is gone). (Out of line: a Parse behind a command is rare.)
+    /// Whether a Parse of a statement the server holds may not be answered from the
+    /// server's cache, but must be sent (after a Close, harmless if the copy is gone):
+    /// in a failed transaction (PostgreSQL refuses a Parse there with 25P02), in a
+    /// transaction block with requests unanswered (one may yet fail it), or behind an
+    /// unanswered query or Execute, which may empty the server's statements (DISCARD
+    /// ALL, DEALLOCATE ALL, told only by its tag once it completes). (Out of line: rare.)
     #[inline(never)]
-    fn command_ahead(&self) -> bool {
-        self.queue.iter().any(|e| matches!(e.kind, Kind::Query | Kind::Execute))
+    fn cache_unsure(&self, tx: TxStatus) -> bool {
+        tx == TxStatus::Failed
+            || (!self.queue.is_empty()
+                && (tx == TxStatus::InTransaction
+                    || self.queue.iter().any(|e| matches!(e.kind, Kind::Query | Kind::Execute))))
     }
 
     /// Records a statement on the server, closing the least recently used one if full
