@@ -140,30 +140,39 @@ pub struct ClientStatements {
     spare: Vec<u8>,
 }
 
+/// A statement name as PostgreSQL keys its prepared statements: its first 63 bytes
+/// (NAMEDATALEN − 1), so two names alike that far are one name, as on PostgreSQL.
+#[inline]
+fn key(name: &[u8]) -> &[u8] {
+    &name[..name.len().min(63)]
+}
+
 impl ClientStatements {
+    #[inline]
     pub fn get(&self, name: &[u8]) -> Option<&Arc<Statement>> {
-        self.map.get(name)
+        self.map.get(key(name))
     }
 
     pub fn insert(&mut self, name: &[u8], s: Arc<Statement>) {
-        self.map.insert(Bytes::copy_from_slice(name), s);
+        self.map.insert(Bytes::copy_from_slice(key(name)), s);
     }
 
     /// Forgets `name` if it still stands for `st` (a later Parse may have reused it).
     pub fn undefine(&mut self, name: &[u8], st: &Arc<Statement>) {
-        if self.map.get(name).is_some_and(|cur| Arc::ptr_eq(cur, st)) {
-            self.map.remove(name);
+        if self.get(name).is_some_and(|cur| Arc::ptr_eq(cur, st)) {
+            self.map.remove(key(name));
         }
     }
 
     /// Removes `name`; gives back the name (as kept, no copy) and its statement.
     pub fn remove(&mut self, name: &[u8]) -> Option<(Bytes, Arc<Statement>)> {
-        self.map.remove_entry(name)
+        self.map.remove_entry(key(name))
     }
 
     /// Gives `name` back to `st` unless it was defined again meanwhile (a Close the
     /// server skipped after an error: the name still stands).
     pub fn restore(&mut self, name: Bytes, st: Arc<Statement>) {
+        let name = name.slice(..name.len().min(63));
         self.map.entry(name).or_insert(st);
     }
 

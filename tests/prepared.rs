@@ -131,6 +131,20 @@ fn a_parse_in_a_failed_transaction_is_refused_as_postgresql_refuses_it() {
     assert_eq!(first_value(&run(&mut c, "s2", &[])), "1");
 }
 
+/// Statement names are PostgreSQL's: only their first 63 bytes count, so a second
+/// name alike that far is the same name (42P05), and the 63 bytes alone name it.
+#[test]
+fn statement_names_count_to_63_bytes() {
+    let (_pg, s) = setup(1, &[]);
+    let mut c = login(&s);
+    let stem = "n".repeat(63);
+    assert_eq!(prepare(&mut c, &format!("{stem}x"), "select 7"), "1Z");
+    c.send(&[parse(&format!("{stem}y"), "select 7"), sync()].concat());
+    let m = c.until_ready();
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "42P05".to_string()), "{m:?}");
+    assert_eq!(first_value(&run(&mut c, &stem, &[])), "7");
+}
+
 #[test]
 fn close_is_local_and_closed_names_are_gone() {
     let (_pg, s) = setup(1, &[]);
