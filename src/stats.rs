@@ -152,11 +152,21 @@ impl PoolStats {
         self.wait_hist.observe(d);
     }
 
+    /// Counts a server's ErrorResponse by its SQLSTATE class; a class PostgreSQL does
+    /// not define (a client can raise any code: `RAISE ... USING ERRCODE`) counts as
+    /// `other`, so clients cannot add label values at will.
     pub fn error(&self, sqlstate: &str) {
-        let class = sqlstate.get(..2).unwrap_or("??").to_string();
-        *self.errors.lock().entry(class).or_default() += 1;
+        let class = sqlstate.get(..2).filter(|c| SQLSTATE_CLASSES.contains(c)).unwrap_or("other");
+        *self.errors.lock().entry(class.to_string()).or_default() += 1;
     }
 }
+
+/// PostgreSQL's SQLSTATE classes (its errcodes.txt).
+const SQLSTATE_CLASSES: [&str; 43] = [
+    "00", "01", "02", "03", "08", "09", "0A", "0B", "0F", "0L", "0P", "0Z", "20", "21", "22", "23", "24", "25", "26",
+    "27", "28", "2B", "2D", "2F", "34", "38", "39", "3B", "3D", "3F", "40", "42", "44", "53", "54", "55", "57", "58",
+    "72", "F0", "HV", "P0", "XX",
+];
 
 /// Microseconds since the Unix epoch.
 pub fn now_us() -> u64 {
@@ -468,6 +478,18 @@ impl<T> Registry<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Error classes are PostgreSQL's; any other a client raises counts as `other`.
+    #[test]
+    fn errors_count_by_known_class() {
+        let stats = PoolStats::default();
+        for code in ["42P01", "42703", "Q1000", "AB123", "57014", ""] {
+            stats.error(code);
+        }
+        let counts = stats.errors.lock().clone();
+        let want = [("42", 2), ("57", 1), ("other", 3)].map(|(c, n)| (c.to_string(), n));
+        assert_eq!(counts, std::collections::HashMap::from(want));
+    }
 
     /// A session giving a server back waits for the cancels in flight, and is woken
     /// when the last one ends.

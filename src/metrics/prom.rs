@@ -186,7 +186,7 @@ fn counters(out: &mut Out, views: &[PoolView]) {
     out.family(
         "sluice_errors_total",
         "counter",
-        "ErrorResponses from servers by SQLSTATE class (first two characters).",
+        "ErrorResponses from servers by SQLSTATE class (first two characters; other: a class PostgreSQL does not define).",
     );
     for v in views {
         for (class, n) in errors_of(&v.pool.stats) {
