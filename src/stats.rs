@@ -114,6 +114,29 @@ pub struct PoolStats {
     pub errors: Mutex<HashMap<String, u64>>,
 }
 
+impl PoolStats {
+    /// Adds `from`'s SHOW STATS counters to these (a dropped pool's, kept for its
+    /// database: `Pools::retired`).
+    pub fn fold(&self, from: &PoolStats) {
+        let pairs = [
+            (&self.server_assignment_count, &from.server_assignment_count),
+            (&self.xact_count, &from.xact_count),
+            (&self.query_count, &from.query_count),
+            (&self.received, &from.received),
+            (&self.sent, &from.sent),
+            (&self.xact_time_us, &from.xact_time_us),
+            (&self.query_time_us, &from.query_time_us),
+            (&self.wait_time_us, &from.wait_time_us),
+            (&self.client_parse_count, &from.client_parse_count),
+            (&self.server_parse_count, &from.server_parse_count),
+            (&self.bind_count, &from.bind_count),
+        ];
+        for (to, from) in pairs {
+            to.fetch_add(from.load(Relaxed), Relaxed);
+        }
+    }
+}
+
 /// What one linked exchange adds to the pool's totals, flushed when it ends.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ExchangeStats {

@@ -188,6 +188,8 @@ pub fn db_totals(app: &App) -> BTreeMap<String, Totals> {
     for pool in app.pools.all() {
         out.entry(pool.key.database.clone()).or_default().add(&pool.stats);
     }
+    // Pools dropped while their database kept others: its totals never go back.
+    app.pools.retired_stats(|db, stats| out.entry(db.to_string()).or_default().add(stats));
     out
 }
 

@@ -51,6 +51,10 @@ pub struct Pools {
     /// Since when each pool of a fallback-served database has been unused
     /// (`retire_unused_fallback_pools`).
     unused_since: Mutex<HashMap<(bool, PoolKey), std::time::Instant>>,
+    /// The SHOW STATS counters of pools dropped while their database kept others (a
+    /// reload taking a user away, an unused fallback pool), per database, so the
+    /// database's totals never go back; gone with the database's last pool.
+    retired: Mutex<HashMap<String, crate::stats::PoolStats>>,
     /// Told when a shared limit (`max_db_connections`, `max_user_connections`) keeps a
     /// queued client from connecting: the janitor makes room at once (`rebalance`), as
     /// PgBouncer evicts an idle connection of another pool when it finds the limit full.
@@ -83,6 +87,7 @@ impl Default for Pools {
             unused_since: Default::default(),
             lookups: Default::default(),
             hosts: Default::default(),
+            retired: Default::default(),
             room_wanted: Default::default(),
         }
     }
@@ -243,6 +248,25 @@ impl Pools {
         self.of(db).iter().for_each(|p| p.pause());
     }
 
+    /// Keeps a dropped pool's SHOW STATS counters for its database (`retired`).
+    pub(super) fn retire_stats(&self, pool: &Pool) {
+        self.retired.lock().entry(pool.key.database.clone()).or_default().fold(&pool.stats);
+    }
+
+    /// Whether a database keeps its place in the map (it has pools); one with none
+    /// left loses its retired counters too: its statistics start again from zero.
+    pub(super) fn keep_database(&self, db: &str, pools: &HashMap<String, Arc<Pool>>) -> bool {
+        if pools.is_empty() {
+            self.retired.lock().remove(db);
+        }
+        !pools.is_empty()
+    }
+
+    /// Calls `f` with each database's retired counters (`retired`).
+    pub fn retired_stats(&self, mut f: impl FnMut(&str, &crate::stats::PoolStats)) {
+        self.retired.lock().iter().for_each(|(db, s)| f(db, s));
+    }
+
     /// RESUME one database or all. A database paused on its own stays paused while
     /// everything is resumed only when named, as in PgBouncer. Naming a database not
     /// paused on its own is refused (`NotPaused`), as in PgBouncer: under a PAUSE of
@@ -353,9 +377,15 @@ impl Pools {
             l.set_max(user_max(cfg, name));
         }
         for pools in map.values_mut() {
-            pools.retain(|_, pool| keep_updated(pool, settings_of(cfg, users, &side, &pool.key)));
+            pools.retain(|_, pool| {
+                let kept = keep_updated(pool, settings_of(cfg, users, &side, &pool.key));
+                if !kept {
+                    self.retire_stats(pool);
+                }
+                kept
+            });
         }
-        map.retain(|_, pools| !pools.is_empty());
+        map.retain(|db, pools| self.keep_database(db, pools));
         self.lookups.lock().retain(|key, pool| keep_updated(pool, lookup_settings(cfg, users, &side, key)));
     }
 
@@ -554,6 +584,37 @@ mod tests {
         pools.reload(&cfg(&hash), &users);
         let login = pool.settings().login.clone();
         assert_eq!((login.md5.as_deref(), login.password.as_deref()), (Some(hash.as_str()), None));
+    }
+
+    /// A pool dropped by a reload (its user taken away) leaves its SHOW STATS counters
+    /// with its database while the database has other pools, so the totals never go
+    /// back; with the database's last pool they go too.
+    #[test]
+    fn a_dropped_pools_counters_stay_with_its_database() {
+        let cfg = |users: &str| {
+            let text = format!("[databases.a]\nhost = \"127.0.0.1\"\n{users}");
+            Config::parse(&text, Path::new("sluice.toml")).expect("a valid config")
+        };
+        let both = cfg("[users.u1]\npassword = \"p\"\n[users.u2]\npassword = \"p\"\n");
+        let users = UserStore::from_config(&both).expect("valid users");
+        let pools = Pools::default();
+        for user in ["u1", "u2"] {
+            let pool = pools.get(&both, &users, "a", user).expect("a pool");
+            pool.stats.xact_count.fetch_add(5, std::sync::atomic::Ordering::Relaxed);
+        }
+        let retired = |pools: &Pools| {
+            let mut v = Vec::new();
+            pools.retired_stats(|db, s| {
+                v.push((db.to_string(), s.xact_count.load(std::sync::atomic::Ordering::Relaxed)))
+            });
+            v
+        };
+        let one = cfg("[users.u1]\npassword = \"p\"\n");
+        pools.reload(&one, &UserStore::from_config(&one).unwrap());
+        assert_eq!(retired(&pools), [("a".to_string(), 5)]);
+        let none = cfg("");
+        pools.reload(&none, &UserStore::from_config(&none).unwrap());
+        assert_eq!(retired(&pools), []);
     }
 
     /// A refresh of a pool's login read before a reload is refused (the caller reads

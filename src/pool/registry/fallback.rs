@@ -58,6 +58,9 @@ impl Pools {
             tracing::info!(db = %db, user = %user, lookups = lookup, "unused pool of a fallback database dropped");
             unused.remove(&at);
             pool.close();
+            if !lookup {
+                self.retire_stats(pool);
+            }
             true
         };
         let served = |db: &str| cfg.is_fallback_served(db) && !self.is_paused(db);
@@ -72,7 +75,7 @@ impl Pools {
             if pools.is_empty() {
                 found.drop_database(db, listed_at);
             }
-            !pools.is_empty()
+            self.keep_database(db, pools)
         });
         unused.retain(|(lookup, k), _| match lookup {
             true => lookups.contains_key(k),
