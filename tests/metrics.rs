@@ -259,6 +259,75 @@ async fn live_view_renders_in_chromium() {
     load.iter().for_each(|t| t.abort());
 }
 
+/// A pool's `/api/stats` entry as the live view reads it, with `active` clients.
+fn pool_json(database: &str, active: u64) -> serde_json::Value {
+    let series = serde_json::json!({"t": [-1, 0], "clients": [0, 0], "waiting": [0, 0], "servers": [0, 0],
+        "tps": [0, 0], "xact_p50_us": [0, 0], "xact_p99_us": [0, 0], "wait_p99_us": [0, 0]});
+    serde_json::json!({"database": database, "user": "u", "mode": "transaction", "paused": false,
+        "clients_active": active, "clients_idle": 0, "clients_waiting": 0, "servers_active": 0, "servers_idle": 0,
+        "servers_login": 0, "pool_size": 20, "tps": 0, "qps": 0, "maxwait_us": 0,
+        "latency_us": {"xact": {"p50": 0, "p99": 0}, "wait": {"p99": 0}}, "series": series})
+}
+
+/// The live view keeps each card with its pool as pools come and go: a pool that sorts
+/// first appears after the page has drawn another (each card keeps its pool's name and
+/// numbers), and a pool gone loses its card. The page (Sluice's own) is served here
+/// with stats that change after its first refresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_view_keeps_each_card_with_its_pool() {
+    if !tool("/usr/bin/chromium") {
+        return;
+    }
+    let pg = PgCluster::start();
+    let (_s, http) = start(&pg);
+    let (_, page) = get(http, "/").await;
+    let stats = |pools: Vec<serde_json::Value>| {
+        serde_json::json!({"version": "test", "time_ms": 0, "pools": pools,
+            "totals": {"clients": 0, "waiting": 0, "servers": 0, "tps": 0}})
+        .to_string()
+    };
+    let rounds = [stats(vec![pool_json("b", 1), pool_json("c", 3)]), stats(vec![pool_json("a", 7), pool_json("b", 1)])];
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let served = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut calls = 0;
+        loop {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let n = sock.read(&mut buf).await.unwrap_or(0);
+            let api = String::from_utf8_lossy(&buf[..n]).starts_with("GET /api/stats");
+            let (kind, body) = match api {
+                true => {
+                    calls += 1;
+                    ("application/json", rounds[usize::from(calls > 1)].clone())
+                }
+                false => ("text/html; charset=utf-8", page.clone()),
+            };
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = sock.write_all(&[head.into_bytes(), body.into_bytes()].concat()).await;
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let (home, url) = (dir.path().to_path_buf(), format!("http://127.0.0.1:{port}/"));
+    let out = tokio::task::spawn_blocking(move || chromium(&home, &url, "--dump-dom")).await.unwrap();
+    served.abort();
+    let dom = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "chromium failed: {}", String::from_utf8_lossy(&out.stderr));
+    let card = |database: &str| {
+        let at = dom.find(&format!("data-database=\"{database}\""))?;
+        let id_at = dom[..at].rfind("id=\"pool-")? + 4;
+        Some(dom[id_at..].split('"').next()?.to_string())
+    };
+    let active = |database: &str| card(database).and_then(|id| element(&dom, &format!("{id}-active")));
+    assert_eq!(active("a").as_deref(), Some("7"), "{dom}");
+    assert_eq!(active("b").as_deref(), Some("1"), "{dom}");
+    assert_eq!(card("c"), None, "a pool gone keeps its card: {dom}");
+}
+
 /// The endpoint serves at most 64 connections at once: one more is closed without an
 /// answer, and requests are served again once the others have gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
