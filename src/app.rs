@@ -334,10 +334,11 @@ pub fn bind(cfg: &Config) -> Result<Vec<Listener>, AppError> {
 
 /// Runs Sluice until shutdown.
 pub async fn run(app: Arc<App>, listeners: Vec<Listener>, signals: Signals) {
+    let mut accepting = Vec::new();
     for l in listeners {
         info!("listening on {}", l.describe());
         app.listeners.lock().sockets.extend(l.tcp_socket());
-        tokio::spawn(accept_loop(app.clone(), l));
+        accepting.push(tokio::spawn(accept_loop(app.clone(), l)));
     }
     tokio::spawn(janitor(app.clone()));
     tokio::spawn(crate::metrics::stats_task(app.clone()));
@@ -366,6 +367,11 @@ pub async fn run(app: Arc<App>, listeners: Vec<Listener>, signals: Signals) {
     app.set_phase(Phase::Stopping);
     for p in app.pools.upkeep() {
         p.close();
+    }
+    // The accept loops end at Stopping, dropping their listeners (which removes the Unix
+    // socket file) before the runtime is left behind (`main`).
+    for a in accepting {
+        let _ = a.await;
     }
     info!("shut down");
 }
@@ -563,6 +569,8 @@ pub fn raise_fd_limit() {
 fn placed(path: &std::path::Path, e: &str) -> String {
     let key = e.split(": ").next().unwrap_or_default();
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    let line = crate::config::locate_key(&text, &key.split('.').collect::<Vec<_>>());
-    format!("{}:{line}: {e}", path.display())
+    match crate::config::locate_key(&text, &key.split('.').collect::<Vec<_>>()) {
+        0 => format!("{}: {e}", path.display()), // (a user of the auth_file, say)
+        line => format!("{}:{line}: {e}", path.display()),
+    }
 }

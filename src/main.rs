@@ -93,7 +93,8 @@ fn main() -> ExitCode {
         ExitCode::SUCCESS
     });
     // Not waiting for blocking work still under way (a PAM check, a DNS lookup), which
-    // could hold the exit without end: every client is gone by now.
+    // could hold the exit without end: the shutdown is decided, and the listeners are
+    // closed (`app::run`).
     runtime.shutdown_background();
     code
 }

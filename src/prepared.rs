@@ -142,8 +142,9 @@ pub struct ClientStatements {
 
 /// A statement name as PostgreSQL keys its prepared statements: its first 63 bytes
 /// (NAMEDATALEN − 1), so two names alike that far are one name, as on PostgreSQL.
+/// (Names kept elsewhere, in the expected replies' effects, are kept so too.)
 #[inline]
-fn key(name: &[u8]) -> &[u8] {
+pub fn key(name: &[u8]) -> &[u8] {
     &name[..name.len().min(63)]
 }
 
@@ -246,14 +247,21 @@ impl ServerStatements {
     /// `epoch` is stale too: a new client Parse must get what PostgreSQL would parse
     /// now, not a copy planned before a DDL.
     pub fn lookup_since(&mut self, id: u64, generation: u64, epoch: u64) -> Presence {
+        self.lookup_checked(id, generation, epoch).0
+    }
+
+    /// `lookup_since`, and the hash of the shape a Describe of the copy showed
+    /// (`checked`), in one look.
+    #[inline]
+    pub fn lookup_checked(&mut self, id: u64, generation: u64, epoch: u64) -> (Presence, u64) {
         self.tick += 1;
         match self.used.get_mut(&id) {
-            Some((t, g, e, _)) if *g == generation && *e >= epoch => {
+            Some((t, g, e, c)) if *g == generation && *e >= epoch => {
                 *t = self.tick;
-                Presence::Fresh
+                (Presence::Fresh, *c)
             }
-            Some(_) => Presence::Stale,
-            None => Presence::Absent,
+            Some((_, _, _, c)) => (Presence::Stale, *c),
+            None => (Presence::Absent, 0),
         }
     }
 
@@ -443,8 +451,10 @@ impl SetTarget<'_> {
         let mut local = false;
         if set {
             let scope = first_word(rest);
-            local = scope.eq_ignore_ascii_case(b"local");
-            if local || scope.eq_ignore_ascii_case(b"session") {
+            // A word of its own (`SET session_authorization` names a setting).
+            let alone = rest.trim_ascii_start().get(scope.len()).is_some_and(|b| b.is_ascii_whitespace());
+            local = alone && scope.eq_ignore_ascii_case(b"local");
+            if local || (alone && scope.eq_ignore_ascii_case(b"session")) {
                 rest = after_word(rest);
             }
         }
@@ -475,8 +485,12 @@ impl SetTarget<'_> {
                 false
             }
             SetTarget::Unknown => mentions(b"role") || mentions(b"authorization"),
+            // (A quoted name, `SET "role" = ...`, is empty here: it may be the role.)
             SetTarget::Setting { name, .. } => {
-                name.eq_ignore_ascii_case(b"role") || name.eq_ignore_ascii_case(b"authorization")
+                name.is_empty()
+                    || [&b"role"[..], b"authorization", b"session_authorization"]
+                        .iter()
+                        .any(|r| name.eq_ignore_ascii_case(r))
             }
         }
     }
@@ -676,9 +690,14 @@ mod tests {
     #[test]
     fn sets_of_the_role_are_seen() {
         let sets_role = |sql: &str| SetTarget::of(sql.as_bytes()).sets_role(Some(sql.as_bytes()));
-        for sql in
-            ["SET ROLE tenant", "set session role tenant", "SET SESSION AUTHORIZATION bob", "select 1; set Role x"]
-        {
+        for sql in [
+            "SET ROLE tenant",
+            "set session role tenant",
+            "SET SESSION AUTHORIZATION bob",
+            "select 1; set Role x",
+            "SET \"role\" = 'tenant'",
+            "set session_authorization = 'bob'",
+        ] {
             assert!(sets_role(sql), "{sql}");
         }
         for sql in ["SET LOCAL ROLE tenant", "RESET ROLE", "SET work_mem = '1MB'", "select 1", "select 1; set x = 1"] {

@@ -185,10 +185,10 @@ impl PoolStats {
 }
 
 /// PostgreSQL's SQLSTATE classes (its errcodes.txt).
-const SQLSTATE_CLASSES: [&str; 43] = [
-    "00", "01", "02", "03", "08", "09", "0A", "0B", "0F", "0L", "0P", "0Z", "20", "21", "22", "23", "24", "25", "26",
-    "27", "28", "2B", "2D", "2F", "34", "38", "39", "3B", "3D", "3F", "40", "42", "44", "53", "54", "55", "57", "58",
-    "72", "F0", "HV", "P0", "XX",
+const SQLSTATE_CLASSES: [&str; 44] = [
+    "00", "01", "02", "03", "08", "09", "0A", "0B", "0F", "0L", "0P", "0Z", "10", "20", "21", "22", "23", "24", "25",
+    "26", "27", "28", "2B", "2D", "2F", "34", "38", "39", "3B", "3D", "3F", "40", "42", "44", "53", "54", "55", "57",
+    "58", "72", "F0", "HV", "P0", "XX",
 ];
 
 /// Microseconds since the Unix epoch.
@@ -506,11 +506,11 @@ mod tests {
     #[test]
     fn errors_count_by_known_class() {
         let stats = PoolStats::default();
-        for code in ["42P01", "42703", "Q1000", "AB123", "57014", ""] {
+        for code in ["42P01", "42703", "Q1000", "AB123", "57014", "", "10608"] {
             stats.error(code);
         }
         let counts = stats.errors.lock().clone();
-        let want = [("42", 2), ("57", 1), ("other", 3)].map(|(c, n)| (c.to_string(), n));
+        let want = [("42", 2), ("57", 1), ("10", 1), ("other", 3)].map(|(c, n)| (c.to_string(), n));
         assert_eq!(counts, std::collections::HashMap::from(want));
     }
 

@@ -312,7 +312,7 @@ async fn sigint_exits_promptly_and_logs_connections() {
 async fn a_second_sigterm_or_sigquit_exits_at_once() {
     let pg = PgCluster::start();
     for second_term in [true, false] {
-        let mut s = Sluice::builder(&pg).general("shutdown_timeout", "60").start();
+        let mut s = Sluice::builder(&pg).general("shutdown_timeout", "60").general("workers", "2").start();
         let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
         a.simple_query("begin").await.unwrap();
         if second_term {
@@ -326,8 +326,10 @@ async fn a_second_sigterm_or_sigquit_exits_at_once() {
         }
         let how = if second_term { "a second SIGTERM" } else { "SIGQUIT" };
         let status = s.wait_exit(Duration::from_secs(15));
-        // A clean exit, not the signal's default action.
+        // A clean exit, not the signal's default action, that removes its Unix socket.
         assert!(status.is_some_and(|st| st.success()), "{how} did not stop sluice promptly and cleanly: {status:?}");
+        let socket = s.socket_dir.join(format!(".s.PGSQL.{}", s.port));
+        assert!(!socket.exists(), "{how} left {} behind", socket.display());
     }
 }
 

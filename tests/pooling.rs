@@ -216,6 +216,8 @@ async fn a_role_taken_on_a_shared_server_stays_with_its_client() {
     let taker = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     assert_eq!(value(&taker, "set role tenant_a; select current_user").await, "tenant_a");
     assert_eq!(value(&plain, "select current_user").await, Role::SCRAM.name, "after a session SET ROLE");
+    taker.simple_query("set \"role\" = 'tenant_a'").await.unwrap();
+    assert_eq!(value(&plain, "select current_user").await, Role::SCRAM.name, "after a SET of the quoted name");
     let asked = with_option(&s, "role=tenant_a").await;
     assert_eq!(value(&asked, "set work_mem = '8MB'; select current_user").await, "tenant_a");
     assert_eq!(value(&plain, "select current_user").await, Role::SCRAM.name, "after a connect-time role");

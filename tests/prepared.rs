@@ -143,6 +143,13 @@ fn statement_names_count_to_63_bytes() {
     let m = c.until_ready();
     assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "42P05".to_string()), "{m:?}");
     assert_eq!(first_value(&run(&mut c, &stem, &[])), "7");
+    // Behind a DISCARD ALL, a long name parsed and closed again is gone, as on PostgreSQL.
+    let long = format!("{}zzz", "m".repeat(63));
+    c.send(&[query("discard all"), parse(&long, "select 8"), close_stmt(&long), sync()].concat());
+    c.until_ready();
+    c.until_ready();
+    let m = run(&mut c, &long, &[]);
+    assert_eq!((tags(&m), sqlstate(&m[0].1)), ("EZ".to_string(), "26000".to_string()), "{m:?}");
 }
 
 #[test]

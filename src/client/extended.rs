@@ -332,7 +332,7 @@ impl Extended {
             return Ok(());
         }
         if let Some(existing) = cx.stmts.get(p.name).cloned() {
-            return self.on_parse_again(p.name, existing, m, sp, cx);
+            return self.on_parse_again(prepared::key(p.name), existing, m, sp, cx);
         }
         sp.drop_range(m.start, m.start + m.frame_len);
         if cx.stmts.len() >= cx.client_limit {
@@ -363,22 +363,24 @@ impl Extended {
             self.server_parses += 1;
             Expect::new(Kind::Parse, Reply::Forward, Some(st.id))
         };
-        self.queue.push_back(item.with(Effect::Define(Bytes::copy_from_slice(p.name), st)));
+        self.queue.push_back(item.with(Effect::Define(Bytes::copy_from_slice(prepared::key(p.name)), st)));
         Ok(())
     }
 
     /// Whether a Parse of a statement the server holds may not be answered from the
     /// server's cache, but must be sent (after a Close, harmless if the copy is gone):
-    /// in a failed transaction (PostgreSQL refuses a Parse there with 25P02), in a
-    /// transaction block with requests unanswered (one may yet fail it), or behind an
+    /// in a failed transaction (PostgreSQL refuses a Parse there with 25P02); in a
+    /// transaction block behind an unanswered Sync, query or function call, whose
+    /// failure would leave the block failed when the Parse runs (a failure in its own
+    /// Sync segment makes the server skip it, as it does Sluice's answer); behind an
     /// unanswered query or Execute, which may empty the server's statements (DISCARD
     /// ALL, DEALLOCATE ALL, told only by its tag once it completes). (Out of line: rare.)
     #[inline(never)]
     fn cache_unsure(&self, tx: TxStatus) -> bool {
+        let ahead = |kinds: &[Kind]| self.queue.iter().any(|e| kinds.contains(&e.kind));
         tx == TxStatus::Failed
-            || (!self.queue.is_empty()
-                && (tx == TxStatus::InTransaction
-                    || self.queue.iter().any(|e| matches!(e.kind, Kind::Query | Kind::Execute))))
+            || (tx == TxStatus::InTransaction && (self.queue.syncs() != 0 || ahead(&[Kind::Call])))
+            || ahead(&[Kind::Query, Kind::Execute])
     }
 
     /// Records a statement on the server, closing the least recently used one if full
@@ -415,7 +417,7 @@ impl Extended {
         counts: &dyn Fn(&Expect) -> bool,
     ) -> bool {
         let generation = cx.generation(st.id);
-        let mut presence = cx.server.lookup_since(st.id, generation, st.epoch);
+        let (mut presence, checked) = cx.server.lookup_checked(st.id, generation, st.epoch);
         if presence != Presence::Stale && self.unanswered_before_sync(counts) {
             presence = Presence::Stale;
         }
@@ -433,8 +435,7 @@ impl Extended {
         // on this server has shown the client's shape of).
         let seen = st.shape.lock().as_ref().map(|(_, g, h)| (*g, *h));
         tracing::debug!(stmt = st.id, ?presence, generation, ?seen, "statement needed");
-        let unchecked = |h: u64, cx: &ClientCtx| cx.server.checked(st.id) != h;
-        if seen.is_some_and(|(g, h)| presence != Presence::Fresh || g < generation || unchecked(h, cx)) {
+        if seen.is_some_and(|(g, h)| presence != Presence::Fresh || g < generation || checked != h) {
             let (buf, from) = sp.insert_buf();
             prepared::describe_frame(buf, &st.name);
             sp.commit_insert(at, from);

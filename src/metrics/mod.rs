@@ -281,13 +281,14 @@ impl Monitor {
             let empty = Totals::default();
             let averages =
                 totals.iter().map(|(db, t)| (db.clone(), t.averages(last.get(db).unwrap_or(&empty), secs))).collect();
-            let sum = |m: &BTreeMap<String, Totals>| {
-                m.values().fold(Totals::default(), |mut s, t| {
-                    s.sum(t);
-                    s
-                })
-            };
-            let overall = sum(&totals).averages(&sum(last), secs);
+            // Over the databases there now (one gone since would make the differences
+            // of the sums wrong), each against its own earlier totals.
+            let (mut now_sum, mut then_sum) = (Totals::default(), Totals::default());
+            for (db, t) in &totals {
+                now_sum.sum(t);
+                then_sum.sum(last.get(db).unwrap_or(&empty));
+            }
+            let overall = now_sum.averages(&then_sum, secs);
             (p.averages, p.overall) = (averages, overall);
         }
         p.last = Some((now, totals));
@@ -394,6 +395,14 @@ mod tests {
         let overall = monitor.overall_averages();
         assert_eq!((overall.xact_count, overall.xact_time), (10_001, 10));
         assert_eq!(monitor.averages()["a"].xact_time, 1000);
+        // A database gone since the last period counts in neither sum.
+        let only_b = BTreeMap::from([(
+            "b".to_string(),
+            Totals { xact_count: 10_010, xact_time: 100_100, ..Default::default() },
+        )]);
+        monitor.close_period(start + Duration::from_secs(2), only_b);
+        let overall = monitor.overall_averages();
+        assert_eq!((overall.xact_count, overall.xact_time), (10, 10));
     }
 
     #[test]

@@ -302,9 +302,13 @@ impl ServerConn {
     pub async fn apply_params(&mut self, want: &ClientParams, limits: QueryBounds) -> Result<(), ServerError> {
         const RESET: &str = "RESET SESSION AUTHORIZATION;RESET ROLE;RESET ALL;";
         // PostgreSQL reads the query in the connection's client_encoding, which may be
-        // a client's (LATIN1): values beyond ASCII go as Unicode escapes, but in a
-        // SQL_ASCII database (which converts nothing, and refuses such escapes).
-        let ascii = self.reported("server_encoding").is_none_or(|e| !e.eq_ignore_ascii_case("SQL_ASCII"));
+        // a client's (LATIN1): values beyond ASCII go as Unicode escapes where the server
+        // takes them: a UTF8 database, or another but SQL_ASCII (which converts nothing)
+        // from PostgreSQL 13 on.
+        let encoding = self.reported("server_encoding").unwrap_or_default();
+        let major = self.reported("server_version").and_then(|v| v.split('.').next()?.parse::<u32>().ok());
+        let ascii = encoding.eq_ignore_ascii_case("UTF8")
+            || (!encoding.eq_ignore_ascii_case("SQL_ASCII") && major.is_some_and(|m| m >= 13));
         let sql = match &self.applied {
             Some(applied) => want.diff_sql(applied, ascii),
             None => Some(format!("{RESET}{}", want.diff_sql(&ClientParams::default(), ascii).unwrap_or_default())),
