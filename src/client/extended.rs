@@ -408,6 +408,7 @@ impl Extended {
     /// `unless_in_doubt`); it is then closed first (a later segment's Parse settles the
     /// statement, `settled_later`). True when that message is held back for a shape
     /// check.
+    #[inline]
     fn ensure(
         &mut self,
         st: &Arc<Statement>,
@@ -417,7 +418,31 @@ impl Extended {
         counts: &dyn Fn(&Expect) -> bool,
     ) -> bool {
         let generation = cx.generation(st.id);
-        let (mut presence, checked) = cx.server.lookup_checked(st.id, generation, st.epoch);
+        let (presence, checked) = cx.server.lookup_checked(st.id, generation, st.epoch);
+        // The usual case: held and current, nothing in doubt (no Sync queued), and no
+        // shape to check, or one this copy's Describe showed.
+        if presence == Presence::Fresh && self.queue.syncs() == 0 {
+            let shape = st.shape.lock();
+            if shape.as_ref().is_none_or(|(_, g, h)| *g >= generation && *h == checked) {
+                return false;
+            }
+        }
+        self.ensure_rest(st, at, sp, cx, counts, (generation, presence, checked))
+    }
+
+    /// `ensure` past its usual case: `looked` is the statement's generation, what the
+    /// books say the server holds of it, and the shape its copy showed. (Out of line.)
+    #[inline(never)]
+    fn ensure_rest(
+        &mut self,
+        st: &Arc<Statement>,
+        at: usize,
+        sp: &mut Splice,
+        cx: &mut ClientCtx,
+        counts: &dyn Fn(&Expect) -> bool,
+        looked: (u64, Presence, u64),
+    ) -> bool {
+        let (generation, mut presence, checked) = looked;
         if presence != Presence::Stale && self.unanswered_before_sync(counts) {
             presence = Presence::Stale;
         }
