@@ -123,22 +123,26 @@ fn a_client_that_stops_reading_sluices_own_replies_is_killed_and_its_server_free
     assert!(c.closed(), "the stalled client's connection stays open");
 }
 
+/// A client whose `pg_sleep(secs)` runs on the server, sent through the extended
+/// protocol with a Flush and no Sync (its answers owed).
+fn sleeping(pg: &PgCluster, s: &Sluice, secs: u32) -> Raw {
+    use common::raw::{bind, execute, flush, parse};
+    let mut c = Raw::login(s.port, "u_trust", "app");
+    let sql = format!("select pg_sleep({secs})");
+    c.send(&[parse("", &sql), bind("", "", &[]), execute("", 0), flush()].concat());
+    assert!(pg.running(&sql), "the query never started");
+    c
+}
+
 /// Behind a query the server is still running, a client sends named Closes, which
 /// Sluice answers itself: their replies wait behind the query's, and nothing reaches
 /// the server to hold the client back. Past a bound the client is refused (53400)
 /// instead of Sluice's memory growing without end, and its server is freed.
 #[test]
 fn replies_sluice_owes_behind_a_running_query_are_bounded() {
-    use common::raw::{bind, execute, flush, parse};
     let pg = PgCluster::start();
     let s = sluice(&pg, &[]);
-    let mut c = Raw::login(s.port, "u_trust", "app");
-    let mut sleeping = parse("", "select pg_sleep(60)");
-    sleeping.extend(bind("", "", &[]));
-    sleeping.extend(execute("", 0));
-    sleeping.extend(flush());
-    c.send(&sleeping);
-    assert!(pg.running("pg_sleep(60)"), "the query never started");
+    let mut c = sleeping(&pg, &s, 60);
     let mut writer = c.stream().try_clone().expect("a second handle");
     writer.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
     let batch: Vec<u8> = (0..4096).flat_map(|_| msg(b'C', b"Sx\0")).collect();
@@ -159,16 +163,10 @@ fn replies_sluice_owes_behind_a_running_query_are_bounded() {
 /// the server answers, behind a query still running, is served in full.
 #[test]
 fn sluices_own_replies_between_requests_to_the_server_are_not_bounded() {
-    use common::raw::{bind, execute, flush, parse, sync};
+    use common::raw::sync;
     let pg = PgCluster::start();
     let s = sluice(&pg, &[]);
-    let mut c = Raw::login(s.port, "u_trust", "app");
-    let mut sleeping = parse("", "select pg_sleep(1)");
-    sleeping.extend(bind("", "", &[]));
-    sleeping.extend(execute("", 0));
-    sleeping.extend(flush());
-    c.send(&sleeping);
-    assert!(pg.running("pg_sleep(1)"), "the query never started");
+    let mut c = sleeping(&pg, &s, 1);
     let groups = 20_000;
     let batch: Vec<u8> = (0..groups).flat_map(|_| [msg(b'C', b"Sx\0"), sync()].concat()).collect();
     c.send(&batch);
