@@ -279,7 +279,7 @@ pub(super) fn validate_durations(g: &General, invalid: Invalid) -> Result<(), Co
     ];
     for (key, v) in durations {
         if !v.is_finite() || !(0.0..=1e9).contains(&v) {
-            return Err(invalid(key, "must be a number of seconds, 0 or more".into()));
+            return Err(invalid(key, "must be a number of seconds from 0 to 1000000000".into()));
         }
     }
     Ok(())

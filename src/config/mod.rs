@@ -574,8 +574,9 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
             a => match listed_ip(a) {
                 Some(ip) => ip,
                 // A host name: resolved when the listeners are bound, at start-up only
-                // (`Config::listen_ips`), so a reload or SET waits for no resolver.
-                None if !a.is_empty() && !a.contains(char::is_whitespace) => continue,
+                // (`Config::listen_ips`), so a reload or SET waits for no resolver. Not
+                // one with a port or a comma in it, nor digits and dots alone.
+                None if is_host_name(a) => continue,
                 None => return Err(invalid("listen_addr", format!("\"{a}\" is not an IP address or a host name"))),
             },
         };
@@ -599,8 +600,9 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
     {
         return Err(invalid("unix_socket_group", e.to_string()));
     }
-    if u32::from_str_radix(&g.unix_socket_mode, 8).is_err() {
-        return Err(invalid("unix_socket_mode", "must be an octal mode like \"0777\"".into()));
+    let mode = &g.unix_socket_mode;
+    if !mode.bytes().all(|b| (b'0'..=b'7').contains(&b)) || u32::from_str_radix(mode, 8).is_ok_and(|m| m > 0o777) {
+        return Err(invalid("unix_socket_mode", "must be an octal file mode from \"0\" to \"0777\"".into()));
     }
     if g.default_pool_size == 0 {
         return Err(invalid("default_pool_size", "must be at least 1".into()));
@@ -652,6 +654,14 @@ fn keyed(prefix: &str, e: ConfigError) -> String {
 
 fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].bytes().filter(|&b| b == b'\n').count() + 1
+}
+
+/// Whether a `listen_addr` entry that is not an IP address reads as a host name:
+/// letters, digits, dots, hyphens and underscores, not digits and dots alone (a
+/// mistyped IPv4 address), so `host:6432` or a comma-separated list are refused.
+fn is_host_name(a: &str) -> bool {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_');
+    !a.is_empty() && a.chars().all(allowed) && !a.chars().all(|c| c.is_ascii_digit() || c == '.')
 }
 
 #[cfg(test)]

@@ -68,8 +68,11 @@ fn semantic_errors_name_file_line_and_key() {
             "server_tls_protocols: \"sslv3\" is not supported; use \"tlsv1.2\" and/or \"tlsv1.3\"",
         ),
         ("listen_backlog = 0", "listen_backlog: must be at least 1"),
-        ("cancel_wait_timeout = -1", "cancel_wait_timeout: must be a number of seconds, 0 or more"),
-        ("dns_nxdomain_ttl = -1", "dns_nxdomain_ttl: must be a number of seconds, 0 or more"),
+        ("cancel_wait_timeout = -1", "cancel_wait_timeout: must be a number of seconds from 0 to 1000000000"),
+        ("dns_nxdomain_ttl = -1", "dns_nxdomain_ttl: must be a number of seconds from 0 to 1000000000"),
+        ("query_timeout = 1e300", "query_timeout: must be a number of seconds from 0 to 1000000000"),
+        ("unix_socket_mode = \"0777777\"", "unix_socket_mode: must be an octal file mode from \"0\" to \"0777\""),
+        ("unix_socket_mode = \"+777\"", "unix_socket_mode: must be an octal file mode from \"0\" to \"0777\""),
         ("server_check_query = \"select\\u0000\"", "server_check_query: must not contain a NUL character"),
         ("max_packet_size = 1023", "max_packet_size: must be at least 1024"),
     ];
@@ -77,6 +80,13 @@ fn semantic_errors_name_file_line_and_key() {
         assert_eq!(err(&format!("[general]\n{line}\n")), format!("sluice.toml:2: general.{want}"));
     }
     assert!(parse("[general]\nunix_socket_group = \"root\"\n").is_ok());
+    assert!(parse("[general]\nunix_socket_mode = \"0700\"\n").is_ok());
+    // A port, a comma-separated list or a mistyped IPv4 address is no host name.
+    for entry in ["127.0.0.1:6432", "localhost:6432", "10.0.0.1,10.0.0.2", "300.1.1.1"] {
+        let e = err(&format!("[general]\nlisten_addr = [\"{entry}\"]\n"));
+        assert!(e.starts_with("sluice.toml:2: general.listen_addr:"), "{entry}: {e}");
+    }
+    assert!(parse("[general]\nlisten_addr = [\"db-1.example.com\", \"localhost\"]\n").is_ok());
     assert!(parse("[general]\nmax_packet_size = 1024\n").is_ok());
     assert!(err("[general]\nmax_packet_size = 4294967296\n").starts_with("sluice.toml:2: general.max_packet_size"));
     let e = err("[general]\nclient_tls_ciphers = \"RC4:DHE-RSA-AES128-SHA\"\n");
