@@ -35,7 +35,7 @@ pub struct Statement {
     /// The reply (RowDescription or NoData frame) the client got when it described
     /// the statement, the statement generation it was seen at, and its hash; a copy
     /// that was not checked against that shape on its server (prepared by Sluice, or by
-    /// another client: `ServerStatements::checked`), or of a later generation, is
+    /// another client: `ServerStatements::lookup_checked`), or of a later generation, is
     /// checked against it before use.
     pub shape: parking_lot::Mutex<Option<(Bytes, u64, u64)>>,
 }
@@ -272,11 +272,6 @@ impl ServerStatements {
     /// The generation the server holds `id` at.
     pub fn generation(&self, id: u64) -> Option<u64> {
         self.used.get(&id).map(|(_, g, _, _)| *g)
-    }
-
-    /// The hash of the shape a client's Describe of this copy showed (0: none yet).
-    pub fn checked(&self, id: u64) -> u64 {
-        self.used.get(&id).map_or(0, |(_, _, _, c)| *c)
     }
 
     /// A client's Describe of this copy showed the shape that hashes to `hash`.

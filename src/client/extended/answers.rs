@@ -28,7 +28,7 @@ fn shape_of(m: &Msg) -> Bytes {
     }
 }
 
-/// The hash a shape is known by (`ServerStatements::checked`); never 0, which means none.
+/// The hash a shape is known by (`ServerStatements::lookup_checked`); never 0, which means none.
 fn shape_hash(shape: &[u8]) -> u64 {
     use std::hash::BuildHasher;
     foldhash::fast::FixedState::default().hash_one(shape) | 1
