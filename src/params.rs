@@ -144,10 +144,10 @@ impl ClientParams {
     /// The SQL that turns a server whose settings are `from` into one with `self`'s.
     /// None when nothing differs. Values go through `set_config`, which parses them as
     /// the startup packet does (`search_path=a,b` is a list of two, as with libpq);
-    /// `ascii`: written in ASCII whatever they hold (`build::quote_literal_as`).
+    /// `ascii`: written in ASCII whatever they hold (`build::quote_literal`).
     pub fn diff_sql(&self, from: &ClientParams, ascii: bool) -> Option<String> {
-        use crate::protocol::build::{quote_ident, quote_literal_as};
-        let quote_literal = |s: &str| quote_literal_as(s, ascii);
+        use crate::protocol::build::{quote_ident, quote_literal};
+        let quote_literal = |s: &str| quote_literal(s, ascii);
         if self.same(from) {
             return None;
         }

@@ -372,8 +372,9 @@ pub struct Unnamed {
 }
 
 /// What executing a statement text does beyond its result, worked out once at Parse
-/// (a statement is bound far more often than parsed).
-#[derive(Debug, Clone, Default)]
+/// (a statement is bound far more often than parsed), and what the statements of an
+/// exchange may have done, together (`|=`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TextEffects {
     /// May change what later statements parse to (`SetTarget::changes_parsing`).
     pub sets_parsing: bool,
@@ -385,13 +386,29 @@ pub struct TextEffects {
 }
 
 impl TextEffects {
+    /// Anything at all: what a statement text not read counts as.
+    pub const ALL: TextEffects = TextEffects { sets_parsing: true, sets_session: true, sets_role: true };
+
     pub fn of(sql: &[u8]) -> TextEffects {
-        let set = SetTarget::of(sql);
+        TextEffects::of_target(SetTarget::of(sql), Some(sql))
+    }
+
+    /// Of a text's `SetTarget` (`sql`, None when the text was not read whole).
+    pub fn of_target(set: SetTarget, sql: Option<&[u8]>) -> TextEffects {
         TextEffects {
             sets_parsing: set.changes_parsing(),
             sets_session: set.sets_session(),
-            sets_role: set.sets_role(Some(sql)),
+            sets_role: set.sets_role(sql),
         }
+    }
+}
+
+impl std::ops::BitOrAssign for TextEffects {
+    #[inline]
+    fn bitor_assign(&mut self, other: TextEffects) {
+        self.sets_parsing |= other.sets_parsing;
+        self.sets_session |= other.sets_session;
+        self.sets_role |= other.sets_role;
     }
 }
 

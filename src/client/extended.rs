@@ -101,15 +101,11 @@ pub struct Extended {
     /// Statements a server reported stale (id, generation it held): the caller bumps
     /// the pool's generation so other servers re-prepare them.
     pub stale: Vec<(u64, u64)>,
-    /// This exchange ran, or bound for running, a statement that may SET what later
-    /// statements parse to (`prepared::SetTarget::changes_parsing`, worked out once per text):
-    /// a SET or RESET completing counts as DDL.
-    pub parsing_set: bool,
-    /// Likewise, a statement that may SET a session setting PostgreSQL does not report
-    /// (`prepared::SetTarget::sets_session`): a SET or RESET completing counts as such.
-    pub session_set: bool,
-    /// Likewise, a statement that may SET the role (`prepared::SetTarget::sets_role`).
-    pub role_set: bool,
+    /// What the statements this exchange ran, or bound for running, may SET (worked
+    /// out once per text): what later statements parse to, a session setting
+    /// PostgreSQL does not report, the role. A SET or RESET completing is read with
+    /// these (`Seen::note`).
+    pub sets: TextEffects,
 }
 
 impl Extended {
@@ -152,9 +148,7 @@ impl Extended {
             }
         }
         self.stale.clear();
-        self.parsing_set = false;
-        self.session_set = false;
-        self.role_set = false;
+        self.sets = TextEffects::default();
     }
 
     fn push(&mut self, kind: Kind, reply: Reply, stmt: Option<u64>) {
@@ -281,7 +275,7 @@ impl Extended {
         if name.is_empty() {
             effects = self.unnamed_here(m.start, sp, cx);
         } else if let Some(st) = cx.stmts.get(name).cloned() {
-            effects = st.effects.clone();
+            effects = st.effects;
             if kind == Kind::Describe {
                 effect = Effect::Capture(st.clone(), cx.generation(st.id));
             }
@@ -298,9 +292,7 @@ impl Extended {
         if kind == Kind::Bind {
             self.last_bind = stmt;
             // Its execution in this exchange may SET what later statements parse to.
-            self.parsing_set |= effects.sets_parsing;
-            self.session_set |= effects.sets_session;
-            self.role_set |= effects.sets_role;
+            self.sets |= effects;
         }
         self.queue.push_back(Expect::new(kind, Reply::Forward, stmt).with(effect));
         Ok(())
@@ -332,7 +324,7 @@ impl Extended {
             self.queue.push_back(Expect::new(Kind::Parse, Reply::Swallow, None).with(Effect::UnnamedAgain(u.id)));
             cx.server.unnamed = u.id;
         }
-        u.effects.clone()
+        u.effects
     }
 
     /// What the server holds of statement `id`, given what the books say (`presence`):
@@ -404,12 +396,10 @@ impl Extended {
         cx.server.unnamed = 0;
         let sql = m.frame.filter(|f| f.len() == m.frame_len).and_then(|f| crate::protocol::read_cstr(body(f)));
         let sql = sql.map(|(sql, _)| sql);
-        if !self.parsing_set || !self.session_set || !self.role_set {
+        if self.sets != TextEffects::ALL {
             // A text not read whole (long) may hold any statement.
             let set = sql.map_or(prepared::SetTarget::Unknown, prepared::SetTarget::of);
-            self.parsing_set |= set.changes_parsing();
-            self.session_set |= set.sets_session();
-            self.role_set |= set.sets_role(sql);
+            self.sets |= TextEffects::of_target(set, sql);
         }
         match sql.and_then(prepared::sql_command) {
             Some(c @ (SqlCommand::Deallocate(_) | SqlCommand::DeallocateAll)) => Ok(self.on_deallocate(c, m, sp, cx)),

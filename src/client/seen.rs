@@ -2,6 +2,8 @@
 //! to, and the settings it carries for clients. Noted by the tracker (`track.rs`) from
 //! CommandComplete tags, read by the relay when the server is released.
 
+use crate::prepared::TextEffects;
+
 /// What the commands completed since the last look may have changed on the server.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Seen {
@@ -20,19 +22,19 @@ impl Seen {
     /// Notes a CommandComplete tag. DDL (`ALTER`, `CREATE`, `DROP`, `DISCARD`,
     /// `IMPORT`) changes what statements parse to; so do SET and RESET when the exchange
     /// ran a statement that may set something other than the few settings
-    /// `prepared::SetTarget::changes_parsing` knows to be neutral (`parsing_set`); they change
-    /// the settings a server carries for clients when it ran one that may set a session
-    /// setting PostgreSQL does not report (`session_set`: not `SET LOCAL`, say), and the
-    /// role when it ran one that may set that (`role_set`). The first byte picks the
-    /// comparisons (most tags are SELECT, INSERT, UPDATE...).
+    /// `prepared::SetTarget::changes_parsing` knows to be neutral (`sets.sets_parsing`);
+    /// they change the settings a server carries for clients when it ran one that may
+    /// set a session setting PostgreSQL does not report (`sets_session`: not `SET
+    /// LOCAL`, say), and the role when it ran one that may set that (`sets_role`). The
+    /// first byte picks the comparisons (most tags are SELECT, INSERT, UPDATE...).
     #[inline]
-    pub(super) fn note(&mut self, tag: &[u8], parsing_set: bool, session_set: bool, role_set: bool) {
+    pub(super) fn note(&mut self, tag: &[u8], sets: TextEffects) {
         const DDL: [&[u8]; 5] = [b"ALTER ", b"CREATE ", b"DROP ", b"DISCARD", b"IMPORT "];
         match tag.first() {
             Some(b'S' | b'R') if tag.starts_with(b"SET") || tag.starts_with(b"RESET") => {
-                self.settings |= session_set;
-                self.schema |= parsing_set;
-                self.role |= role_set;
+                self.settings |= sets.sets_session;
+                self.schema |= sets.sets_parsing;
+                self.role |= sets.sets_role;
             }
             Some(b'A' | b'C' | b'D' | b'I') => self.schema |= DDL.iter().any(|p| tag.starts_with(p)),
             _ => {}
@@ -48,7 +50,7 @@ mod tests {
     fn command_tags_are_seen_for_what_they_change() {
         let seen = |tag: &[u8], set: bool| {
             let mut s = Seen::default();
-            s.note(tag, set, set, set);
+            s.note(tag, if set { TextEffects::ALL } else { TextEffects::default() });
             (s.schema, s.settings && s.role)
         };
         assert_eq!(seen(b"SELECT 1\0", true), (false, false));

@@ -12,6 +12,7 @@ use super::needs::{client_need, server_need};
 pub(super) use super::seen::Seen;
 use crate::config::PoolMode;
 use crate::params::is_reported;
+use crate::prepared::TextEffects;
 use crate::protocol::fields::{ErrorFields, parameter_status};
 use crate::protocol::scan::{Scanner, Splice};
 use crate::protocol::{ProtocolError, TxStatus, be, body, fe, sqlstate};
@@ -519,9 +520,8 @@ impl Track {
                     be::COMMAND_COMPLETE => {
                         early_syncs.copy_ended(false);
                         // Session mode does not read statement texts: any SET counts.
-                        let session = mode == PoolMode::Session;
-                        let (parsing, settings, role) = (ext.parsing_set, ext.session_set, ext.role_set);
-                        seen.note(body(frame), session || parsing, session || settings, session || role);
+                        let sets = if mode == PoolMode::Session { TextEffects::ALL } else { ext.sets };
+                        seen.note(body(frame), sets);
                         discard_at(ext, discard_mark, param_updates);
                     }
                     be::PARAMETER_STATUS => reported(frame, param_updates)?,
@@ -598,7 +598,7 @@ fn while_probing(
     match m.tag {
         be::PARAMETER_STATUS => reported(frame, b.param_updates)?,
         be::COMMAND_COMPLETE => {
-            b.seen.note(body(frame), true, true, true);
+            b.seen.note(body(frame), TextEffects::ALL);
             b.ext.note_emptying(m, b.prepared);
             discard_at(b.ext, b.discard_mark, b.param_updates);
         }
@@ -669,7 +669,7 @@ mod tests {
         t.idle_since = Some(Instant::now());
         t.param_updates.push(("TimeZone".into(), "UTC".into()));
         t.discard_mark = Some(1);
-        t.ext.parsing_set = true;
+        t.ext.sets.sets_parsing = true;
         t.copy_in = CopyIn::Simple;
         t.syncs_after_execute = 1;
         t.before_execute = 1;

@@ -343,16 +343,12 @@ pub fn close(buf: &mut BytesMut, kind: u8, name: &[u8]) {
 }
 
 /// Quotes a value as a SQL string literal that reads the same whatever
-/// standard_conforming_strings says.
-pub fn quote_literal(value: &str) -> String {
-    quote_literal_as(value, false)
-}
-
-/// `quote_literal`, with every character beyond ASCII written as a Unicode escape
-/// (`\u00e9`) when `ascii`: the text then reads the same whatever the connection's
-/// `client_encoding`, which PostgreSQL converts a whole query message from. (Not for a
-/// SQL_ASCII database, where such escapes of characters beyond ASCII are refused.)
-pub fn quote_literal_as(value: &str, ascii: bool) -> String {
+/// standard_conforming_strings says, with every character beyond ASCII written as a
+/// Unicode escape (`\u00e9`) when `ascii`: the text then reads the same whatever the
+/// connection's `client_encoding`, which PostgreSQL converts a whole query message
+/// from. (Not for a SQL_ASCII database, where such escapes of characters beyond ASCII
+/// are refused.)
+pub fn quote_literal(value: &str, ascii: bool) -> String {
     use std::fmt::Write;
     let mut s = String::with_capacity(value.len() + 3);
     s.push_str("E'");
@@ -414,9 +410,9 @@ mod tests {
 
     #[test]
     fn literals_are_quoted() {
-        assert_eq!(quote_literal("a'b\\c"), "E'a''b\\\\c'");
-        assert_eq!(quote_literal("café"), "E'café'");
-        assert_eq!(quote_literal_as("café 🐘", true), "E'caf\\u00e9 \\U0001f418'");
+        assert_eq!(quote_literal("a'b\\c", false), "E'a''b\\\\c'");
+        assert_eq!(quote_literal("café", false), "E'café'");
+        assert_eq!(quote_literal("café 🐘", true), "E'caf\\u00e9 \\U0001f418'");
         assert_eq!(quote_ident("Time\"Zone"), "\"Time\"\"Zone\"");
     }
 }
