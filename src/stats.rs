@@ -357,10 +357,14 @@ pub struct ServerInfo {
     /// The linked client's id, 0 when none.
     pub client_id: AtomicU64,
     pub prepared_statements: AtomicU64,
-    /// Cancel requests being forwarded to this server (`cancel::InFlight`).
+    /// Cancel requests being forwarded to this server (`cancel::InFlight`), and
+    /// `CANCEL_UNSURE` once one was given up.
     cancels: AtomicU32,
     cancels_done: tokio::sync::Notify,
 }
+
+/// `ServerInfo::cancels`' mark of a cancel given up.
+const CANCEL_UNSURE: u32 = 1 << 31;
 
 impl ServerInfo {
     pub fn new(id: u64, addr: crate::server::ServerAddr) -> Self {
@@ -413,15 +417,28 @@ impl ServerInfo {
 
     /// A forwarded cancel request was processed by the server (or given up).
     pub fn cancel_ended(&self) {
-        if self.cancels.fetch_sub(1, SeqCst) == 1 {
+        if self.cancels.fetch_sub(1, SeqCst) & !CANCEL_UNSURE == 1 {
             self.cancels_done.notify_waiters();
         }
     }
 
-    /// Whether cancel requests for this server are being forwarded (read after the
-    /// session stored 0 in its client's `server_id`).
+    /// The forwarding of a cancel request gave up (timed out, or failed after its
+    /// connection may have carried it): it may still reach what the server runs
+    /// next. Marked before the request's `cancel_ended`.
+    pub fn cancel_given_up(&self) {
+        self.cancels.fetch_or(CANCEL_UNSURE, SeqCst);
+    }
+
+    /// Whether cancel requests for this server are being forwarded, or one was given
+    /// up (read after the session stored 0 in its client's `server_id`): one load, as
+    /// every transaction's end reads it.
     pub fn cancels_in_flight(&self) -> bool {
         self.cancels.load(SeqCst) > 0
+    }
+
+    /// Whether a cancel request for this server was given up (`cancel_given_up`).
+    pub fn cancel_unsure(&self) -> bool {
+        self.cancels.load(SeqCst) & CANCEL_UNSURE != 0
     }
 
     /// Waits until no cancel request for this server is being forwarded.
@@ -430,7 +447,7 @@ impl ServerInfo {
             let done = self.cancels_done.notified();
             tokio::pin!(done);
             done.as_mut().enable();
-            if !self.cancels_in_flight() {
+            if self.cancels.load(SeqCst) & !CANCEL_UNSURE == 0 {
                 return;
             }
             done.await;
@@ -515,13 +532,17 @@ mod tests {
     }
 
     /// A session giving a server back waits for the cancels in flight, and is woken
-    /// when the last one ends.
+    /// when the last one ends; one given up marks the server for good.
     #[tokio::test]
     async fn cancels_settled_waits_for_the_last_cancel() {
         let info = Arc::new(ServerInfo::new(1, crate::server::ServerAddr { host: "h".into(), port: 1 }));
         info.cancels_settled().await;
+        assert!(!info.cancels_in_flight() && !info.cancel_unsure());
         info.cancel_started();
         info.cancel_started();
+        info.cancel_started();
+        info.cancel_given_up();
+        info.cancel_ended();
         let waiting = tokio::spawn({
             let info = info.clone();
             async move { info.cancels_settled().await }
@@ -532,6 +553,8 @@ mod tests {
         assert!(!waiting.is_finished(), "done with a cancel still in flight");
         info.cancel_ended();
         tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("woken").unwrap();
+        info.cancels_settled().await;
+        assert!(info.cancels_in_flight() && info.cancel_unsure(), "the given-up cancel forgotten");
     }
 
     #[test]

@@ -43,6 +43,14 @@ pub struct CancelTarget {
 #[derive(Debug)]
 pub struct InFlight(Arc<ServerInfo>);
 
+impl InFlight {
+    /// The forwarding gave up: the server is closed rather than lent again
+    /// (`ServerInfo::cancel_given_up`).
+    pub fn given_up(&self) {
+        self.0.cancel_given_up();
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.cancel_ended();

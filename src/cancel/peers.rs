@@ -42,10 +42,11 @@ pub async fn answer(app: &Arc<App>, pid: u32, secret: u32) {
 async fn here(app: &Arc<App>, pid: u32, secret: u32) {
     let Some((t, in_flight)) = app.cancel.target(pid, secret) else { return };
     let forward = tokio::spawn(async move {
-        let _in_flight = in_flight;
         if let Err(e) = t.addr.cancel(t.at, t.pid, t.secret, t.limit).await {
+            in_flight.given_up();
             warn!("forwarding cancel request to {} failed: {e}", t.addr);
         }
+        drop(in_flight);
     });
     let _ = forward.await;
 }

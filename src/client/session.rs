@@ -501,9 +501,9 @@ impl Session {
     /// The client's cancels stop reaching `server` (its `server_id` goes to 0), and
     /// those already on their way are let through before the server runs anything
     /// else or goes to another client (`cancel::CancelRegistry::target`).
-    /// A cancel not through within its forwarding's bound (which starts a little later)
-    /// could still reach what the server runs next: the server is then closed, not
-    /// lent again.
+    /// A cancel not through within its forwarding's bound (which starts a little later),
+    /// or whose forwarding gave up, could still reach what the server runs next: the
+    /// server is then closed, not lent again.
     async fn unlink_for_cancels(&mut self) {
         self.info.server_id.store(0, SeqCst);
         let Some(server) = self.server.as_deref_mut() else { return };
@@ -516,7 +516,7 @@ impl Session {
                 return;
             };
             let settled = tokio::time::timeout(limit, server.info.cancels_settled());
-            if Box::pin(settled).await.is_err() {
+            if Box::pin(settled).await.is_err() || server.info.cancel_unsure() {
                 server.broken = true;
             }
         }
