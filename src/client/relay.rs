@@ -421,14 +421,25 @@ impl Session {
     ) -> Result<(), Exit> {
         let splice = &mut conn.splice;
         let server = self.server.as_mut().expect("relay without a server");
-        let n = self.track.scan_server(&server.buf, splice, self.mode, &mut server.prepared).map_err(|e| {
-            server.broken = true;
-            match e {
-                // A state Sluice cannot follow (not bad data).
-                ProtocolError::Limit(what) => Exit::fatal(sqlstate::PROTOCOL_VIOLATION, what),
-                e => Exit::fatal(sqlstate::PROTOCOL_VIOLATION, format!("server sent invalid data: {e}")),
+        let tail = self.track.server_scan.passing();
+        let n = match self.track.scan_server(&server.buf, splice, self.mode, &mut server.prepared) {
+            Ok(n) => n,
+            Err(e) => {
+                server.broken = true;
+                let exit = match e {
+                    // A state Sluice cannot follow (not bad data).
+                    ProtocolError::Limit(what) => Exit::fatal(sqlstate::PROTOCOL_VIOLATION, what),
+                    e => Exit::fatal(sqlstate::PROTOCOL_VIOLATION, format!("server sent invalid data: {e}")),
+                };
+                // The rest of a message the client has part of goes first (nothing of
+                // this read went out): the FATAL then starts where a message does.
+                if tail > 0 && !self.track.terminated {
+                    let rest = &server.buf[..tail];
+                    send_to_client(&mut conn.stream, rest, interrupt, &self.app, query_deadline).await?;
+                }
+                return Err(exit);
             }
-        })?;
+        };
         let out = splice.finish(&server.buf, n);
         // (After the client's Terminate its answers are read, not sent.)
         let written = if out.is_empty() || self.track.terminated {

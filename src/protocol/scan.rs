@@ -89,6 +89,13 @@ impl Scanner {
         self.remaining > 0
     }
 
+    /// How many bytes of a message the output has part of are still to come (0 when
+    /// none, or when that message is being dropped): the next `scan` passes them on
+    /// before it reads a header, so they are whole in any buffer a scan fails on.
+    pub fn passing(&self) -> usize {
+        if self.dropping { 0 } else { self.remaining }
+    }
+
     /// Walks `buf` from the start. `need(tag)` says how much of each message `on` must
     /// see; a message is reported once that much is in, and its remaining bytes pass
     /// through in pieces. Returns how many bytes were consumed (the rest is an

@@ -442,8 +442,6 @@ fn error_before_the_rest_of_a_pipeline_arrives() {
     assert_eq!(from_another_client(&s, "select 5"), "5");
 }
 
-/// An ErrorResponse longer than what Sluice reads whole (it quotes a 2 MB value)
-/// reaches the client intact, and the connection goes on.
 /// PostgreSQL skips everything up to the Sync after an error in an extended-protocol
 /// message, a simple query or function call pipelined there too: no ReadyForQuery comes
 /// for them, and the server must still go back to the pool at the end.
@@ -501,6 +499,8 @@ fn a_skipped_copy_sent_at_once_leaves_no_trace() {
     }
 }
 
+/// An ErrorResponse longer than what Sluice reads whole (it quotes a 2 MB value)
+/// reaches the client intact, and the connection goes on.
 #[test]
 fn a_long_error_message_passes_through() {
     let (_pg, s) = setup(1, "transaction");
@@ -551,4 +551,28 @@ fn a_protocol_error_after_half_a_message_closes_the_server() {
     let m = c.recv().expect("an error before the connection closes");
     assert_eq!((m.0, sqlstate(&m.1)), (b'E', "08P01".to_string()), "{m:?}");
     assert_eq!(from_another_client(&s, "select 42"), "42");
+}
+
+/// A server message over `max_packet_size` right behind one relayed in pieces (a long
+/// row, then a longer one): the client gets the first row whole, then the FATAL, at a
+/// message boundary; never the FATAL's bytes inside the row. The first row's length
+/// varies so that its tail and the next header share one of Sluice's reads.
+#[test]
+fn a_fatal_for_an_overlong_server_message_starts_at_a_boundary() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .general("max_packet_size", "65536")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    for n in (16_000..41_000).step_by(500) {
+        let mut c = trust(&s);
+        c.send(&query(&format!("select repeat('x', {n}) union all select repeat('y', 100000)")));
+        let m = c.take(3);
+        assert_eq!(tags(&m), "TDE", "n = {n}: {:?}", m.iter().map(|(t, b)| (*t as char, b.len())).collect::<Vec<_>>());
+        assert_eq!(first_column(&m[1].1), "x".repeat(n), "n = {n}: the row was cut");
+        assert_eq!(sqlstate(&m[2].1), "08P01", "n = {n}");
+        assert!(field(&m[2].1, b'M').contains("over max_packet_size (65536)"), "n = {n}");
+        assert!(c.closed(), "n = {n}");
+    }
 }
