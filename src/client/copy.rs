@@ -92,6 +92,12 @@ pub(super) fn before(a: u32, b: u32) -> bool {
     (b.wrapping_sub(a) as i32) > 0
 }
 
+/// The most COPY ends (`EndedAhead`) a client may send ahead of the COPYs they end: a
+/// query may begin several COPYs, but CopyDone after CopyDone outside a COPY (which
+/// PostgreSQL reads and ignores, so the server's socket holds nothing back) would
+/// otherwise grow the list without end. Past it the client is refused (53400).
+pub(super) const ENDED_AHEAD_LIMIT: usize = 16_384;
+
 /// A COPY FROM STDIN the client ended before the server began it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct EndedAhead {

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 pub(super) use super::copy::{CopyIn, EarlySyncs};
-use super::copy::{EndedAhead, before, probe_portal, probe_reply, unit_reached};
+use super::copy::{ENDED_AHEAD_LIMIT, EndedAhead, before, probe_portal, probe_reply, unit_reached};
 use super::extended::{ClientCtx, Extended};
 use super::needs::{client_need, server_need};
 pub(super) use super::seen::Seen;
@@ -338,6 +338,11 @@ impl Track {
                     fe::COPY_DONE | fe::COPY_FAIL if *copy_in == CopyIn::Off => {
                         let reached = unit_reached(*units_sent, *pending, *ignored_since_ready);
                         if let Some(unit) = last_begin.filter(|&u| !before(u, reached)) {
+                            if ended_ahead.len() >= ENDED_AHEAD_LIMIT {
+                                return Err(ProtocolError::Limit(
+                                    "too many COPY ends sent ahead of the COPYs they end",
+                                ));
+                            }
                             ended_ahead.push_back(EndedAhead { unit, ignored: *syncs_after_execute, synced: false });
                         }
                         *syncs_after_execute = 0;

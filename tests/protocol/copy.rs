@@ -432,3 +432,24 @@ fn another_clients_backend(s: &Sluice) -> String {
     assert_eq!(tags(&m), "TDCZ", "another client got a reply that was not its own");
     first_value(&m)
 }
+
+/// CopyDone after CopyDone outside any COPY (PostgreSQL reads and ignores them, so the
+/// server holds nothing back) behind an unsynced Execute: each is noted as a COPY end
+/// sent ahead, and past 16,384 the client is refused with 53400 instead of growing
+/// Sluice's memory without end. The server, left mid-request, is not lent again.
+#[test]
+fn copy_ends_sent_ahead_without_end_are_refused() {
+    let (_pg, s) = setup(1, "transaction");
+    let mut c = trust(&s);
+    let mut burst = [parse("", "select 1"), bind("", "", &[]), execute("", 0)].concat();
+    for _ in 0..20_000 {
+        burst.extend(msg(b'c', b""));
+    }
+    c.send(&burst);
+    // (The Execute's answers come before the refusal when the burst was read in pieces.)
+    let refusal = std::iter::from_fn(|| c.recv()).find(|(t, _)| !b"12DC".contains(t)).expect("the refusal");
+    assert_eq!((refusal.0, sqlstate(&refusal.1)), (b'E', "53400".to_string()), "{refusal:?}");
+    assert!(field(&refusal.1, b'M').contains("too many COPY ends"), "{refusal:?}");
+    assert!(c.closed());
+    assert_eq!(from_another_client(&s, "select 7"), "7");
+}
