@@ -357,20 +357,29 @@ async fn application_name_add_host_names_each_client_by_its_address() {
 
 /// `auth_type = "any"`: no password asked whatever name a client gives, every client
 /// served by the database's own user's pool (one server for two names), and the console
-/// open to anyone as an admin, as in PgBouncer.
+/// open to anyone, as in PgBouncer: as an admin to the names `admin_users` lists, SHOW
+/// only to others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_auth_serves_every_name_as_the_databases_own_user() {
     let pg = PgCluster::start();
     let user = common::toml_str(Role::SCRAM.name);
     let forced = [("user", user.as_str()), ("pool_size", "1")];
-    let s = Sluice::builder(&pg).general("auth_type", "\"any\"").database("app", &forced).start();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"any\"")
+        .general("admin_users", "[\"ops\"]")
+        .database("app", &forced)
+        .start();
     let a = connect(s.port, "nobody_listed", "", "app").await;
     assert_eq!(value(&a, "select current_user").await, Role::SCRAM.name);
     let b = connect(s.port, Role::MD5.name, "not its password", "app").await;
     assert_eq!(value(&b, "select current_user").await, Role::SCRAM.name);
     assert_eq!(value(&a, "select pg_backend_pid()").await, value(&b, "select pg_backend_pid()").await);
     let console = connect(s.port, "a_stranger", "", "pgbouncer").await;
-    console.simple_query("RECONNECT").await.expect("not an admin");
+    let Err(e) = console.simple_query("RECONNECT").await else { panic!("a stranger ran RECONNECT") };
+    assert_eq!(common::code(&e), "42501", "{e:?}");
+    console.simple_query("SHOW POOLS").await.expect("SHOW refused");
+    let ops = connect(s.port, "ops", "", "pgbouncer").await;
+    ops.simple_query("RECONNECT").await.expect("not an admin");
     let Err(e) = try_connect(s.port, "nobody_listed", "", "no_such_db").await else { panic!("an unknown database") };
     assert_eq!(common::code(&e), "3D000", "{e:?}");
 }

@@ -338,7 +338,7 @@ async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, 
 }
 
 /// Login to the admin console: the usual authentication, then `admin_users` or
-/// `stats_users` must list the user (but for `method::admin_by_login`'s logins).
+/// `stats_users` must list the user (`method::console_role`).
 async fn admin_login(
     app: &Arc<App>,
     conn: &mut ClientConn,
@@ -352,8 +352,7 @@ async fn admin_login(
     // As pooled clients are (KILL never reaches the console's clients; KILL_CLIENT and
     // the shutdown do).
     let (info, listed, mut out) = listed_and_proven(app, conn, cfg, user, database, app_name, deadline).await?;
-    let own = super::method::admin_by_login(cfg, conn, user, database).then_some(admin::Role::Admin);
-    let Some(role) = own.or_else(|| admin::role_of(cfg, user)) else {
+    let Some(role) = super::method::console_role(cfg, conn, user, database) else {
         warn!(peer = %conn.peer, user, "admin console login refused: not in admin_users or stats_users");
         return Err(Exit::fatal(
             sqlstate::INSUFFICIENT_PRIVILEGE,

@@ -70,11 +70,16 @@ pub(super) fn own_socket_admin(cfg: &Config, conn: &ClientConn, user: &str, data
     socket.peer_cred().is_ok_and(|c| c.uid() == unsafe { libc::geteuid() })
 }
 
-/// Whether a console login is an admin's whatever `admin_users` lists: the console's own
-/// user's (`own_socket_admin`), or anyone's under `auth_type = "any"`, where no name is
-/// checked (PgBouncer's rule).
-pub(super) fn admin_by_login(cfg: &Config, conn: &ClientConn, user: &str, database: &str) -> bool {
-    cfg.general.auth_type == crate::config::AuthType::Any || own_socket_admin(cfg, conn, user, database)
+/// A console login's role: an admin's for the console's own user (`own_socket_admin`),
+/// else as `admin_users`/`stats_users` list the name; under `auth_type = "any"` (no
+/// password asked) any other name gets in as a stats user, SHOW only, as in PgBouncer
+/// (whose console checks the names of those lists there too).
+pub(super) fn console_role(cfg: &Config, conn: &ClientConn, user: &str, database: &str) -> Option<admin::Role> {
+    if own_socket_admin(cfg, conn, user, database) {
+        return Some(admin::Role::Admin);
+    }
+    let any = cfg.general.auth_type == crate::config::AuthType::Any;
+    admin::role_of(cfg, user).or(any.then_some(admin::Role::Stats))
 }
 
 /// The name of the OS user of the process at the other end of a Unix socket (for

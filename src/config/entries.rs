@@ -118,8 +118,8 @@ fn where_users_are(g: &General) -> &'static str {
 }
 
 /// The admin console keys: users must be users of the config, `[users]` or the
-/// `auth_file` (`users` holds both; for their passwords), the virtual database must not
-/// shadow a real one.
+/// `auth_file` (`users` holds both; for their passwords; under `auth_type = "any"` none
+/// is asked, and any name will do), the virtual database must not shadow a real one.
 pub(super) fn validate_admin(
     g: &General,
     databases: &BTreeMap<String, Database>,
@@ -133,7 +133,8 @@ pub(super) fn validate_admin(
         return Err(invalid("admin_database", format!("\"{}\" is also a [databases] entry", g.admin_database)));
     }
     for (key, list) in [("admin_users", &g.admin_users), ("stats_users", &g.stats_users)] {
-        if let Some(u) = list.iter().find(|u| !users.contains_key(*u)) {
+        let unknown = |u: &&String| g.auth_type != super::AuthType::Any && !users.contains_key(*u);
+        if let Some(u) = list.iter().find(unknown) {
             return Err(invalid(key, format!("user \"{u}\" is not in {}", where_users_are(g))));
         }
     }
