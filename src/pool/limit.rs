@@ -7,7 +7,9 @@
 //! and given back. A pool that finds a limit full marks it `contended` under the same
 //! lock; whoever frees room afterwards sees the mark (`take_contended`) and wakes the
 //! pools sharing the limit. Either the freeing comes first, and the pool that looks
-//! sees the room, or the mark does, and the freeing sees it: no wake-up is lost.
+//! sees the room, or the mark does, and the freeing sees it: no wake-up is lost. A
+//! mark no queue needs any more is cleared by the janitor's pass (`settle`), as it
+//! has every check-in wake the janitor.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
@@ -66,8 +68,19 @@ impl ConnLimit {
         pools.push(Arc::downgrade(pool));
     }
 
-    /// Takes one connection under both limits, or none (marking the full one contended).
+    /// Takes one connection under both limits, or none (marking the full one contended:
+    /// call with the pool's lock held, and queue the client under that same hold).
     pub fn acquire_pair(db: &ConnLimit, user: &ConnLimit) -> bool {
+        Self::acquire(db, user, true)
+    }
+
+    /// `acquire_pair` for a connection nobody waits for (`min_pool_size`): a full limit
+    /// is not marked, as no queue needs room made.
+    pub fn acquire_pair_unmarked(db: &ConnLimit, user: &ConnLimit) -> bool {
+        Self::acquire(db, user, false)
+    }
+
+    fn acquire(db: &ConnLimit, user: &ConnLimit, mark: bool) -> bool {
         let mut d = db.count.lock();
         let mut u = user.count.lock();
         let d_room = has_room(db.max(), d.current);
@@ -76,8 +89,8 @@ impl ConnLimit {
             d.current += 1;
             u.current += 1;
         }
-        d.contended |= !d_room;
-        u.contended |= !u_room;
+        d.contended |= mark && !d_room;
+        u.contended |= mark && !u_room;
         d_room && u_room
     }
 
@@ -96,6 +109,20 @@ impl ConnLimit {
             return Vec::new();
         }
         self.pools.lock().iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Clears the mark unless a pool counting against this limit has clients queued;
+    /// call with no pool's lock held. Taken first and set again: a pool marks and queues
+    /// under one hold of its lock, which `has_waiters` takes, so a mark set before the
+    /// clear is seen with its queue, and one set after stays.
+    pub fn settle(&self) {
+        if !self.is_contended() {
+            return;
+        }
+        let pools = self.take_contended();
+        if pools.iter().any(|p| p.has_waiters()) {
+            self.count.lock().contended = true;
+        }
     }
 }
 

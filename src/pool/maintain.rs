@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use super::Pool;
+use super::limit::ConnLimit;
 use crate::server::ServerError;
 
 impl Pool {
@@ -62,7 +63,8 @@ impl Pool {
             let mut inner = self.inner.lock();
             let enough = inner.total >= settings.kept_open;
             let held_back = inner.held_back(settings.login_retry).is_some();
-            if inner.closed || self.is_paused() || enough || held_back || !self.acquire_limits() {
+            let acquired = || ConnLimit::acquire_pair_unmarked(&self.db_limit, &self.user_limit);
+            if inner.closed || self.is_paused() || enough || held_back || !acquired() {
                 return Ok(false);
             }
             inner.total += 1;
@@ -107,6 +109,11 @@ impl Pool {
             && i.total < settings.size
             && i.connecting == 0
             && i.held_back(settings.login_retry).is_none()
+    }
+
+    /// Whether clients wait in this pool's queue.
+    pub fn has_waiters(&self) -> bool {
+        !self.inner.lock().waiters.is_empty()
     }
 
     /// Whether closing one of this pool's connections gives `starved` room: `starved`

@@ -218,6 +218,14 @@ impl Pools {
             let _ =
                 pools.iter().any(|p| !Arc::ptr_eq(p, starved) && p.can_make_room_for(starved) && p.evict_one_idle());
         }
+        // Marks of limits found full whose queues are gone (a client served by its own
+        // pool's connection after all) would have every check-in wake this pass.
+        let mut seen = std::collections::HashSet::new();
+        for limit in pools.iter().flat_map(|p| [&p.db_limit, &p.user_limit]) {
+            if seen.insert(Arc::as_ptr(limit)) {
+                limit.settle();
+            }
+        }
     }
 
     /// The pools of one database, or all of them, the lookups' included (for PAUSE,

@@ -234,3 +234,33 @@ fn unused_fallback_pools_go_unless_held_or_paused() {
     assert!(retire_until(&|| !dbs().contains(&"x".to_string())), "{:?}", dbs());
     assert!(dbs().contains(&"w".to_string()), "a paused database lost its pool");
 }
+
+/// A full limit is marked only for a queue that needs room (not for `min_pool_size`'s
+/// refill), and the janitor's pass clears a mark no queue needs any more: it would
+/// otherwise have every check-in under the limit wake the janitor.
+#[tokio::test]
+async fn marks_of_full_limits_last_while_a_queue_needs_room() {
+    let (pools, [a_u1, _, b_u1]) = pools_with("max_user_connections = 1\nmin_pool_size = 1");
+    assert!(ConnLimit::acquire_pair(&b_u1.db_limit, &b_u1.user_limit));
+    assert!(!a_u1.prefill().await.expect("no connect tried"), "a refill past the limit");
+    assert!(!a_u1.user_limit.is_contended(), "a refill marked the limit");
+    // A client finding the limit full marks it, and the mark stays while it waits.
+    let waiting = tokio::spawn({
+        let pool = a_u1.clone();
+        async move { pool.checkout().await.map(drop) }
+    });
+    while !a_u1.has_waiters() {
+        tokio::task::yield_now().await;
+    }
+    assert!(a_u1.user_limit.is_contended());
+    pools.rebalance();
+    assert!(a_u1.user_limit.is_contended(), "cleared with a client queued");
+    waiting.abort();
+    // A mark whose client went its way (no queue anywhere): cleared by the next pass.
+    let (pools, [a_u1, _, b_u1]) = pools_with("max_user_connections = 1");
+    assert!(ConnLimit::acquire_pair(&b_u1.db_limit, &b_u1.user_limit));
+    assert!(!ConnLimit::acquire_pair(&a_u1.db_limit, &a_u1.user_limit));
+    assert!(a_u1.user_limit.is_contended());
+    pools.rebalance();
+    assert!(!a_u1.user_limit.is_contended(), "the mark outlived its queue");
+}
