@@ -366,7 +366,7 @@ pub async fn run(app: Arc<App>, listeners: Vec<Listener>, signals: Signals) {
     }
     app.set_phase(Phase::Stopping);
     for p in app.pools.upkeep() {
-        p.close();
+        p.close("Sluice is shutting down");
     }
     // The accept loops end at Stopping, dropping their listeners (which removes the Unix
     // socket file) before the runtime is left behind (`main`).

@@ -602,14 +602,38 @@ async fn clients_waiting_on_a_paused_database_learn_it_was_removed() {
     })
     .await;
     assert!(held, "the client is not held by the PAUSE");
+    reload_without(&s, "[databases.gone]");
+    let r = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("still waiting").unwrap();
+    let e = r.expect_err("an error");
+    assert_eq!(code(&e), "57P03");
+    assert!(message(&e).contains("its database was removed by a reload"), "{e}");
+}
+
+/// Reloads `s` with the config section `header` removed.
+fn reload_without(s: &Sluice, header: &str) {
     let cfg = s.config();
-    let start = cfg.find("[databases.gone]").expect("the section");
+    let start = cfg.find(header).unwrap_or_else(|| panic!("no {header} in\n{cfg}"));
     let end = cfg[start + 1..].find("\n[").map_or(cfg.len(), |i| start + 2 + i);
     s.write_config(&format!("{}{}", &cfg[..start], &cfg[end..]));
     s.reload();
     assert!(s.wait_log("configuration reloaded", Duration::from_secs(10)));
-    let r = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("still waiting").unwrap();
-    assert_eq!(code(&r.expect_err("an error")), "57P03");
+}
+
+/// A user removed by a reload: its transaction-mode clients are told so at their next
+/// transaction (57P03, naming the reason), as the clients of a removed database are;
+/// other users' clients go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_of_a_removed_user_learn_why_at_their_next_transaction() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg)).start();
+    let gone = connect(s.port, Role::PLAIN.name, Role::PLAIN.password, "app").await;
+    let kept = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&gone, "select 1").await, "1");
+    reload_without(&s, &format!("[users.{}]", Role::PLAIN.name));
+    let e = gone.simple_query("select 2").await.expect_err("the removed user's client was served");
+    assert_eq!(code(&e), "57P03", "{e}");
+    assert!(message(&e).contains("a reload removed its user"), "{e}");
+    assert_eq!(value(&kept, "select 3").await, "3");
 }
 
 /// The byte Sluice answers an SSLRequest with: `S` (TLS offered) or `N`.

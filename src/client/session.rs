@@ -536,7 +536,7 @@ pub(super) fn pool_failure(e: PoolError) -> Exit {
     match e {
         PoolError::Connect(e) => Exit::fatal(e.sqlstate(), format!("server connection failed: {e}")),
         PoolError::WaitTimeout => Exit::fatal(sqlstate::QUERY_CANCELED, e.to_string()),
-        PoolError::Closed => Exit::fatal(sqlstate::CANNOT_CONNECT_NOW, e.to_string()),
+        PoolError::Closed(_) => Exit::fatal(sqlstate::CANNOT_CONNECT_NOW, e.to_string()),
         PoolError::LoginRetry(ref f) => Exit::fatal(&f.code, e.to_string()),
     }
 }

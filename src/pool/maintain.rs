@@ -40,7 +40,8 @@ impl Pool {
                 }
             }
             inner.idle = keep;
-            let missing = if inner.closed || self.is_paused() { 0 } else { settings.kept_open.saturating_sub(total) };
+            let missing =
+                if inner.closed.is_some() || self.is_paused() { 0 } else { settings.kept_open.saturating_sub(total) };
             (missing, total)
         };
         // A host name is looked up again once its answer is `dns_max_ttl` old while the
@@ -64,7 +65,7 @@ impl Pool {
             let enough = inner.total >= settings.kept_open;
             let held_back = inner.held_back(settings.login_retry).is_some();
             let acquired = || ConnLimit::acquire_pair_unmarked(&self.db_limit, &self.user_limit);
-            if inner.closed || self.is_paused() || enough || held_back || !acquired() {
+            if inner.closed.is_some() || self.is_paused() || enough || held_back || !acquired() {
                 return Ok(false);
             }
             inner.total += 1;
@@ -76,10 +77,11 @@ impl Pool {
     }
 
     /// Closes every idle connection now; in-use ones are closed when they come back.
-    pub fn close(&self) {
+    /// Its clients' next check-out fails with `why` (57P03).
+    pub fn close(&self, why: &'static str) {
         let idle = {
             let mut inner = self.inner.lock();
-            inner.closed = true;
+            inner.closed = Some(why);
             inner.waiters.clear();
             std::mem::take(&mut inner.idle)
         };

@@ -46,8 +46,9 @@ pub enum PoolError {
     WaitTimeout,
     #[error("server connection failed: {0}")]
     Connect(ServerError),
-    #[error("database is shutting down or was removed")]
-    Closed,
+    /// The pool was closed (`Pool::close`), for the reason given.
+    #[error("{0}")]
+    Closed(&'static str),
     /// Held back by a recent failed connect (`server_login_retry`).
     #[error("{0}")]
     LoginRetry(Arc<ConnectFailure>),
@@ -69,7 +70,8 @@ struct Inner {
     /// Open plus connecting server connections.
     total: usize,
     connecting: usize,
-    closed: bool,
+    /// Closed (`Pool::close`), and why.
+    closed: Option<&'static str>,
     /// The last failed connect, until one succeeds (`server_login_retry`).
     failed: Option<Arc<ConnectFailure>>,
 }
@@ -342,8 +344,8 @@ impl Pool {
     fn next(&self, since: &mut Option<Instant>, slot: &WaitSlot) -> Result<Next, PoolError> {
         let settings = self.settings.load();
         let mut inner = self.inner.lock();
-        if inner.closed {
-            return Err(PoolError::Closed);
+        if let Some(why) = inner.closed {
+            return Err(PoolError::Closed(why));
         }
         // Read under the lock `pause` clears the queue under: no wait queued after it.
         if self.is_paused() {
@@ -357,8 +359,8 @@ impl Pool {
             drop(inner);
             self.discard(s);
             inner = self.inner.lock();
-            if inner.closed {
-                return Err(PoolError::Closed);
+            if let Some(why) = inner.closed {
+                return Err(PoolError::Closed(why));
             }
             if self.is_paused() {
                 return Ok(Next::Paused);
@@ -519,7 +521,7 @@ impl Pool {
         // Also closed: one beyond the pool's size and reserve (lowered by a reload or
         // SET); reserve connections go on serving the queue, and idle, go by
         // `server_idle_timeout` (`maintain`).
-        if inner.closed || self.is_paused() || self.marked(&s) || inner.total > settings.most() {
+        if inner.closed.is_some() || self.is_paused() || self.marked(&s) || inner.total > settings.most() {
             drop(inner);
             return self.discard(s);
         }

@@ -386,7 +386,11 @@ impl Pools {
         }
         for pools in map.values_mut() {
             pools.retain(|_, pool| {
-                let kept = keep_updated(pool, settings_of(cfg, users, &side, &pool.key));
+                let why = match cfg.database(&pool.key.database) {
+                    None => "its database was removed by a reload",
+                    Some(_) => "a reload removed its user, or changed the database's own user",
+                };
+                let kept = keep_updated(pool, settings_of(cfg, users, &side, &pool.key), why);
                 if !kept {
                     self.retire_stats(pool);
                 }
@@ -394,7 +398,8 @@ impl Pools {
             });
         }
         map.retain(|db, pools| self.keep_database(db, pools));
-        self.lookups.lock().retain(|key, pool| keep_updated(pool, lookup_settings(cfg, users, &side, key)));
+        let why = "lookups no longer run as this user";
+        self.lookups.lock().retain(|key, pool| keep_updated(pool, lookup_settings(cfg, users, &side, key), why));
     }
 
     /// A lookup found a new password for a user of `db`: its pool, if it has one, logs
@@ -494,15 +499,15 @@ fn lookup_settings(cfg: &Config, users: &UserStore, side: &ServerSide<'_>, key: 
 }
 
 /// A pool kept by a reload takes its new settings; one the new config has no place for
-/// is closed (false).
-fn keep_updated(pool: &Arc<Pool>, settings: Option<PoolSettings>) -> bool {
+/// is closed (false), its clients told `why`.
+fn keep_updated(pool: &Arc<Pool>, settings: Option<PoolSettings>, why: &'static str) -> bool {
     match settings {
         Some(s) => {
             pool.update(s);
             true
         }
         None => {
-            pool.close();
+            pool.close(why);
             false
         }
     }

@@ -288,11 +288,11 @@ mod tests {
         let wait = queue(&pool, Instant::now(), &slot);
         let mut w = Waiter { pool: &pool, slot: slot.get().unwrap(), wait, done: false };
         assert!(poll_once(&mut w));
-        pool.close();
+        pool.close("closed by the test");
         let r = tokio::time::timeout(Duration::from_secs(2), w.received()).await;
         assert!(matches!(r, Ok(None)), "close ends the wait with nothing");
         drop(w);
-        assert!(matches!(pool.next(&mut None, &slot), Err(PoolError::Closed)));
+        assert!(matches!(pool.next(&mut None, &slot), Err(PoolError::Closed("closed by the test"))));
     }
 
     /// What the stress test's clients saw: waits abandoned, connect slots received,

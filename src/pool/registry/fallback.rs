@@ -57,7 +57,7 @@ impl Pools {
             let (db, user) = (&pool.key.database, &pool.key.user);
             tracing::info!(db = %db, user = %user, lookups = lookup, "unused pool of a fallback database dropped");
             unused.remove(&at);
-            pool.close();
+            pool.close("its pool went unused and was dropped");
             if !lookup {
                 self.retire_stats(pool);
             }
