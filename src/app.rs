@@ -323,7 +323,8 @@ pub fn bind(cfg: &Config) -> Result<Vec<Listener>, AppError> {
         out.push(l);
     }
     if !g.unix_socket_dir.is_empty() {
-        let mode = u32::from_str_radix(&g.unix_socket_mode, 8).unwrap_or(0o777);
+        // Checked at load (`config::validate`): octal, at most 0777.
+        let mode = u32::from_str_radix(&g.unix_socket_mode, 8).unwrap_or(0o700);
         let group = Some(g.unix_socket_group.as_str()).filter(|s| !s.is_empty());
         let l = Listener::unix(&g.unix_socket_dir, g.listen_port, mode, group, g.listen_backlog)
             .map_err(|source| AppError::Listen { what: g.unix_socket_dir.clone(), source })?;

@@ -266,6 +266,13 @@ async fn the_fallback_database_serves_databases_not_listed() {
     let e = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "later").await.unwrap_err();
     assert_eq!(common::code(&e), "55000", "{e}");
     console.simple_query("ENABLE later").await.unwrap();
+    // Not the console's own database, which the fallback only seems to serve.
+    for cmd in ["PAUSE", "DISABLE", "KILL", "RECONNECT", "WAIT_CLOSE"] {
+        let e = console.simple_query(&format!("{cmd} pgbouncer")).await.unwrap_err();
+        assert_eq!(common::code(&e), "55000", "{cmd}: {e}");
+    }
+    let dbs = common::console::rows(&console, "SHOW DATABASES").await;
+    assert_eq!(dbs.iter().filter(|r| r.get("name") == Some("pgbouncer")).count(), 1);
 }
 
 /// md5 client logins, transaction mode, lookups as the superuser `u_admin` (listed with

@@ -255,10 +255,15 @@ pub const HELP: &str = "Console usage
 /// entry serves. As in PgBouncer, PAUSE, KILL, DISABLE, RECONNECT and WAIT_CLOSE take
 /// any name the fallback serves (`ahead`: so a database can be paused or disabled before
 /// its first client), RESUME and ENABLE only one it serves now (with a pool, or paused
-/// or disabled by name).
+/// or disabled by name). Never the console's own database (which the fallback would
+/// otherwise seem to serve: no entry may take its name).
 fn known(app: &App, db: &Option<String>, ahead: bool) -> Result<(), AdminError> {
     let Some(d) = db else { return Ok(()) };
     let cfg = app.config.load();
+    if crate::admin::is_admin_database(&cfg, d) {
+        let e = format!("not for the admin console's own database: {d}");
+        return Err(AdminError::new(sqlstate::OBJECT_NOT_IN_PREREQUISITE_STATE, e));
+    }
     let served = || ahead || !app.pools.of(Some(d)).is_empty() || app.pools.flagged().contains(d);
     let listed = cfg.databases.contains_key(d) && d != crate::config::FALLBACK_DATABASE;
     if listed || (cfg.is_fallback_served(d) && served()) {

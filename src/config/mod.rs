@@ -601,7 +601,8 @@ fn validate_general(g: &General, invalid: Invalid) -> Result<Vec<IpAddr>, Config
         return Err(invalid("unix_socket_group", e.to_string()));
     }
     let mode = &g.unix_socket_mode;
-    if !mode.bytes().all(|b| (b'0'..=b'7').contains(&b)) || u32::from_str_radix(mode, 8).is_ok_and(|m| m > 0o777) {
+    let octal = mode.bytes().all(|b| (b'0'..=b'7').contains(&b));
+    if !octal || !matches!(u32::from_str_radix(mode, 8), Ok(m) if m <= 0o777) {
         return Err(invalid("unix_socket_mode", "must be an octal file mode from \"0\" to \"0777\"".into()));
     }
     if g.default_pool_size == 0 {

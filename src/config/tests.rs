@@ -73,6 +73,8 @@ fn semantic_errors_name_file_line_and_key() {
         ("query_timeout = 1e300", "query_timeout: must be a number of seconds from 0 to 1000000000"),
         ("unix_socket_mode = \"0777777\"", "unix_socket_mode: must be an octal file mode from \"0\" to \"0777\""),
         ("unix_socket_mode = \"+777\"", "unix_socket_mode: must be an octal file mode from \"0\" to \"0777\""),
+        ("unix_socket_mode = \"\"", "unix_socket_mode: must be an octal file mode from \"0\" to \"0777\""),
+        ("unix_socket_mode = \"77777777777\"", "unix_socket_mode: must be an octal file mode from \"0\" to \"0777\""),
         ("server_check_query = \"select\\u0000\"", "server_check_query: must not contain a NUL character"),
         ("max_packet_size = 1023", "max_packet_size: must be at least 1024"),
     ];
