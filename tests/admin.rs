@@ -179,6 +179,14 @@ async fn extended_protocol_and_stats_after_traffic() {
     assert!(p99.parse::<u64>().unwrap() > 0, "{p99}");
     let total: u64 = cell(&a, "SHOW TOTALS", "name", "total_xact_count", "value").await.unwrap().parse().unwrap();
     assert!(total >= 20);
+    // Every row named as PgBouncer's SHOW TOTALS names it (its stats fields).
+    let names: Vec<String> =
+        rows(&a, "SHOW TOTALS").await.iter().filter_map(|r| r.get("name").map(String::from)).collect();
+    let fields = "server_assignment_count xact_count query_count client_bytes server_bytes xact_time \
+                  query_time wait_time ps_client_parse_count ps_server_parse_count ps_bind_count";
+    let want: Vec<String> =
+        ["total", "avg"].iter().flat_map(|p| fields.split_whitespace().map(move |f| format!("{p}_{f}"))).collect();
+    assert_eq!(names, want);
     busy.abort();
     assert!(s.log().contains("stats: "), "no log_stats line:\n{}", s.log());
 }

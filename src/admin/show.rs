@@ -192,32 +192,57 @@ fn pools(app: &App) -> Table {
 
 /// The SHOW STATS counters in order: (total column, average column, STATS_TOTALS /
 /// STATS_AVERAGES column, value).
-fn stat_columns(x: &Totals) -> [(&'static str, &'static str, &'static str, u64); 11] {
+/// A statistic's names: SHOW STATS' total and average columns, SHOW STATS_TOTALS' and
+/// STATS_AVERAGES' column, and SHOW TOTALS' row (`total_`/`avg_` and PgBouncer's field
+/// name there, which differs for bytes and parses); and its value.
+struct StatColumn {
+    total: &'static str,
+    avg: &'static str,
+    plain: &'static str,
+    field: &'static str,
+    value: u64,
+}
+
+fn stat_columns(x: &Totals) -> [StatColumn; 11] {
+    let c = |total, avg, plain, field, value| StatColumn { total, avg, plain, field, value };
     [
-        (
+        c(
             "total_server_assignment_count",
             "avg_server_assignment_count",
             "server_assignment_count",
+            "server_assignment_count",
             x.server_assignment_count,
         ),
-        ("total_xact_count", "avg_xact_count", "xact_count", x.xact_count),
-        ("total_query_count", "avg_query_count", "query_count", x.query_count),
-        ("total_received", "avg_recv", "bytes_received", x.received),
-        ("total_sent", "avg_sent", "bytes_sent", x.sent),
-        ("total_xact_time", "avg_xact_time", "xact_time", x.xact_time),
-        ("total_query_time", "avg_query_time", "query_time", x.query_time),
-        ("total_wait_time", "avg_wait_time", "wait_time", x.wait_time),
-        ("total_client_parse_count", "avg_client_parse_count", "client_parse_count", x.client_parse_count),
-        ("total_server_parse_count", "avg_server_parse_count", "server_parse_count", x.server_parse_count),
-        ("total_bind_count", "avg_bind_count", "bind_count", x.bind_count),
+        c("total_xact_count", "avg_xact_count", "xact_count", "xact_count", x.xact_count),
+        c("total_query_count", "avg_query_count", "query_count", "query_count", x.query_count),
+        c("total_received", "avg_recv", "bytes_received", "client_bytes", x.received),
+        c("total_sent", "avg_sent", "bytes_sent", "server_bytes", x.sent),
+        c("total_xact_time", "avg_xact_time", "xact_time", "xact_time", x.xact_time),
+        c("total_query_time", "avg_query_time", "query_time", "query_time", x.query_time),
+        c("total_wait_time", "avg_wait_time", "wait_time", "wait_time", x.wait_time),
+        c(
+            "total_client_parse_count",
+            "avg_client_parse_count",
+            "client_parse_count",
+            "ps_client_parse_count",
+            x.client_parse_count,
+        ),
+        c(
+            "total_server_parse_count",
+            "avg_server_parse_count",
+            "server_parse_count",
+            "ps_server_parse_count",
+            x.server_parse_count,
+        ),
+        c("total_bind_count", "avg_bind_count", "bind_count", "ps_bind_count", x.bind_count),
     ]
 }
 
 fn stats(app: &App, cfg: &Config) -> Table {
     let zero = stat_columns(&Totals::default());
     let mut names = vec!["database"];
-    names.extend(zero.iter().map(|c| c.0));
-    names.extend(zero.iter().map(|c| c.1));
+    names.extend(zero.iter().map(|c| c.total));
+    names.extend(zero.iter().map(|c| c.avg));
     if cfg.general.admin_legacy_columns {
         names.push("total_requests");
     }
@@ -226,8 +251,8 @@ fn stats(app: &App, cfg: &Config) -> Table {
     for (db, totals) in metrics::db_totals(app) {
         let avg = averages.get(&db).copied().unwrap_or_default();
         let mut row = vec![text(&db)];
-        row.extend(stat_columns(&totals).iter().map(|c| int(c.3)));
-        row.extend(stat_columns(&avg).iter().map(|c| int(c.3)));
+        row.extend(stat_columns(&totals).iter().map(|c| int(c.value)));
+        row.extend(stat_columns(&avg).iter().map(|c| int(c.value)));
         if cfg.general.admin_legacy_columns {
             row.push(int(totals.query_count));
         }
@@ -239,13 +264,13 @@ fn stats(app: &App, cfg: &Config) -> Table {
 fn stats_part(app: &App, averages: bool) -> Table {
     let zero = stat_columns(&Totals::default());
     let mut names = vec!["database"];
-    names.extend(zero.iter().map(|c| c.2));
+    names.extend(zero.iter().map(|c| c.plain));
     let mut t = Table::new(&names, &format!("s{}", "i".repeat(names.len() - 1)));
     let avg = app.monitor.averages();
     for (db, totals) in metrics::db_totals(app) {
         let x = if averages { avg.get(&db).copied().unwrap_or_default() } else { totals };
         let mut row = vec![text(&db)];
-        row.extend(stat_columns(&x).iter().map(|c| int(c.3)));
+        row.extend(stat_columns(&x).iter().map(|c| int(c.value)));
         t.push(row);
     }
     t
@@ -258,11 +283,12 @@ fn totals(app: &App) -> Table {
     // Rates add up; mean times are worked out from the summed totals (weighted).
     let avg = app.monitor.overall_averages();
     let mut t = Table::new(&["name", "value"], "si");
+    // Named as PgBouncer names these rows (`total_client_bytes`, `avg_ps_bind_count`).
     for c in stat_columns(&total) {
-        t.push(vec![text(c.0), int(c.3)]);
+        t.push(vec![text(format!("total_{}", c.field)), int(c.value)]);
     }
     for c in stat_columns(&avg) {
-        t.push(vec![text(c.1), int(c.3)]);
+        t.push(vec![text(format!("avg_{}", c.field)), int(c.value)]);
     }
     t
 }
