@@ -231,6 +231,10 @@ async fn the_fallback_database_serves_databases_not_listed() {
             .filter_map(|r| r.get("name").map(String::from))
             .collect();
         assert!(["*", "app", "other"].iter().all(|d| dbs.contains(&d.to_string())), "{dbs:?}");
+        // The fallback entry has no statistics of its own: the databases it serves do.
+        let stats = common::console::rows(&console, "SHOW STATS").await;
+        let names: Vec<_> = stats.iter().filter_map(|r| r.get("database")).collect();
+        assert!(names.contains(&"other") && !names.contains(&"*"), "{names:?}");
     }
     let e = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "nope").await.unwrap_err();
     assert_eq!(common::code(&e), "3D000", "{e}");

@@ -181,10 +181,12 @@ impl Totals {
 }
 
 /// Totals since start per configured database (SHOW STATS rows), sorted by name;
-/// databases without a pool yet have zeros.
+/// databases without a pool yet have zeros (not the fallback entry `*`, which never
+/// has one: the databases it serves have rows of their own).
 pub fn db_totals(app: &App) -> BTreeMap<String, Totals> {
-    let mut out: BTreeMap<String, Totals> =
-        app.config.load().databases.keys().map(|d| (d.clone(), Totals::default())).collect();
+    let cfg = app.config.load();
+    let listed = cfg.databases.keys().filter(|d| *d != crate::config::FALLBACK_DATABASE);
+    let mut out: BTreeMap<String, Totals> = listed.map(|d| (d.clone(), Totals::default())).collect();
     for pool in app.pools.all() {
         out.entry(pool.key.database.clone()).or_default().add(&pool.stats);
     }
@@ -342,8 +344,24 @@ pub async fn stats_task(app: Arc<App>) {
         period_start = now;
         let averages = app.monitor.close_period(now, db_totals(&app));
         if g.log_stats {
+            // All databases together, in PgBouncer's words; each database's at debug.
+            let a = app.monitor.overall_averages();
+            info!(
+                "stats: {} xacts/s, {} queries/s, {} client parses/s, {} server parses/s, {} binds/s, \
+                 in {} B/s, out {} B/s, xact {} us, query {} us, wait {} us",
+                a.xact_count,
+                a.query_count,
+                a.client_parse_count,
+                a.server_parse_count,
+                a.bind_count,
+                a.received,
+                a.sent,
+                a.xact_time,
+                a.query_time,
+                a.wait_time
+            );
             for (db, a) in &averages {
-                info!(
+                tracing::debug!(
                     database = %db,
                     "stats: {} xacts/s, {} queries/s, in {} B/s, out {} B/s, xact {} us, query {} us, wait {} us",
                     a.xact_count, a.query_count, a.received, a.sent, a.xact_time, a.query_time, a.wait_time
