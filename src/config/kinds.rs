@@ -108,12 +108,15 @@ impl ClientTlsMode {
     }
 }
 
-/// TLS towards PostgreSQL (libpq's `sslmode`, without `allow`).
+/// TLS towards PostgreSQL (libpq's `sslmode`; `allow` as PgBouncer has it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ServerTlsMode {
     /// Plaintext; no SSLRequest is sent.
     Disable,
+    /// Same as `prefer`, as in PgBouncer (which requests TLS in every mode but
+    /// `disable`; libpq's `allow` tries plaintext first).
+    Allow,
     /// TLS when the server supports it, without checking its certificate; else plaintext.
     Prefer,
     /// TLS or fail, without checking the server's certificate.
@@ -128,6 +131,7 @@ impl ServerTlsMode {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Disable => "disable",
+            Self::Allow => "allow",
             Self::Prefer => "prefer",
             Self::Require => "require",
             Self::VerifyCa => "verify-ca",

@@ -47,7 +47,7 @@ pub async fn negotiate(stream: Stream, tls: &ServerTls, host: &str) -> Result<St
     tcp.read_exact(&mut answer).await?;
     match answer[0] {
         b'S' => {}
-        b'N' if tls.mode == ServerTlsMode::Prefer => return Ok(Stream::Tcp(tcp)),
+        b'N' if matches!(tls.mode, ServerTlsMode::Allow | ServerTlsMode::Prefer) => return Ok(Stream::Tcp(tcp)),
         b'N' => return Err(TlsConnectError::Refused),
         other => return Err(TlsConnectError::BadResponse(char::from(other))),
     }

@@ -90,7 +90,7 @@ impl ServerTls {
         let mode = cfg.general.server_tls_sslmode;
         let proof = match mode {
             ServerTlsMode::Disable => return Ok(ServerTls::default()),
-            ServerTlsMode::Prefer | ServerTlsMode::Require => Proof::Nothing,
+            ServerTlsMode::Allow | ServerTlsMode::Prefer | ServerTlsMode::Require => Proof::Nothing,
             ServerTlsMode::VerifyCa => Proof::Chain(server_roots(cfg)?),
             ServerTlsMode::VerifyFull => Proof::ChainAndHost(server_roots(cfg)?),
         };

@@ -77,11 +77,13 @@ async fn bad_server_certificates_are_refused_in_libpq_words() {
 }
 
 #[tokio::test]
-async fn prefer_and_require_against_postgres_without_ssl() {
+async fn prefer_allow_and_require_against_postgres_without_ssl() {
     let certs = TestCerts::generate();
     let pg = PgCluster::start();
-    let s = server_tls(Sluice::builder(&pg), "prefer", &certs).start();
-    assert_eq!(server_side_ssl(s.port).await.unwrap(), "false", "prefer falls back to plaintext");
+    for mode in ["prefer", "allow"] {
+        let s = server_tls(Sluice::builder(&pg), mode, &certs).start();
+        assert_eq!(server_side_ssl(s.port).await.unwrap(), "false", "{mode} falls back to plaintext");
+    }
     let s = server_tls(Sluice::builder(&pg), "require", &certs).start();
     let e = server_side_ssl(s.port).await.expect_err("require must fail");
     let db = e.as_db_error().expect("a server error");
@@ -89,6 +91,9 @@ async fn prefer_and_require_against_postgres_without_ssl() {
     // and prefer uses TLS where it exists
     let pg = ssl_cluster(&certs.server);
     let s = server_tls(Sluice::builder(&pg), "prefer", &certs).start();
+    assert_eq!(server_side_ssl(s.port).await.unwrap(), "true");
+    // `allow` (PgBouncer's): the same as prefer.
+    let s = server_tls(Sluice::builder(&pg), "allow", &certs).start();
     assert_eq!(server_side_ssl(s.port).await.unwrap(), "true");
 }
 
