@@ -90,7 +90,12 @@ pub fn parse(body: &[u8]) -> Result<StartupPacket, ProtocolError> {
                 return Err(ProtocolError::UnsupportedVersion { major, minor });
             }
             let (text, spans) = parse_params(rest)?;
-            Ok(StartupPacket::Startup(StartupMessage { minor, text: text.into(), spans }))
+            let lossy = matches!(text, std::borrow::Cow::Owned(_));
+            let m = StartupMessage { minor, text: text.into(), spans };
+            if lossy && ["user", "database"].iter().any(|k| m.get(k).is_some_and(|v| v.contains('\u{fffd}'))) {
+                return Err(ProtocolError::Malformed("StartupMessage (a user or database name not in UTF-8)"));
+            }
+            Ok(StartupPacket::Startup(m))
         }
     }
 }
@@ -99,19 +104,20 @@ pub fn parse(body: &[u8]) -> Result<StartupPacket, ProtocolError> {
 type Spans = Vec<(Range<usize>, Range<usize>)>;
 
 /// Splits the parameter area: name, NUL, value, NUL, ..., and an empty name ending it.
-/// All of it must be UTF-8 (NUL cannot occur inside a multi-byte character, so the
-/// whole area is checked at once).
-fn parse_params(buf: &[u8]) -> Result<(&str, Spans), ProtocolError> {
+/// Bytes that are not UTF-8 (an `application_name` in Latin-1, which PostgreSQL takes
+/// as it comes) read as U+FFFD: the NULs stay where they are, as no multi-byte
+/// character holds one. (The caller refuses such a user or database name.)
+fn parse_params(buf: &[u8]) -> Result<(std::borrow::Cow<'_, str>, Spans), ProtocolError> {
     let bad = || ProtocolError::Malformed("StartupMessage");
-    let text = std::str::from_utf8(buf).map_err(|_| bad())?;
+    let text = String::from_utf8_lossy(buf);
     let mut spans = Vec::new();
     let mut pos = 0;
     loop {
-        let name = next_cstr(text, &mut pos).ok_or_else(bad)?;
+        let name = next_cstr(&text, &mut pos).ok_or_else(bad)?;
         if name.is_empty() {
             return if pos == text.len() { Ok((text, spans)) } else { Err(bad()) };
         }
-        let value = next_cstr(text, &mut pos).ok_or_else(bad)?;
+        let value = next_cstr(&text, &mut pos).ok_or_else(bad)?;
         spans.push((name, value));
     }
 }
@@ -233,8 +239,12 @@ mod tests {
         assert!(parse(&packet(PROTOCOL_3_0, b"user\0bob")).is_err());
         assert!(parse(&packet(PROTOCOL_3_0, b"user\0bob\0\0extra")).is_err());
         assert!(parse(&packet(PROTOCOL_3_0, b"")).is_err());
+        // User and database names must be UTF-8 (the config's are); other values need not.
         assert!(parse(&packet(PROTOCOL_3_0, b"user\0b\xffb\0\0")).is_err());
-        assert!(parse(&packet(PROTOCOL_3_0, b"us\xc3\0b\0\0")).is_err());
+        assert!(parse(&packet(PROTOCOL_3_0, b"user\0u\0database\0d\xc3\0\0")).is_err());
+        let latin1 = parse(&packet(PROTOCOL_3_0, b"user\0u\0application_name\0caf\xe9\0\0"));
+        let Ok(StartupPacket::Startup(m)) = latin1 else { panic!("{latin1:?}") };
+        assert_eq!((m.get("user"), m.get("application_name")), (Some("u"), Some("caf\u{fffd}")));
         assert!(parse(b"\0\0").is_err());
         assert!(check_length(7).is_err());
         assert!(check_length(10_001).is_err());
