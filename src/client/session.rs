@@ -223,6 +223,14 @@ impl Session {
                 _ if self.skipping.is_active() => {}
                 Err(e) => return Wanted::Leave(Exit::protocol(e)),
                 Ok(Some(h)) if h.tag == fe::TERMINATE => return Wanted::Leave(Exit::Terminated),
+                // Refused before a server is taken for it (the relay would refuse it).
+                Ok(Some(h)) if !fe::is_session_message(h.tag) => {
+                    return Wanted::Leave(Exit::protocol(crate::protocol::ProtocolError::UnknownMessage(h.tag)));
+                }
+                Ok(Some(h)) if h.tag == fe::FLUSH && h.frame_len != 5 => {
+                    let e = crate::protocol::ProtocolError::BadLength { tag: h.tag, len: h.frame_len - 1 };
+                    return Wanted::Leave(Exit::protocol(e));
+                }
                 Ok(Some(h)) => {
                     let need = client_need(self.mode != PoolMode::Session, self.rules.refuse_query)(h.tag);
                     // Refused (too long, or turned off) before any server is taken for it.

@@ -27,6 +27,26 @@ pub mod fe {
     pub const QUERY: u8 = b'Q';
     pub const SYNC: u8 = b'S';
     pub const TERMINATE: u8 = b'X';
+
+    /// Whether a logged-in client may send a message of this type (PostgreSQL's list);
+    /// the relay refuses any other (`ProtocolError::UnknownMessage`).
+    pub fn is_session_message(tag: u8) -> bool {
+        matches!(
+            tag,
+            BIND | CLOSE
+                | COPY_DATA
+                | COPY_DONE
+                | COPY_FAIL
+                | DESCRIBE
+                | EXECUTE
+                | FLUSH
+                | FUNCTION_CALL
+                | PARSE
+                | QUERY
+                | SYNC
+                | TERMINATE
+        )
+    }
 }
 
 /// Backend (server → client) message tags.

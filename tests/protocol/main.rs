@@ -272,6 +272,19 @@ fn unknown_message_types_are_refused_and_the_server_kept() {
         assert_eq!(from_another_client(&s, "select pg_backend_pid()"), pid, "type {tag}");
     }
     assert_eq!(pg.backends("state like 'idle in transaction%'"), 0);
+    // Refused without a server: at once while the only one is in another client's
+    // transaction (not after query_wait_timeout).
+    let mut holder = trust(&s);
+    holder.send(&query("begin"));
+    holder.until_ready();
+    for (tag, body) in [(b'?', &b"noise"[..]), (b'H', b"noise")] {
+        let mut c = trust(&s);
+        c.send(&msg(tag, body));
+        c.expect_error("08P01", "");
+        assert!(c.closed());
+    }
+    holder.send(&query("commit"));
+    holder.until_ready();
 }
 
 #[test]
