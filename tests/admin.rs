@@ -748,3 +748,19 @@ fn a_huge_console_query_is_answered_at_the_clients_pace() {
     assert_eq!(first.0, b'T', "{first:?}");
     drop(c);
 }
+
+/// After an error in an extended-protocol message the console ignores everything up to
+/// the Sync, a simple Query too, as PostgreSQL does: one ReadyForQuery, for the Sync.
+#[test]
+fn the_console_skips_a_query_behind_an_extended_error() {
+    use common::raw::{parse, query, sync, tags};
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("auth_type", "\"trust\"").general("stats_users", r#"["u_trust"]"#).start();
+    let mut c = Raw::login(s.port, "u_trust", "pgbouncer");
+    c.send(&[parse("", "SHOW NOTHING"), query("SHOW VERSION"), sync(), query("SHOW STATE")].concat());
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "EZ", "{m:?}");
+    assert_eq!(sqlstate(&m[0].1), "42601");
+    let m = c.until_ready();
+    assert_eq!(tags(&m), "TDDDCZ", "the next query's answer: {m:?}");
+}

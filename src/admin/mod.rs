@@ -129,21 +129,22 @@ impl AdminSession {
         let body = body(frame);
         match tag {
             fe::TERMINATE => return Err(Exit::Terminated),
-            fe::QUERY => {
+            fe::SYNC => {
                 self.skipping = false;
+                build::ready_for_query(&mut self.out, TxStatus::Idle);
+                self.flush(conn).await?;
+            }
+            // After an error in an extended message everything up to the Sync is
+            // ignored, a simple Query too (as PostgreSQL does).
+            _ if self.skipping => {}
+            fe::QUERY => {
                 let sql = read_cstr(body).map(|(s, _)| String::from_utf8_lossy(s).into_owned());
                 let sql = sql.ok_or_else(|| Exit::protocol("malformed Query message"))?;
                 self.simple_query(conn, &sql).await?;
                 build::ready_for_query(&mut self.out, TxStatus::Idle);
                 self.flush(conn).await?;
             }
-            fe::SYNC => {
-                self.skipping = false;
-                build::ready_for_query(&mut self.out, TxStatus::Idle);
-                self.flush(conn).await?;
-            }
             fe::FLUSH => self.flush(conn).await?,
-            _ if self.skipping => {}
             fe::PARSE | fe::BIND | fe::DESCRIBE | fe::EXECUTE | fe::CLOSE => {
                 if let Err(e) = self.extended(conn, tag, body).await? {
                     self.error(&e);
