@@ -1,5 +1,6 @@
 //! The subject common name (CN) of an X.509 certificate, for `auth_type = "cert"` and
-//! verify-full's fallback, and whether a certificate carries name constraints.
+//! verify-full's fallback, whether a certificate carries name constraints, and whether
+//! it is self-issued and when it is valid (a server certificate trusted as itself).
 //! A minimal DER walk (RFC 5280 §4.1, X.690 §8.1): Certificate → TBSCertificate →
 //! subject Name → the first attribute of type 2.5.4.3 (or → extensions). The
 //! certificate has already been verified by rustls; this only reads it, and returns
@@ -71,6 +72,57 @@ pub fn has_name_constraints(cert_der: &[u8]) -> Option<bool> {
         }
     }
     Some(false)
+}
+
+/// Whether the certificate's issuer is its subject (self-issued), and its validity
+/// period in seconds since 1970: (notBefore, notAfter).
+pub fn self_issued_validity(cert_der: &[u8]) -> Option<(bool, (i64, i64))> {
+    let (cert, _) = expect(cert_der, SEQUENCE)?;
+    let (tbs, _) = expect(cert, SEQUENCE)?;
+    let mut rest = tbs;
+    if let Some((VERSION_TAG, _, after)) = element(rest) {
+        rest = after;
+    }
+    let rest = element(element(rest)?.2)?.2; // serialNumber, signature
+    let (issuer, rest) = expect(rest, SEQUENCE)?;
+    let (validity, rest) = expect(rest, SEQUENCE)?;
+    let (subject, _) = expect(rest, SEQUENCE)?;
+    let (t1, from, after) = element(validity)?;
+    let (t2, until, _) = element(after)?;
+    Some((issuer == subject, (time(t1, from)?, time(t2, until)?)))
+}
+
+/// A UTCTime (`YYMMDDHHMMSSZ`, years 1950–2049) or GeneralizedTime
+/// (`YYYYMMDDHHMMSSZ`) as seconds since 1970 (RFC 5280 §4.1.2.5).
+fn time(tag: u8, text: &[u8]) -> Option<i64> {
+    let digits = |s: &[u8]| -> Option<i64> {
+        s.iter().try_fold(0i64, |n, &b| b.is_ascii_digit().then(|| n * 10 + i64::from(b - b'0')))
+    };
+    let (year, rest) = match (tag, text.len()) {
+        (0x17, 13) => {
+            let yy = digits(&text[..2])?;
+            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, &text[2..])
+        }
+        (0x18, 15) => (digits(&text[..4])?, &text[4..]),
+        _ => return None,
+    };
+    if rest[10] != b'Z' {
+        return None;
+    }
+    let field = |i: usize| digits(&rest[i..i + 2]);
+    let (month, day) = (field(0)?, field(2)?);
+    let (hour, minute, second) = (field(4)?, field(6)?, field(8)?);
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
+        return None;
+    }
+    // Days since 1970-01-01 of a proleptic Gregorian date (years counted from March).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (month + if month > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + hour * 3600 + minute * 60 + second)
 }
 
 /// A TBSCertificate from its subject on (past version, serialNumber, signature,
@@ -158,6 +210,7 @@ mod tests {
         for n in 0..der.len() {
             let _ = common_name(&der[..n]);
             let _ = has_name_constraints(&der[..n]);
+            let _ = self_issued_validity(&der[..n]);
         }
     }
 
@@ -175,11 +228,33 @@ mod tests {
         assert_eq!(has_name_constraints(&[0x30, 0x03, 0x30, 0x01]), None);
     }
 
+    #[test]
+    fn reads_whether_self_issued_and_the_validity() {
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(2024, 2, 29);
+        params.not_after = rcgen::date_time_ymd(2051, 1, 1);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let der = params.self_signed(&key).unwrap().der().to_vec();
+        // 2024-02-29 and 2051-01-01 (a GeneralizedTime past 2049), at midnight UTC.
+        assert_eq!(self_issued_validity(&der), Some((true, (1_709_164_800, 2_556_143_999 + 1))));
+        assert_eq!(time(0x17, b"700101000000Z"), Some(0));
+        assert_eq!(time(0x17, b"491231235959Z"), Some(2_524_607_999));
+        assert_eq!(time(0x17, b"700101000000+"), None);
+        assert_eq!(time(0x18, b"19691231235959Z"), Some(-1));
+        let issuer = rcgen::Issuer::new(params, key);
+        let mut leaf = rcgen::CertificateParams::new(vec!["db".to_string()]).unwrap();
+        leaf.distinguished_name = rcgen::DistinguishedName::new();
+        leaf.distinguished_name.push(rcgen::DnType::CommonName, "db");
+        let leaf = leaf.signed_by(&rcgen::KeyPair::generate().unwrap(), &issuer).unwrap();
+        assert!(matches!(self_issued_validity(leaf.der()), Some((false, _))));
+    }
+
     proptest! {
         #[test]
         fn never_panics_on_noise(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = common_name(&bytes);
             let _ = has_name_constraints(&bytes);
+            let _ = self_issued_validity(&bytes);
         }
 
         #[test]

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use rustls::client::Resumption;
 use rustls::server::{NoServerSessionStorage, WebPkiClientVerifier};
-use rustls::{ClientConfig, RootCertStore, ServerConfig, SupportedProtocolVersion};
+use rustls::{ClientConfig, ServerConfig, SupportedProtocolVersion};
 
 use crate::config::{ClientTlsMode, Config, ConfigError, ServerTlsMode};
 
@@ -146,9 +146,12 @@ fn protocol_versions(names: &[String]) -> Vec<&'static SupportedProtocolVersion>
     out
 }
 
-fn server_roots(cfg: &Config) -> Result<Arc<RootCertStore>, TlsError> {
+fn server_roots(cfg: &Config) -> Result<Arc<verify::Trusted>, TlsError> {
     let path = cfg.resolve(&cfg.general.server_tls_ca_file);
-    Ok(Arc::new(files::roots(&path).map_err(error("server_tls_ca_file"))?))
+    let certs = files::certs(&path).map_err(error("server_tls_ca_file"))?;
+    let trusted = verify::Trusted::new(certs)
+        .map_err(|e| error("server_tls_ca_file")(format!("{}: unusable CA certificate: {e}", path.display())))?;
+    Ok(Arc::new(trusted))
 }
 
 /// The rustls config towards PostgreSQL, checking what `proof` asks of its certificate.

@@ -23,9 +23,49 @@ pub enum Proof {
     /// `prefer`, `require`: nothing.
     Nothing,
     /// `verify-ca`: a chain to one of these roots; the host name is not checked.
-    Chain(Arc<RootCertStore>),
+    Chain(Arc<Trusted>),
     /// `verify-full`: a chain to one of these roots, and the host name.
-    ChainAndHost(Arc<RootCertStore>),
+    ChainAndHost(Arc<Trusted>),
+}
+
+/// What `server_tls_ca_file` holds: its certificates as trust anchors, and the
+/// self-issued ones whole. A server showing one of those very certificates is trusted
+/// as itself, within its validity, as OpenSSL (libpq, PgBouncer) trusts it: also when
+/// it is marked as a CA, as `openssl req -x509` makes them (PostgreSQL's documented
+/// recipe for a self-signed server certificate), which webpki refuses as a server's.
+#[derive(Debug)]
+pub struct Trusted {
+    pub roots: RootCertStore,
+    pub own: Vec<CertificateDer<'static>>,
+}
+
+impl Trusted {
+    pub fn new(certs: Vec<CertificateDer<'static>>) -> Result<Trusted, rustls::Error> {
+        let mut roots = RootCertStore::empty();
+        let mut own = Vec::new();
+        for cert in certs {
+            roots.add(cert.clone())?;
+            if super::cn::self_issued_validity(&cert).is_some_and(|(selfish, _)| selfish) {
+                own.push(cert);
+            }
+        }
+        Ok(Trusted { roots, own })
+    }
+
+    /// Whether `cert` is one of the file's self-issued certificates, valid `now` (an
+    /// error when it is one that is not).
+    fn holds_itself(&self, cert: &CertificateDer<'_>, now: UnixTime) -> Result<bool, Error> {
+        if !self.own.iter().any(|c| c.as_ref() == cert.as_ref()) {
+            return Ok(false);
+        }
+        let Some((_, (from, until))) = super::cn::self_issued_validity(cert) else { return Ok(false) };
+        let now = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+        match now {
+            n if n < from => Err(CertificateError::NotValidYet.into()),
+            n if n > until => Err(CertificateError::Expired.into()),
+            _ => Ok(true),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -49,13 +89,16 @@ impl ServerCertVerifier for ServerVerifier {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, Error> {
-        let (roots, host) = match &self.proof {
+        let (trusted, host) = match &self.proof {
             Proof::Nothing => return Ok(ServerCertVerified::assertion()),
-            Proof::Chain(roots) => (roots, false),
-            Proof::ChainAndHost(roots) => (roots, true),
+            Proof::Chain(trusted) => (trusted, false),
+            Proof::ChainAndHost(trusted) => (trusted, true),
         };
+        let roots = &trusted.roots;
         let cert = ParsedCertificate::try_from(end_entity)?;
-        verify_server_cert_signed_by_trust_anchor(&cert, roots, intermediates, now, self.algs.all)?;
+        if !trusted.holds_itself(end_entity, now)? {
+            verify_server_cert_signed_by_trust_anchor(&cert, roots, intermediates, now, self.algs.all)?;
+        }
         if !host {
             return Ok(ServerCertVerified::assertion());
         }
@@ -160,9 +203,42 @@ mod tests {
 
     fn verify(roots: RootCertStore, certs: &[CertificateDer<'static>], host: &str) -> Result<(), Error> {
         let algs = rustls::crypto::aws_lc_rs::default_provider().signature_verification_algorithms;
-        let verifier = ServerVerifier::new(algs, Proof::ChainAndHost(Arc::new(roots)));
+        let verifier = ServerVerifier::new(algs, Proof::ChainAndHost(Arc::new(Trusted { roots, own: Vec::new() })));
         let name = ServerName::try_from(host.to_string()).unwrap();
         verifier.verify_server_cert(&certs[0], &certs[1..], &name, &[], UnixTime::now()).map(|_| ())
+    }
+
+    /// A self-signed server certificate marked as a CA (as `openssl req -x509` makes
+    /// them), given as its own CA file: trusted as itself within its validity, as
+    /// OpenSSL trusts it (webpki alone refuses a CA certificate as a server's), and the
+    /// host name still checked.
+    #[test]
+    fn a_self_signed_ca_certificate_is_trusted_as_itself() {
+        let cert = |not_after| {
+            let mut p = CertificateParams::new(vec!["db.example.com".to_string()]).unwrap();
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            p.not_after = not_after;
+            p.self_signed(&KeyPair::generate().unwrap()).unwrap().der().clone()
+        };
+        let check = |der: &CertificateDer<'static>, own: bool, host: &str| {
+            let trusted = Trusted::new(vec![der.clone()]).unwrap();
+            let trusted = if own { trusted } else { Trusted { own: Vec::new(), ..trusted } };
+            let algs = rustls::crypto::aws_lc_rs::default_provider().signature_verification_algorithms;
+            let verifier = ServerVerifier::new(algs, Proof::ChainAndHost(Arc::new(trusted)));
+            let name = ServerName::try_from(host.to_string()).unwrap();
+            verifier.verify_server_cert(der, &[], &name, &[], UnixTime::now()).map(|_| ())
+        };
+        let good = cert(rcgen::date_time_ymd(2099, 1, 1));
+        assert!(check(&good, false, "db.example.com").is_err(), "webpki took it alone");
+        assert!(check(&good, true, "db.example.com").is_ok());
+        assert!(check(&good, true, "other.example.com").is_err(), "the host name was not checked");
+        let expired = cert(rcgen::date_time_ymd(2001, 1, 1));
+        let e = check(&expired, true, "db.example.com").unwrap_err();
+        assert_eq!(e, Error::InvalidCertificate(CertificateError::Expired));
+        // One certificate of a chain (not self-issued) is not trusted as itself.
+        let (roots, certs) = chain(None, "db.example.com");
+        let trusted = Trusted::new(vec![certs[1].clone()]).unwrap();
+        assert!(trusted.own.is_empty() && !roots.is_empty());
     }
 
     /// verify-full's common-name fallback is not used under a name-constrained CA:
