@@ -279,6 +279,36 @@ async fn the_fallback_database_serves_databases_not_listed() {
     assert_eq!(dbs.iter().filter(|r| r.get("name") == Some("pgbouncer")).count(), 1);
 }
 
+/// A user the config lists without a password (only its settings, as a converted
+/// PgBouncer `[users]` line has them) has its password looked up, as PgBouncer looks up
+/// a `[users]` entry `auth_file` has no password for: the login succeeds, the server
+/// login uses what the lookup found, and the entry's settings hold (its pool size).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_listed_without_a_password_is_looked_up() {
+    let pg = PgCluster::start();
+    let s = md5_lookups_as_admin(&pg)
+        .user(Role::MD5.name, &[("pool_size", "1")])
+        .general("admin_users", &format!("[{}]", common::toml_str(Role::ADMIN.name)))
+        .start();
+    let a = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
+    assert_eq!(value(&a, "select current_user").await, Role::MD5.name);
+    let e = try_connect(s.port, Role::MD5.name, "wrong", "app").await.unwrap_err();
+    assert_eq!(common::code(&e), "28P01", "{e}");
+    // Its pool of one: a second client's query waits for the first one's transaction.
+    a.simple_query("begin").await.unwrap();
+    let b = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
+    let waiting = tokio::spawn(async move { value(&b, "select 2").await });
+    let console = connect(s.port, Role::ADMIN.name, Role::ADMIN.password, "pgbouncer").await;
+    let held = common::eventually(Duration::from_secs(10), || async {
+        common::console::cell(&console, "SHOW POOLS", "user", Role::MD5.name, "cl_waiting").await.as_deref()
+            == Some("1")
+    })
+    .await;
+    assert!(held, "the listed pool_size did not hold");
+    a.simple_query("commit").await.unwrap();
+    assert_eq!(tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap(), "2");
+}
+
 /// md5 client logins, transaction mode, lookups as the superuser `u_admin` (listed with
 /// its password), `u_md5` not listed.
 fn md5_lookups_as_admin(pg: &PgCluster) -> common::SluiceBuilder {

@@ -315,7 +315,9 @@ impl UserStore {
     pub fn find(&self, cfg: &crate::config::Config, database: &str, name: &str) -> Option<Arc<UserAuth>> {
         let found = || finds_users(cfg, database).then(|| self.found.get(database, name)).flatten();
         match self.users.get(name) {
-            Some(u) if pam_logs_in(cfg, name) => found().or_else(|| Some(u.clone())),
+            Some(u) if pam_logs_in(cfg, name) || looked_up_though_listed(cfg, database, u) => {
+                found().or_else(|| Some(u.clone()))
+            }
             Some(u) => Some(u.clone()),
             None => found(),
         }
@@ -342,6 +344,17 @@ pub fn pam_logs_in(cfg: &crate::config::Config, user: &str) -> bool {
 
 /// Whether the clients of `database` may log in as users the config does not list:
 /// the database has lookups (`auth_user`), or PAM checks every login.
+/// Whether a user the config lists has its password looked up (`auth_query`) in
+/// `database`, as PgBouncer looks up a `[users]` entry that `auth_file` gives no
+/// password: it has none of its own, nor a `server_password`, and the database has
+/// lookups. (Found, it logs in to the server as the lookup found it; its `[users]`
+/// settings hold.)
+pub fn looked_up_though_listed(cfg: &crate::config::Config, database: &str, u: &UserAuth) -> bool {
+    u.secret.is_none()
+        && cfg.users.get(&u.name).is_none_or(|c| c.server_password.is_none())
+        && query::lookup_for(cfg, database).is_some()
+}
+
 pub fn finds_users(cfg: &crate::config::Config, database: &str) -> bool {
     cfg.general.auth_type == crate::config::AuthType::Pam || query::lookup_for(cfg, database).is_some()
 }

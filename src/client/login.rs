@@ -296,15 +296,17 @@ async fn prove(app: &Arc<App>, conn: &mut ClientConn, cfg: &Config, user: &str, 
         return Ok(Proof::Proven(BytesMut::new()));
     }
     let users = app.users.load_full();
-    let (auth_user, candidate) = match users.get(user) {
-        Some(u) => (Some(u.clone()), None),
+    let listed = users.get(user);
+    let (auth_user, candidate) = match listed {
         // The console's users are the config's (`admin_users`, `stats_users`): no lookup
         // (the fallback entry would otherwise serve the console's name).
-        None if admin::is_admin_database(cfg, database) => (None, None),
-        // Boxed: only logins of users the config does not list pay for its future.
-        None => match Box::pin(super::lookup::looked_up(app, &users, database, user)).await? {
+        _ if admin::is_admin_database(cfg, database) => (listed.cloned(), None),
+        Some(u) if !crate::auth::looked_up_though_listed(cfg, database, u) => (Some(u.clone()), None),
+        // Boxed: only logins of users the config does not list (or lists without a
+        // password) pay for its future.
+        _ => match Box::pin(super::lookup::looked_up(app, &users, database, user)).await? {
             Some(c) => (Some(c.user.clone()), Some(c)),
-            None => (None, None),
+            None => (listed.cloned(), None),
         },
     };
     let cert_name = tls::peer_common_name(&conn.stream);
