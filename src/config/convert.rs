@@ -90,7 +90,8 @@ fn convert(lines: &[Line]) -> Result<Converted, String> {
         if line.is_empty() || line.starts_with(';') || line.starts_with('#') {
             continue;
         }
-        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+        // (What follows the `]` is a comment to PgBouncer: `[databases] ; main`.)
+        if let Some((name, _)) = line.strip_prefix('[').and_then(|l| l.split_once(']')) {
             section = name.trim().to_ascii_lowercase();
             continue;
         }
@@ -106,7 +107,7 @@ fn convert(lines: &[Line]) -> Result<Converted, String> {
                 let key = key.to_ascii_lowercase();
                 match key.as_str() {
                     "unix_socket_dir" => socket_dir = value.to_string(),
-                    "auth_type" => pam = value == "pam",
+                    "auth_type" => pam = value.eq_ignore_ascii_case("pam"),
                     _ => {}
                 }
                 seen.push(key.clone());
@@ -240,12 +241,20 @@ fn setting(key: &str, value: &str, default: Option<&Value>) -> Result<Value, Str
             let items = value.split(',').map(str::trim).filter(|s| !s.is_empty());
             Value::Array(items.map(|s| Value::String(s.to_string())).collect())
         }
-        _ if key == "auth_type" && Value::String(value.into()).try_into::<super::AuthType>().is_err() => {
-            return Err("Sluice supports md5, scram-sha-256, trust, cert, plain, hba, any and pam".into());
+        // Names PgBouncer reads in any case (`MD5`, `Transaction`).
+        _ if LOWERCASE.contains(&key) => {
+            let value = value.to_ascii_lowercase();
+            if key == "auth_type" && Value::String(value.clone()).try_into::<super::AuthType>().is_err() {
+                return Err("Sluice supports md5, scram-sha-256, trust, cert, plain, hba, any and pam".into());
+            }
+            Value::String(value)
         }
         _ => Value::String(value.to_string()),
     })
 }
+
+/// Settings whose values PgBouncer reads in any case, and Sluice in lower case.
+const LOWERCASE: [&str; 4] = ["auth_type", "pool_mode", "client_tls_sslmode", "server_tls_sslmode"];
 
 /// An integer as PgBouncer reads one (C's `strtol` with base 0): `0x` hexadecimal, a
 /// leading `0` octal, else decimal, with an optional sign.
@@ -327,12 +336,24 @@ fn quoted_value(s: &str) -> (String, &str) {
 
 /// A `[databases]` line as a `[databases."NAME"]` table.
 fn database(name: &str, conn: &str, line: &str, notes: &mut Vec<String>) -> String {
-    let settings =
-        pairs(conn).into_iter().map(|(k, v)| (if k == "reserve_pool" { "reserve_pool_size".into() } else { k }, v));
+    let mut settings = Vec::new();
+    for (key, value) in pairs(conn) {
+        match key.as_str() {
+            "reserve_pool" => settings.push(("reserve_pool_size".to_string(), value)),
+            // PgBouncer tries the hosts of a list in turn; Sluice takes one.
+            "host" if value.contains(',') => {
+                let first = value.split(',').next().unwrap_or_default().trim().to_string();
+                notes
+                    .push(format!("{line}: database {name}: host={value}: host lists are not supported: {first} kept"));
+                settings.push((key, first));
+            }
+            _ => settings.push((key, value)),
+        }
+    }
     let (mut out, host) = table(("databases", "database", name), settings, line, notes, |key, value| match key {
-        "host" if value.contains(',') => Err("host lists are not supported".to_string()),
-        "host" | "dbname" | "user" | "password" | "pool_mode" | "auth_user" | "auth_query" | "auth_dbname"
-        | "client_encoding" | "datestyle" | "timezone" | "connect_query" => Ok(Value::String(value.to_string())),
+        "pool_mode" => Ok(Value::String(value.to_ascii_lowercase())),
+        "host" | "dbname" | "user" | "password" | "auth_user" | "auth_query" | "auth_dbname" | "client_encoding"
+        | "datestyle" | "timezone" | "connect_query" => Ok(Value::String(value.to_string())),
         "port" | "pool_size" | "min_pool_size" | "reserve_pool_size" | "max_db_connections" => integer(value),
         _ => Err("no such database setting in Sluice".to_string()),
     });
@@ -345,7 +366,7 @@ fn database(name: &str, conn: &str, line: &str, notes: &mut Vec<String>) -> Stri
 /// A `[users]` line as a `[users."NAME"]` table.
 fn user(name: &str, settings: &str, line: &str, notes: &mut Vec<String>) -> String {
     let (out, _) = table(("users", "user", name), pairs(settings), line, notes, |key, value| match key {
-        "pool_mode" => Ok(Value::String(value.to_string())),
+        "pool_mode" => Ok(Value::String(value.to_ascii_lowercase())),
         "pool_size" | "max_user_connections" => integer(value),
         _ => Err("no such user setting in Sluice".to_string()),
     });
@@ -592,5 +613,25 @@ dns_max_ttl = 30
         assert!(c.toml.contains("admin_users = [\"alice\", \"bob\", \"carol\"]"), "{}", c.toml);
         let c = from_pgbouncer_ini("[pgbouncer]\nunix_socket_mode = 511\n").unwrap();
         assert!(c.toml.contains("unix_socket_mode = \"0777\""), "{}", c.toml);
+    }
+
+    /// What PgBouncer reads leniently: values of names in any case, a comment after a
+    /// section header; a host list keeps its first host (noted), not Sluice's default.
+    #[test]
+    fn lenient_pgbouncer_spellings_convert() {
+        let ini = "[databases] ; the pools\napp = host=db1,db2 pool_mode=Transaction\n\
+                   [users]\nalice = pool_mode=SESSION\n\
+                   [pgbouncer] # settings\nauth_type = MD5\npool_mode = Statement\nserver_tls_sslmode = Require\n";
+        let c = from_pgbouncer_ini(ini).unwrap();
+        let cfg = super::super::Config::parse(&c.toml, std::path::Path::new("x.toml"))
+            .unwrap_or_else(|e| panic!("{e}\n{}", c.toml));
+        let g = &cfg.general;
+        assert_eq!(g.auth_type, super::super::AuthType::Md5);
+        assert_eq!(g.pool_mode, super::super::PoolMode::Statement);
+        assert_eq!(g.server_tls_sslmode, super::super::ServerTlsMode::Require);
+        let app = &cfg.databases["app"];
+        assert_eq!((app.host.as_str(), app.pool_mode), ("db1", Some(super::super::PoolMode::Transaction)));
+        assert_eq!(cfg.users["alice"].pool_mode, Some(super::super::PoolMode::Session));
+        assert_eq!(c.notes, ["line 2: database app: host=db1,db2: host lists are not supported: db1 kept"]);
     }
 }
