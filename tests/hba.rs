@@ -1,6 +1,6 @@
 //! `auth_type = "hba"`: each login's method from the `auth_hba_file` line that fits its
 //! connection type, database, user and address, against a real PostgreSQL; and
-//! `auth_type = "pam"`.
+//! `auth_type = "pam"`; and passwords beyond ASCII (SASLprep) under SCRAM.
 
 mod common;
 
@@ -274,4 +274,22 @@ async fn pam_checks_passwords_and_unlisted_users_log_in_with_theirs() {
     let Err(e) = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await else { panic!("let in") };
     assert_eq!(common::code(&e), "XX000", "{e}");
     assert!(s.wait_log("pam_start failed for service", Duration::from_secs(5)), "{}", s.log());
+}
+
+/// A password beyond ASCII that SASLprep changes (`º²` normalized to `o2`, a no-break
+/// space to a space), given as a plain password: clients (libpq, tokio-postgres) run
+/// SASLprep before SCRAM, and so does PostgreSQL; Sluice derives its keys the same way on
+/// both sides, so the client logs in and Sluice logs in to the server with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_saslprep_changes_logs_in_both_ways() {
+    let pg = PgCluster::start();
+    let password = "clave\u{ba}\u{b2}\u{a0}x";
+    pg.psql(&format!("CREATE ROLE u_uni LOGIN PASSWORD '{password}'; GRANT ALL ON DATABASE app TO u_uni"));
+    let s = Sluice::builder(&pg).user("u_uni", &[("password", &toml_str(password))]).start();
+    let c = connect(s.port, "u_uni", password, "app").await;
+    assert_eq!(value(&c, "select current_user").await, "u_uni");
+    let e = try_connect(s.port, "u_uni", "claveo2 x", "app").await.err();
+    assert!(e.is_none(), "the normalized form is the same password to PostgreSQL: {e:?}");
+    let e = try_connect(s.port, "u_uni", "clave", "app").await.unwrap_err();
+    assert_eq!(common::code(&e), "28P01", "{e}");
 }

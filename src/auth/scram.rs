@@ -72,8 +72,8 @@ impl ScramSecret {
         })
     }
 
-    /// The verifier PostgreSQL would store for `password`. Exact for ASCII passwords; other
-    /// passwords are hashed as raw UTF-8, without SASLprep normalization (see `sasl_prep`).
+    /// The verifier PostgreSQL would store for `password` (SASLprep'd as PostgreSQL
+    /// does: `sasl_prep`).
     pub fn derive(password: &str, salt: &[u8], iterations: u32) -> Self {
         let keys = ClientKeys::derive(password, salt, iterations);
         Self { iterations, salt: salt.to_vec(), stored_key: sha256(&keys.client_key), server_key: keys.server_key }
@@ -122,7 +122,7 @@ impl ClientKeys {
     /// SaltedPassword = PBKDF2-HMAC-SHA256(password, salt, iterations); ClientKey and
     /// ServerKey are HMACs of it (RFC 5802 section 3).
     pub fn derive(password: &str, salt: &[u8], iterations: u32) -> Self {
-        let salted = pbkdf2::pbkdf2_hmac_array::<Sha256, 32>(sasl_prep(password), salt, iterations);
+        let salted = pbkdf2::pbkdf2_hmac_array::<Sha256, 32>(&sasl_prep(password), salt, iterations);
         Self { client_key: hmac(&salted, &[b"Client Key"]), server_key: hmac(&salted, &[b"Server Key"]) }
     }
 }
@@ -383,17 +383,22 @@ fn utf8(data: &[u8]) -> Result<&str, ScramError> {
     std::str::from_utf8(data).map_err(|_| ScramError::Malformed("not UTF-8"))
 }
 
-/// SASLprep (RFC 4013) of a password, pragmatically: the raw UTF-8 bytes.
-///
-/// PostgreSQL runs SASLprep and falls back to the raw bytes when it fails (prohibited or
-/// unassigned characters, bidi violations). For ASCII the only possible change is a failure
-/// on control characters, so raw bytes are exact for every ASCII password, and also for
-/// non-ASCII ones that SASLprep leaves alone (already NFKC, no soft hyphens, zero-width or
-/// non-ASCII space characters). Other non-ASCII passwords would need NFKC tables, which
-/// are not available without another crate: for those, hash the password as PostgreSQL
-/// would by configuring the stored verifier instead of the plaintext.
-fn sasl_prep(password: &str) -> &[u8] {
-    password.as_bytes()
+/// SASLprep (RFC 4013) of a password, as PostgreSQL (`pg_saslprep`) and libpq run it
+/// before hashing: non-ASCII spaces mapped to a space, soft hyphens and the like dropped,
+/// NFKC normalization (`º²` becomes `o2`); a password SASLprep refuses (prohibited or
+/// unassigned characters, bidirectional text mixed wrongly) is used as it is, as
+/// PostgreSQL falls back to the raw bytes.
+fn sasl_prep(password: &str) -> std::borrow::Cow<'_, [u8]> {
+    use std::borrow::Cow;
+    // (ASCII is its own SASLprep, or refused for a control character: as it is.)
+    if password.is_ascii() {
+        return Cow::Borrowed(password.as_bytes());
+    }
+    match stringprep::saslprep(password) {
+        Ok(Cow::Borrowed(p)) => Cow::Borrowed(p.as_bytes()),
+        Ok(Cow::Owned(p)) => Cow::Owned(p.into_bytes()),
+        Err(_) => Cow::Borrowed(password.as_bytes()),
+    }
 }
 
 fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
