@@ -429,3 +429,29 @@ async fn a_connect_failing_after_a_reload_starts_no_retry_wait() {
     assert!(!message(&e).contains("server_login_retry"), "held back by a wait the reload ended: {}", message(&e));
     assert_eq!(gate.accepted(), 2, "the next login did not connect");
 }
+
+/// `idle_transaction_timeout` also bounds the implicit transaction of extended messages
+/// the client has answered through a Flush but not synced (an INSERT's row lock held
+/// until the Sync): the client is ended with 25P03 and its server given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsynced_exchange_left_idle_is_timed_out() {
+    use common::raw::{bind, execute, flush, parse, query};
+    let pg = PgCluster::start();
+    pg.psql("CREATE TABLE unsynced (a int); GRANT ALL ON unsynced TO u_trust");
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"trust\"")
+        .general("idle_transaction_timeout", "1")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let mut c = common::raw::Raw::login(s.port, "u_trust", "app");
+    c.send(&[parse("", "insert into unsynced values (1)"), bind("", "", &[]), execute("", 0), flush()].concat());
+    let m = c.take(3);
+    assert_eq!(common::raw::tags(&m), "12C", "{m:?}");
+    let started = Instant::now();
+    c.expect_error("25P03", "idle_transaction_timeout");
+    assert!(started.elapsed() < Duration::from_secs(10), "told after {:?}", started.elapsed());
+    // The implicit transaction was rolled back, and the server serves the next client.
+    let mut d = common::raw::Raw::login(s.port, "u_trust", "app");
+    d.send(&query("select count(*) from unsynced"));
+    assert_eq!(common::raw::first_value(&d.until_ready()), "0");
+}

@@ -202,8 +202,12 @@ impl Session {
             let client_room = conn.buf.capacity() - conn.buf.len();
             let t = &self.track;
             let query_deadline = self.rules.query.zip(t.timed_from).map(|(d, s)| s + d).filter(|_| t.awaiting_server());
-            // Nothing due from the server (no Execute answered only at a later Sync).
-            let idle_in_tx = !t.awaiting_server() && t.tx.is_some_and(|s| s != TxStatus::Idle);
+            // Nothing due from the server (no Execute answered only at a later Sync), in a
+            // transaction block, or in the implicit transaction of extended messages the
+            // client has not synced yet (an Execute answered through a Flush: its locks
+            // are held until the Sync), as PgBouncer counts a linked client it is not
+            // answering.
+            let idle_in_tx = !t.awaiting_server() && (t.tx.is_some_and(|s| s != TxStatus::Idle) || t.unsynced);
             let idle_deadline =
                 self.rules.idle_transaction.zip(t.idle_since).map(|(d, s)| s + d).filter(|_| idle_in_tx);
             let woke = if !self.to_server.is_empty() || self.track.ext.holding() || self.track.terminated {
