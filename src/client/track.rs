@@ -426,7 +426,8 @@ impl Track {
             server_need,
             |m, sp| {
                 if early_syncs.probing() {
-                    let books = ProbeBooks { tx, param_updates, discard_mark, seen, ext, prepared };
+                    let books =
+                        ProbeBooks { tx, param_updates, discard_mark, seen, ext, prepared, server_fatal, errors };
                     return while_probing(early_syncs, &m, sp, books);
                 }
                 let refused = ext.on_server(&m, sp, prepared)?;
@@ -578,6 +579,8 @@ struct ProbeBooks<'a> {
     seen: &'a mut Seen,
     ext: &'a mut Extended,
     prepared: &'a mut crate::prepared::ServerStatements,
+    server_fatal: &'a mut Option<String>,
+    errors: &'a mut Vec<String>,
 }
 
 /// A server message while a probe is under way (`EarlySyncs::probing`): the probe's
@@ -615,6 +618,16 @@ fn while_probing(
             return Err(ProtocolError::Limit(
                 "a COPY began behind the probe Sluice sent after a failed COPY with a Sync inside it",
             ));
+        }
+        // Counted as any error; a FATAL (the server ending: pg_terminate_backend) is
+        // replaced by Sluice's own 08006 when the server goes away, as outside a probe.
+        be::ERROR_RESPONSE => {
+            let f = error_fields(m)?;
+            b.errors.push(f.code.clone());
+            if f.is_fatal() {
+                *b.server_fatal = Some(format!("{} ({})", f.message, f.code));
+                sp.drop_range(m.start, m.start + m.frame_len);
+            }
         }
         _ => {}
     }

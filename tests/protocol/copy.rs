@@ -341,6 +341,18 @@ fn a_discard_all_answered_around_the_probe_is_recorded() {
     others_served_by_the_same_server(&s, &pid);
 }
 
+/// With the server ending itself behind it (answered before or after the probe went
+/// out): the client gets one FATAL, Sluice's 08006 quoting the server's 57P01, then the
+/// connection closes; not the server's FATAL and Sluice's after it.
+#[test]
+fn a_server_ending_around_the_probe_is_told_once() {
+    let (_pg, _s, mut c, _pid) = copy_setup();
+    failed_copy_with_a_sync_inside(&mut c, &query("select pg_terminate_backend(pg_backend_pid())"));
+    let rest: Vec<_> = std::iter::from_fn(|| c.recv()).collect();
+    let errors: Vec<_> = rest.iter().filter(|(t, _)| *t == b'E').map(|(_, b)| sqlstate(b)).collect();
+    assert_eq!(errors, ["08006"], "{rest:?}");
+}
+
 /// With a whole COPY behind it (its data and end sent before the probe): it runs.
 #[test]
 fn a_whole_copy_behind_the_probe_runs() {
