@@ -196,7 +196,7 @@ impl HostAddrs {
     /// repeated at every connect and janitor pass meanwhile).
     async fn lookup(&self, port: u16) -> std::io::Result<(Arc<[IpAddr]>, u64)> {
         let number = self.begun.fetch_add(1, Relaxed) + 1;
-        let found = tokio::net::lookup_host((&*self.name, port)).await.map(|a| a.map(|a| a.ip()).collect::<Vec<_>>());
+        let found = resolve(&self.name, port).await;
         let outcome = self.record(found, number);
         self.done.fetch_add(1, Release);
         outcome
@@ -271,6 +271,23 @@ impl HostAddrs {
 
 fn same_set(a: &[IpAddr], b: &[IpAddr]) -> bool {
     a.len() == b.len() && a.iter().all(|ip| b.contains(ip))
+}
+
+/// The system resolver's addresses for `name` (getaddrinfo, on tokio's blocking pool).
+#[cfg(not(test))]
+async fn resolve(name: &str, port: u16) -> std::io::Result<Vec<IpAddr>> {
+    tokio::net::lookup_host((name, port)).await.map(|a| a.map(|a| a.ip()).collect())
+}
+
+/// In unit tests a name under `.invalid` fails at once: the tests' failing lookups ask
+/// no resolver (which would send a query off this machine, or wait on an unreachable
+/// one).
+#[cfg(test)]
+async fn resolve(name: &str, port: u16) -> std::io::Result<Vec<IpAddr>> {
+    if name.to_ascii_lowercase().ends_with(".invalid") {
+        return Err(std::io::Error::new(std::io::ErrorKind::NotFound, format!("{name}: no such name (test)")));
+    }
+    tokio::net::lookup_host((name, port)).await.map(|a| a.map(|a| a.ip()).collect())
 }
 
 #[cfg(test)]
