@@ -107,8 +107,10 @@ bash tests/drivers/install.sh
 #    driver suites (tests/drivers.rs) included.
 # ---------------------------------------------------------------------------------------------
 step "cargo test --lib --bins --tests"
-# tests/metrics.rs fails instead of skipping when the exporter or Chromium is missing.
+# tests/metrics.rs fails instead of skipping when the exporter or Chromium is missing,
+# and the tests that need root (tests/dns.rs, the Unix socket's group) when run as root.
 export SLUICE_REQUIRE_TOOLS=1
+if [[ "$(id -u)" == 0 ]]; then export SLUICE_REQUIRE_ROOT=1; fi
 # Not --all-targets: that would also run each criterion bench once; clippy --all-targets
 # above already compiles them (`cargo bench`, bench/README.md, runs them).
 cargo test --lib --bins --tests
