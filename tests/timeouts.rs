@@ -455,3 +455,45 @@ async fn an_unsynced_exchange_left_idle_is_timed_out() {
     d.send(&query("select count(*) from unsynced"));
     assert_eq!(common::raw::first_value(&d.until_ready()), "0");
 }
+
+/// A server that stopped answering (its end not seen at check-out, and not checked yet)
+/// found by the SET of a client's own settings: the client's request has not been sent,
+/// so another server serves it, as after a failed check, instead of the client being
+/// ended with "cannot apply session settings".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_found_gone_by_the_settings_set_is_replaced() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("internal_query_timeout", "1").start();
+    // Logged in first (its login's round trip on the one server), then that server
+    // given another client's settings, then frozen.
+    let mut cfg = tokio_postgres::Config::new();
+    cfg.host("127.0.0.1").port(s.port).user(Role::SCRAM.name).password(Role::SCRAM.password).dbname("app");
+    cfg.options("-c TimeZone=Asia/Tokyo");
+    let (c, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("login");
+    tokio::spawn(conn);
+    let first = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let pid = value(&first, "select pg_backend_pid()").await;
+    assert_eq!(pg.backends(&format!("usename = '{}'", Role::SCRAM.name)), 1, "one server so far");
+    let _frozen = Stopped::new(&pid);
+    let started = Instant::now();
+    assert_eq!(value(&c, "show timezone").await, "Asia/Tokyo");
+    assert_ne!(value(&c, "select pg_backend_pid()").await, pid);
+    assert!(started.elapsed() < Duration::from_secs(10), "served after {:?}", started.elapsed());
+}
+
+/// The same at login, where a client's new settings take a server for a round trip
+/// (to learn how the server spells them): the login is served by another server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_found_gone_at_a_logins_round_trip_is_replaced() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("internal_query_timeout", "1").start();
+    let first = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    let pid = value(&first, "select pg_backend_pid()").await;
+    let _frozen = Stopped::new(&pid);
+    let mut cfg = tokio_postgres::Config::new();
+    cfg.host("127.0.0.1").port(s.port).user(Role::SCRAM.name).password(Role::SCRAM.password).dbname("app");
+    cfg.options("-c TimeZone=Asia/Tokyo");
+    let (c, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("login");
+    tokio::spawn(conn);
+    assert_eq!(value(&c, "show timezone").await, "Asia/Tokyo");
+}

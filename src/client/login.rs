@@ -401,17 +401,28 @@ fn client_params(msg: &StartupMessage) -> Result<ClientParams, Exit> {
     Ok(ClientParams::new(list))
 }
 
-/// Applies the client's settings to a server; a value the server rejects ends the
-/// login with the server's own error, as a direct connection would.
-async fn apply_or_fail<'a>(mut server: Borrowed<'a>, params: &ClientParams) -> Result<Borrowed<'a>, Exit> {
-    let limit = server.pool().internal_limits();
-    match server.apply_params(params, limit).await {
-        Ok(()) => Ok(server),
-        Err(e) => {
-            let exit = Exit::fatal(e.sqlstate(), e.to_string());
-            server.checkin();
-            Err(exit)
+/// A server for a login's round trips (`login_checkout`) carrying the client's
+/// settings; a value the server rejects ends the login with the server's own error, as
+/// a direct connection would. A server found gone by the SET (its end not seen at
+/// check-out, nor checked) is replaced once, as after a failed check.
+async fn server_with<'p>(
+    app: &App,
+    pool: &'p Arc<Pool>,
+    info: &ClientInfo,
+    conn: &mut ClientConn,
+    params: &ClientParams,
+) -> Result<Borrowed<'p>, Exit> {
+    let limit = pool.internal_limits();
+    let mut retried = false;
+    loop {
+        let mut server = login_checkout(app, pool, info, conn).await?;
+        let Err(e) = server.apply_params(params, limit).await else { return Ok(server) };
+        let gone = server.broken;
+        server.checkin();
+        if !gone || retried {
+            return Err(Exit::fatal(e.sqlstate(), e.to_string()));
         }
+        retried = true;
     }
 }
 
@@ -425,8 +436,7 @@ async fn start_session_mode(
     params: ClientParams,
     info: Arc<ClientInfo>,
 ) -> Result<Session, Exit> {
-    let server = login_checkout(app, &pool, &info, conn).await?;
-    let server = apply_or_fail(server, &params).await?;
+    let server = server_with(app, &pool, &info, conn, &params).await?;
     // The server's process id (notifications carry it; a random one with `peer_id`), a
     // secret of Sluice's.
     let key = app.cancel.register_with_pid(Some(server.cancel_key().0), &info, &pool);
@@ -488,8 +498,7 @@ async fn work_out_reply(
     let mut defaults = learned.defaults();
     let unknown = asked.iter().any(|(k, v)| learned.spelling(k, v).is_none());
     if defaults.is_none() || unknown {
-        let server = login_checkout(app, pool, info, conn).await?;
-        let server = apply_or_fail(server, &asked).await?;
+        let server = server_with(app, pool, info, conn, &asked).await?;
         for (k, v) in asked.iter().filter(|(k, _)| !(per_client && *k == "application_name")) {
             let canon = if is_reported(k) { server.reported(k).unwrap_or(v) } else { v };
             learned.learn_canonical(k, v, canon);

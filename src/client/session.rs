@@ -295,7 +295,9 @@ impl Session {
         // Whether anything took time between the request and the link (a server check
         // or a SET), so the link's time must be read again.
         let mut round_trips = false;
-        let mut server = loop {
+        // A server found gone by the SET of the client's settings is replaced once.
+        let mut set_failed = false;
+        let server = loop {
             let Some(server) = self.checkout(conn, interrupt, &mut since).await? else {
                 return self.cancelled(conn, interrupt).await;
             };
@@ -306,33 +308,41 @@ impl Session {
                 self.pool.checkin(server);
                 return Err(exit);
             }
+            let mut server = server;
             if self.pool.needs_check(&server) {
                 round_trips = true;
                 match Box::pin(self.pool.checked(server)).await {
-                    Some(server) => break server,
+                    Some(checked) => server = checked,
                     None => continue, // closed
+                }
+            }
+            // The client's settings, and the values it was told at login where the server
+            // started with others (`ClientSettings`). Boxed: rarely needed (settings
+            // differ), and large enough to double the size of every client task if kept
+            // inline. Borrowed across the round trips: a session ending during them
+            // closes the server and frees its slot.
+            if !server.carries_for(&self.settings) {
+                let want = self.settings.wanted_on(&server.startup);
+                if !server.carries(&want) {
+                    round_trips = true;
+                    let mut held = Borrowed::new(&self.pool, server);
+                    if let Err(e) = Box::pin(held.apply_params(&want, self.pool.internal_limits())).await {
+                        // Gone (its end not seen at check-out, nor checked): the
+                        // request has not been sent, so another server takes it, as
+                        // after a failed check. A refused SET (an ERROR) ends the client.
+                        let gone = held.broken;
+                        held.checkin();
+                        if gone && !set_failed {
+                            set_failed = true;
+                            continue;
+                        }
+                        return Err(Exit::fatal(e.sqlstate(), format!("cannot apply session settings: {e}")));
+                    }
+                    server = held.take();
                 }
             }
             break server;
         };
-        // The client's settings, and the values it was told at login where the server
-        // started with others (`ClientSettings`). Boxed: rarely needed (settings
-        // differ), and large enough to double the size of every client task if kept
-        // inline. Borrowed across the round trips: a session ending during them closes
-        // the server and frees its slot.
-        if !server.carries_for(&self.settings) {
-            let want = self.settings.wanted_on(&server.startup);
-            if !server.carries(&want) {
-                round_trips = true;
-                let mut held = Borrowed::new(&self.pool, server);
-                if let Err(e) = Box::pin(held.apply_params(&want, self.pool.internal_limits())).await {
-                    let exit = Exit::fatal(e.sqlstate(), format!("cannot apply session settings: {e}"));
-                    held.checkin();
-                    return Err(exit);
-                }
-                server = held.take();
-            }
-        }
         // Killed or shut down during the check or the SET: the request is not sent either.
         if round_trips && let Some(exit) = self.interruption() {
             self.pool.checkin(server);
