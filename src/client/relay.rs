@@ -210,7 +210,10 @@ impl Session {
             let idle_in_tx = !t.awaiting_server() && (t.tx.is_some_and(|s| s != TxStatus::Idle) || t.unsynced);
             let idle_deadline =
                 self.rules.idle_transaction.zip(t.idle_since).map(|(d, s)| s + d).filter(|_| idle_in_tx);
-            let woke = if !self.to_server.is_empty() || self.track.ext.holding() || self.track.terminated {
+            // (Nor is the client read while a probe is out: late answers to what it sent
+            // before may still come, and replies Sluice gives itself must not pass them.)
+            let wait = self.track.ext.holding() || self.track.terminated || self.track.early_syncs.probing();
+            let woke = if !self.to_server.is_empty() || wait {
                 self.wait_on_server(interrupt, query_deadline).await?
             } else {
                 tokio::select! {
