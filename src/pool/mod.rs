@@ -352,7 +352,9 @@ impl Pool {
             return Ok(Next::Paused);
         }
         while let Some(mut s) = inner.take_idle(settings.round_robin) {
-            if self.usable(&mut s, &settings) {
+            // (One beyond a size lowered by a reload or SET is closed, not lent: the
+            // janitor would close it within a second.)
+            if inner.total <= settings.most() && self.usable(&mut s, &settings) {
                 return Ok(Next::Take(s));
             }
             // Closed like any other (Terminate, close_notify), outside the lock.

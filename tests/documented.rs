@@ -1,0 +1,300 @@
+//! Documented behaviours checked end to end against a real PostgreSQL, each test naming
+//! the passage of docs/ it holds Sluice to: the per-client bound on prepared statements,
+//! `trust` and `plain` logins, the connection log switches, `SET default_pool_size` on a
+//! live pool, KILL_CLIENT inside a transaction, `SHUTDOWN WAIT_FOR_CLIENTS` and
+//! `shutdown_timeout`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::console::{admin, cell, message, rows};
+use common::raw::{Raw, sqlstate, startup};
+use common::{
+    PgCluster, Role, Sluice, SluiceBuilder, code, connect, eventually, md5_secret, toml_str, try_connect, value,
+    wait_until,
+};
+
+/// The default test config with u_scram (the console helpers' user) in `admin_users`.
+fn with_console(b: SluiceBuilder) -> SluiceBuilder {
+    b.general("admin_users", r#"["u_scram"]"#)
+}
+
+async fn app_client(port: u16) -> tokio_postgres::Client {
+    connect(port, Role::SCRAM.name, Role::SCRAM.password, "app").await
+}
+
+/// A client of `app` as u_scram whose connection task yields the connection's end: the
+/// FATAL Sluice sent, or Ok when it closed without one.
+async fn client_with_end(
+    port: u16,
+) -> (tokio_postgres::Client, tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>) {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host("127.0.0.1")
+        .port(port)
+        .user(Role::SCRAM.name)
+        .password(Role::SCRAM.password)
+        .dbname("app")
+        .ssl_mode(tokio_postgres::config::SslMode::Disable)
+        .connect_timeout(Duration::from_secs(10));
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.expect("login through sluice");
+    (client, tokio::spawn(connection))
+}
+
+/// How many clients Sluice counts (SHOW LISTS: logged in plus logging in), the console
+/// asking included. A client's count drops only after its last log line is written.
+async fn clients_counted(a: &tokio_postgres::Client) -> usize {
+    let lists = rows(a, "SHOW LISTS").await;
+    let item = |name: &str| -> usize {
+        let row =
+            lists.iter().find(|r| r.get("list") == Some(name)).unwrap_or_else(|| panic!("no {name} in SHOW LISTS"));
+        row.get("items").and_then(|v| v.parse().ok()).expect("a count")
+    };
+    item("used_clients") + item("login_clients")
+}
+
+/// docs/config.md `max_client_prepared_statements`: the named prepared statements one
+/// client may hold in transaction mode are bounded; one closed makes room again, and a
+/// client that prepares one more than the bound is disconnected with `FATAL 53400`.
+/// The bound is per client: another client prepares its own at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preparing_beyond_max_client_prepared_statements_is_fatal_53400() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("max_client_prepared_statements", "4").start();
+    let (c, end) = client_with_end(s.port).await;
+    let mut held = Vec::new();
+    for i in 0..4 {
+        held.push(c.prepare(&format!("select {i}::int4")).await.unwrap_or_else(|e| panic!("statement {i}: {e}")));
+    }
+    // Dropping a tokio-postgres Statement sends its Close: the client holds three.
+    held.pop();
+    held.push(c.prepare("select 4::int4").await.expect("a statement in place of the one closed"));
+    for (st, want) in held.iter().zip([0, 1, 2, 4]) {
+        assert_eq!(c.query_one(st, &[]).await.unwrap().get::<_, i32>(0), want);
+    }
+    let other = app_client(s.port).await;
+    let theirs = other.prepare("select 5::int4").await.expect("another client's own statement");
+    assert_eq!(other.query_one(&theirs, &[]).await.unwrap().get::<_, i32>(0), 5);
+    // Four held: a fifth is one too many.
+    let e = c.prepare("select 5::int4").await.expect_err("a fifth statement was accepted");
+    assert_eq!(code(&e), "53400", "{e:?}");
+    assert!(message(&e).contains("max_client_prepared_statements"), "{e}");
+    assert_eq!(e.as_db_error().map(|d| d.severity()), Some("FATAL"), "{e:?}");
+    let ended = tokio::time::timeout(Duration::from_secs(10), end).await.expect("the connection stays open");
+    let _ = ended.unwrap();
+    assert!(c.simple_query("select 1").await.is_err(), "the client goes on after its FATAL");
+    assert_eq!(other.query_one(&theirs, &[]).await.unwrap().get::<_, i32>(0), 5, "the other client was touched");
+}
+
+/// docs/behaviour.md (errors table, `28000`): under `auth_type = "trust"`, a user in
+/// the config logs in without a password, and one not in it is refused with `FATAL
+/// 28000`, also a role PostgreSQL itself would let in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trust_refuses_a_user_not_in_the_config_with_28000() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("auth_type", "\"trust\"").start();
+    let c = connect(s.port, Role::TRUST.name, "", "app").await;
+    assert_eq!(value(&c, "select current_user").await, Role::TRUST.name);
+    // u_admin is a role of the cluster (PostgreSQL would take it) but not in Sluice's users.
+    for user in [Role::ADMIN.name, "nobody_at_all"] {
+        let Err(e) = try_connect(s.port, user, "", "app").await else { panic!("{user} logged in under trust") };
+        assert_eq!(code(&e), "28000", "{user}: {e:?}");
+        assert!(message(&e).contains(user), "{user}: {e}");
+    }
+}
+
+/// docs/config.md `log_connections` / `log_disconnections`: by default each login and
+/// each disconnection is logged; with both false neither is (nor the console's login).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_connections_and_log_disconnections_switch_their_lines() {
+    let pg = PgCluster::start();
+    for quiet in [false, true] {
+        let mut b = with_console(Sluice::builder(&pg));
+        if quiet {
+            b = b.general("log_connections", "false").general("log_disconnections", "false");
+        }
+        let s = b.start();
+        let c = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
+        assert_eq!(value(&c, "select 1").await, "1");
+        drop(c);
+        let a = admin(s.port).await;
+        // Only the console left: Sluice is done with u_md5's connection, log lines and all.
+        let done = eventually(Duration::from_secs(10), || async { clients_counted(&a).await == 1 }).await;
+        assert!(done, "the client that left is still counted");
+        let log = s.log();
+        let login = log.lines().any(|l| l.contains(" login ") && l.contains("u_md5"));
+        let disconnected = log.lines().any(|l| l.contains("client disconnected"));
+        let console_login = log.contains("admin console login");
+        if quiet {
+            assert!(!login && !disconnected && !console_login, "logged with both off:\n{log}");
+        } else {
+            assert!(login && disconnected && console_login, "not logged by default:\n{log}");
+        }
+    }
+}
+
+/// docs/admin.md `SET key = value` and docs/config.md `default_pool_size`: `SET
+/// default_pool_size` resizes a pool that already exists at once: with the pool at the
+/// default 20 and two server connections open, right after `SET default_pool_size = 1`
+/// (before the janitor's next pass) a client holds a transaction and another waits
+/// (`cl_waiting` 1) instead of being lent the idle connection beyond the new size, which
+/// is closed; the waiter goes on once that transaction ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_default_pool_size_resizes_an_existing_pool() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg)).start();
+    let holder = app_client(s.port).await;
+    let other = app_client(s.port).await;
+    // The pool exists and has room for both at once.
+    holder.simple_query("begin").await.unwrap();
+    assert_eq!(value(&other, "select 1").await, "1");
+    holder.simple_query("commit").await.unwrap();
+    let servers = || pg.backends("usename = 'u_scram'");
+    assert_eq!(servers(), 2);
+    let a = admin(s.port).await;
+    assert_eq!(cell(&a, "SHOW CONFIG", "key", "default_pool_size", "value").await.as_deref(), Some("20"));
+    a.simple_query("SET default_pool_size = 1").await.unwrap();
+    assert_eq!(cell(&a, "SHOW CONFIG", "key", "default_pool_size", "value").await.as_deref(), Some("1"));
+    holder.simple_query("begin").await.unwrap();
+    let waiter = tokio::spawn(async move { value(&other, "select 2").await });
+    let waiting = eventually(Duration::from_secs(10), || async {
+        cell(&a, "SHOW POOLS", "database", "app", "cl_waiting").await.as_deref() == Some("1")
+    })
+    .await;
+    assert!(waiting, "the second client did not wait: finished {}", waiter.is_finished());
+    assert!(!waiter.is_finished(), "the second client got a server beside the open transaction");
+    let shrunk = tokio::task::block_in_place(|| wait_until(Duration::from_secs(5), || servers() == 1));
+    assert!(shrunk, "{} server connections after SET default_pool_size = 1", servers());
+    holder.simple_query("commit").await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), waiter).await.expect("served after the commit");
+    assert_eq!(answer.unwrap(), "2");
+}
+
+/// docs/config.md `auth_type`: `plain` asks for the password in clear text
+/// (AuthenticationCleartextPassword) and checks it against the user's password of any
+/// kind (plain, md5 hash, SCRAM secret); a wrong password, or an unknown user, gets
+/// `FATAL 28P01`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_auth_takes_a_clear_text_password_against_any_kind_of_secret() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("auth_type", "\"plain\"")
+        .user(Role::SCRAM.name, &[("password", &toml_str(&pg.scram_secret(Role::SCRAM.name)))])
+        .user(Role::MD5.name, &[("password", &toml_str(&md5_secret(Role::MD5.name, Role::MD5.password)))])
+        .start();
+    // The request on the wire: AuthenticationCleartextPassword (code 3).
+    let mut raw = Raw::open(s.port);
+    raw.send(&startup(&[("user", Role::PLAIN.name), ("database", "app")], 3 << 16));
+    let (tag, body) = raw.recv().expect("an authentication request");
+    assert_eq!((tag, body.as_slice()), (b'R', &3u32.to_be_bytes()[..]), "not a clear-text password request");
+    // u_plain: a plain password; u_scram: a SCRAM secret; u_md5: an md5 hash.
+    for role in [Role::PLAIN, Role::SCRAM, Role::MD5] {
+        let c = connect(s.port, role.name, role.password, "app").await;
+        assert_eq!(value(&c, "select current_user").await, role.name);
+        let Err(e) = try_connect(s.port, role.name, "wrong", "app").await else {
+            panic!("{} logged in with a wrong password", role.name)
+        };
+        assert_eq!(code(&e), "28P01", "{}: {e:?}", role.name);
+    }
+    let Err(e) = try_connect(s.port, "nobody_at_all", "whatever", "app").await else {
+        panic!("an unknown user logged in")
+    };
+    assert_eq!(code(&e), "28P01", "{e:?}");
+}
+
+/// docs/admin.md `KILL_CLIENT id`: the client gets `FATAL 57P01 terminated by the
+/// admin console` and its open transaction is rolled back: another client does not see
+/// its insert, no server is left idle in a transaction, and (as for any client that
+/// leaves mid-transaction, docs/behaviour.md "Failures") its server is rolled back and
+/// given back to the pool: the next client of the pool of one gets the same backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_client_rolls_back_its_open_transaction() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg)).general("workers", "2").database("app", &[("pool_size", "1")]).start();
+    let (victim, end) = client_with_end(s.port).await;
+    victim.simple_query("create table killed_tx (a int)").await.unwrap();
+    victim.simple_query("begin; insert into killed_tx values (1)").await.unwrap();
+    let backend = value(&victim, "select pg_backend_pid()").await;
+    assert_eq!(value(&victim, "select count(*) from killed_tx").await, "1");
+    let a = admin(s.port).await;
+    let id = cell(&a, "SHOW CLIENTS", "database", "app", "id").await.expect("the victim is listed");
+    a.simple_query(&format!("KILL_CLIENT {id}")).await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(10), end).await.expect("the killed client's connection ends");
+    let fatal = ended.unwrap().expect_err("the killed client got no FATAL");
+    assert_eq!(code(&fatal), "57P01", "{fatal:?}");
+    assert_eq!(message(&fatal), "terminated by the admin console");
+    let next = app_client(s.port).await;
+    assert_eq!(value(&next, "select count(*) from killed_tx").await, "0", "the killed client's insert survived");
+    assert_eq!(value(&next, "select pg_backend_pid()").await, backend, "the server was not given back");
+    assert_eq!(pg.backends("state like 'idle in transaction%'"), 0);
+}
+
+/// docs/admin.md `SHUTDOWN WAIT_FOR_CLIENTS`: Sluice stops accepting and exits only
+/// once every client has left by itself, with no time limit (`shutdown_timeout` does not
+/// apply); clients in a transaction or idle go on meanwhile. A connection still before
+/// its startup packet gets `FATAL 57P03` at once, and new connections are not taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_wait_for_clients_exits_once_the_clients_leave() {
+    let pg = PgCluster::start();
+    let mut s = with_console(Sluice::builder(&pg)).general("shutdown_timeout", "1").start();
+    let busy = app_client(s.port).await;
+    busy.simple_query("create table quiescing (a int)").await.unwrap();
+    busy.simple_query("begin; insert into quiescing values (1)").await.unwrap();
+    let idle = app_client(s.port).await;
+    // Part of a startup packet, sent before the console's login: accepted before the SHUTDOWN.
+    let mut early = Raw::open(s.port);
+    early.send(&[0, 0, 0]);
+    let a = admin(s.port).await;
+    a.simple_query("SHUTDOWN WAIT_FOR_CLIENTS").await.unwrap();
+    let refused = tokio::task::spawn_blocking(move || {
+        let (tag, body) = early.recv().expect("an error for the connection before its startup packet");
+        (tag, sqlstate(&body), early.recv().is_none())
+    });
+    let refused = tokio::time::timeout(Duration::from_secs(10), refused).await.expect("57P03 at once").unwrap();
+    assert_eq!(refused, (b'E', "57P03".to_string(), true));
+    let stopped =
+        eventually(Duration::from_secs(10), || async { std::net::TcpStream::connect(("127.0.0.1", s.port)).is_err() })
+            .await;
+    assert!(stopped, "still accepting connections after SHUTDOWN WAIT_FOR_CLIENTS");
+    match try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await {
+        Ok(_) => panic!("a login went through after SHUTDOWN WAIT_FOR_CLIENTS"),
+        Err(e) => assert!(e.code().is_none_or(|c| c.code() == "57P03"), "{e:?}"),
+    }
+    drop(a);
+    // Past shutdown_timeout (1 s) it still runs, and its clients go on.
+    assert!(s.wait_exit(Duration::from_millis(1500)).is_none(), "exited with clients connected");
+    assert_eq!(value(&busy, "select count(*) from quiescing").await, "1");
+    busy.simple_query("commit").await.unwrap();
+    assert_eq!(value(&idle, "select count(*) from quiescing").await, "1", "the commit was lost");
+    drop(busy);
+    assert_eq!(value(&idle, "select 2").await, "2", "a client was closed before leaving by itself");
+    assert!(s.wait_exit(Duration::from_millis(300)).is_none(), "exited with a client connected");
+    drop(idle);
+    let status = s.wait_exit(Duration::from_secs(10));
+    assert!(status.is_some_and(|st| st.success()), "no clean exit once the clients left: {status:?}\n{}", s.log());
+}
+
+/// docs/config.md `shutdown_timeout`: after SIGTERM Sluice waits for the open
+/// transaction, but only `shutdown_timeout` seconds: with 1 and a transaction left
+/// open, it exits about a second after the signal, the transaction going on until then
+/// and never committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_exits_after_shutdown_timeout_with_a_transaction_open() {
+    let pg = PgCluster::start();
+    let mut s = Sluice::builder(&pg).general("shutdown_timeout", "1").start();
+    let c = app_client(s.port).await;
+    c.simple_query("create table held_open (a int)").await.unwrap();
+    c.simple_query("begin; insert into held_open values (1)").await.unwrap();
+    let signalled = Instant::now();
+    s.terminate();
+    assert_eq!(value(&c, "select count(*) from held_open").await, "1", "the transaction was cut short");
+    let status = s.wait_exit(Duration::from_secs(10));
+    let took = signalled.elapsed();
+    assert!(status.is_some_and(|st| st.success()), "no clean exit 10 s after SIGTERM: {status:?}");
+    assert!(took >= Duration::from_secs(1), "exited after {took:?}, before shutdown_timeout");
+    assert!(took < Duration::from_secs(4), "exited only after {took:?}");
+    assert!(s.log().contains("shutdown_timeout reached with 1 clients left"), "{}", s.log());
+    assert!(c.simple_query("select 1").await.is_err(), "the client outlived sluice");
+    assert_eq!(pg.psql("select count(*) from held_open"), "0", "the open transaction was committed");
+}
