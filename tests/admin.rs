@@ -415,13 +415,42 @@ async fn who_may_use_the_console() {
 async fn shutdown_from_the_console() {
     let pg = PgCluster::start();
     let mut s = with_console(Sluice::builder(&pg)).start();
-    let c = app_client(s.port).await;
-    c.simple_query("begin").await.unwrap();
+    // The client's connection task, kept to read the error that ends it.
+    let mut config = tokio_postgres::Config::new();
+    config.host("127.0.0.1").port(s.port).user(Role::SCRAM.name).password(Role::SCRAM.password).dbname("app");
+    let (c, conn) = config.connect(tokio_postgres::NoTls).await.unwrap();
+    let conn = tokio::spawn(conn);
+    c.simple_query("create table shut (a int); begin; insert into shut values (1)").await.unwrap();
     let a = admin(s.port).await;
-    // WAIT_FOR_SERVERS: like SIGTERM, the client's transaction may finish
-    let _ = a.simple_query("SHUTDOWN WAIT_FOR_SERVERS").await;
+    // WAIT_FOR_SERVERS (docs/admin.md): as SIGTERM, stop accepting, close each client
+    // when its transaction ends, exit when none is left.
+    a.simple_query("SHUTDOWN WAIT_FOR_SERVERS").await.expect("SHUTDOWN WAIT_FOR_SERVERS is accepted");
+    // New logins are refused: the listener is closed (refused, or reset if the connection
+    // reached its backlog as it closed), or one accepted meanwhile gets 57P03.
+    let (port, last) = (s.port, &std::sync::Mutex::new(String::new()));
+    let refused = eventually(Duration::from_secs(10), || async move {
+        let Err(e) = try_connect(port, Role::SCRAM.name, Role::SCRAM.password, "app").await else {
+            *last.lock().unwrap() = "a login was accepted".into();
+            return false;
+        };
+        use std::io::ErrorKind::{ConnectionRefused, ConnectionReset};
+        let io = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<std::io::Error>());
+        *last.lock().unwrap() = format!("{e:?}");
+        code(&e) == "57P03" || io.is_some_and(|io| matches!(io.kind(), ConnectionRefused | ConnectionReset))
+    })
+    .await;
+    assert!(refused, "new logins are not refused during the shutdown: {}", last.lock().unwrap());
+    // The idle console client is closed at once; the open transaction goes on, and its
+    // commit succeeds.
+    assert!(eventually(Duration::from_secs(10), || async { a.is_closed() }).await, "the idle console client stayed");
+    assert!(!c.is_closed(), "the client was closed in its transaction");
     assert_eq!(value(&c, "select 5").await, "5");
-    let _ = c.simple_query("commit").await;
+    c.simple_query("commit").await.expect("the open transaction commits");
+    assert_eq!(pg.psql("select count(*) from shut"), "1", "the commit did not reach the server");
+    // Then the client is closed with 57P01, and Sluice exits.
+    let end = tokio::time::timeout(Duration::from_secs(10), conn).await.expect("the client stayed after its commit");
+    let end = end.unwrap().expect_err("the client's connection ended without an error");
+    assert_eq!(code(&end), "57P01", "{end}");
     assert!(s.wait_exit(Duration::from_secs(20)).is_some_and(|st| st.success()), "{}", s.log());
 }
 

@@ -102,30 +102,47 @@ async fn postgres_restart_under_load_is_survived() {
         let stop = stop.clone();
         let served = served.clone();
         workers.push(tokio::spawn(async move {
-            let (mut ok, mut failed) = (0u32, 0u32);
+            // What each failure was: "connect"/"query", its SQLSTATE and message, with a count.
+            let mut errors = std::collections::BTreeMap::<(&str, String, String), u32>::new();
+            let key = |what, e: &tokio_postgres::Error| (what, code(e), format!("{e:?}"));
+            let mut config = tokio_postgres::Config::new();
+            config.host("127.0.0.1").port(port).user(Role::SCRAM.name).password(Role::SCRAM.password).dbname("app");
+            config.connect_timeout(Duration::from_secs(10));
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                match try_connect(port, Role::SCRAM.name, Role::SCRAM.password, "app").await {
-                    Ok((c, _h)) => {
+                match config.connect(tokio_postgres::NoTls).await {
+                    Ok((c, conn)) => {
+                        let mut conn = Some(tokio::spawn(conn));
                         for _ in 0..20 {
                             match c.simple_query("select 1").await {
                                 Ok(_) => {
-                                    ok += 1;
                                     served.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                                 }
-                                Err(_) => {
-                                    failed += 1;
+                                Err(e) if e.code().is_none() => {
+                                    // The connection ended with no request of the client's
+                                    // on its way (a server lost just as its transaction
+                                    // ended): the FATAL it ended with, if any.
+                                    let ended = tokio::time::timeout(Duration::from_secs(10), conn.take().unwrap());
+                                    let key = match ended.await {
+                                        Ok(Ok(Err(end))) => key("ended between queries", &end),
+                                        other => ("query", code(&e), format!("{e}; the connection: {other:?}")),
+                                    };
+                                    *errors.entry(key).or_default() += 1;
+                                    break;
+                                }
+                                Err(e) => {
+                                    *errors.entry(key("query", &e)).or_default() += 1;
                                     break;
                                 }
                             }
                         }
                     }
-                    Err(_) => {
-                        failed += 1;
+                    Err(e) => {
+                        *errors.entry(key("connect", &e)).or_default() += 1;
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                 }
             }
-            (ok, failed)
+            errors
         }));
     }
     // Restart once the load is flowing.
@@ -143,13 +160,27 @@ async fn postgres_restart_under_load_is_survived() {
     .await;
     assert!(back, "Sluice did not recover after PostgreSQL restarted:\n{}", s.log());
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut total_ok = 0;
+    let mut errors = std::collections::BTreeMap::new();
     for w in workers {
-        total_ok += w.await.unwrap().0;
+        for (what, n) in w.await.unwrap() {
+            *errors.entry(what).or_insert(0) += n;
+        }
     }
-    assert!(total_ok > 0);
+    // Every failure is one docs/behaviour.md gives for a restart: 08006 for a server
+    // connection lost (PostgreSQL's fast shutdown ends it) or a server not reached, 57P03
+    // for PostgreSQL's own refusal of a server login while it shuts down or starts up
+    // (and, within server_login_retry, that same failure repeated). A connection that
+    // ended without an error from Sluice ("no sqlstate") is not one of them.
+    assert!(!errors.is_empty(), "no worker noticed the restart");
+    let unexpected: Vec<_> =
+        errors.keys().filter(|(_, code, _)| !["08006", "57P03"].contains(&code.as_str())).collect();
+    assert!(unexpected.is_empty(), "unexpected failures during the restart: {unexpected:?}\nall: {errors:#?}");
     let c = connect(port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     assert_eq!(value(&c, "select 2").await, "2");
+    // No server connection leaked: at most the pool's 4, none left in a transaction.
+    let servers = pg.backends("usename = 'u_scram'");
+    assert!((1..=4).contains(&servers), "{servers} server connections for a pool of 4");
+    assert_eq!(pg.backends("usename = 'u_scram' and state like 'idle in transaction%'"), 0);
 }
 
 #[test]
@@ -641,7 +672,11 @@ async fn pause_returns_when_a_pending_connect_fails() {
     assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), paused_now)), "PAUSE not in effect");
     holder.simple_query("commit").await.unwrap();
     let e = tokio::time::timeout(Duration::from_secs(10), query).await.expect("the connect never failed").unwrap();
-    assert!(e.is_err(), "the second client was served by a frozen server");
+    let e = e.expect_err("the second client was served by a frozen server");
+    // server_connect_timeout: the connect's failure, FATAL 08001 (docs/config.md).
+    assert_eq!(code(&e), "08001", "{e:?}");
+    let message = e.as_db_error().map(|d| d.message().to_string()).unwrap_or_default();
+    assert!(message.contains("timed out connecting to the server"), "{message}");
     let paused = tokio::time::timeout(Duration::from_secs(10), pausing).await;
     assert!(paused.expect("PAUSE still waits after the connect failed").unwrap().is_ok());
     drop(frozen);
@@ -715,38 +750,46 @@ fn a_waiting_client_is_held_back_not_buffered() {
 /// A pool that finds a shared limit full while another pool holds an idle connection
 /// under it gets room at once, as PgBouncer evicts that connection when it finds the
 /// limit full, not at the janitor's next once-a-second pass: two users taking turns on
-/// a database limited to one server connection each switch within 300 ms (one slower
-/// switch allowed for a loaded machine; waiting for the janitor took 0-1 s each).
+/// a database limited to one server connection switch each time in a fraction of the
+/// janitor's second. Waiting for the janitor, every switch after the first would take
+/// about a second (each waits for the pass after the one that made the last switch);
+/// most switches must take under 300 ms, a few slower ones allowed for a loaded
+/// machine running a debug build.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn room_under_a_shared_limit_is_made_at_once() {
     let pg = PgCluster::start();
     let s = sluice(&pg, &[("max_db_connections", "1"), ("admin_users", r#"["u_scram"]"#)], 5);
     let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let b = connect(s.port, Role::MD5.name, Role::MD5.password, "app").await;
-    let mut slow = Vec::new();
-    for round in 0..3 {
+    let mut switches = Vec::new();
+    for round in 0..6 {
         for (who, c) in [("a", &a), ("b", &b)] {
             let started = std::time::Instant::now();
             assert_eq!(value(c, "select 1").await, "1");
-            if started.elapsed() >= Duration::from_millis(300) {
-                slow.push((round, who, started.elapsed()));
-            }
+            switches.push((round, who, started.elapsed()));
         }
     }
-    assert!(slow.len() <= 1, "switches waiting for room: {slow:?}");
+    let slow: Vec<_> = switches.iter().filter(|(.., took)| *took >= Duration::from_millis(300)).collect();
+    assert!(slow.len() <= 4, "switches waiting for room: {slow:?} of {}", switches.len());
     // Also when the connection becomes idle after the other pool queued: a holds it in
-    // a transaction, b queues, a's COMMIT makes the room.
-    a.simple_query("begin").await.unwrap();
+    // a transaction, b queues, a's COMMIT makes the room. Waiting for the janitor, b
+    // would be served 0-1 s after the COMMIT (the pass comes at any moment): over six
+    // rounds, most must be served within 250 ms.
     let b = std::sync::Arc::new(b);
-    let bq = b.clone();
-    let waiting = tokio::spawn(async move {
-        bq.simple_query("select 1").await.unwrap();
-        std::time::Instant::now()
-    });
-    assert!(queued(s.port, "app", Role::MD5.name), "b did not queue");
-    let committed = std::time::Instant::now();
-    a.simple_query("commit").await.unwrap();
-    let served = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap();
-    let took = served.duration_since(committed);
-    assert!(took < Duration::from_millis(500), "served {took:?} after the room was made");
+    let mut served_after = Vec::new();
+    for _ in 0..6 {
+        a.simple_query("begin").await.unwrap();
+        let bq = b.clone();
+        let waiting = tokio::spawn(async move {
+            bq.simple_query("select 1").await.unwrap();
+            std::time::Instant::now()
+        });
+        assert!(queued(s.port, "app", Role::MD5.name), "b did not queue");
+        let committed = std::time::Instant::now();
+        a.simple_query("commit").await.unwrap();
+        let served = tokio::time::timeout(Duration::from_secs(10), waiting).await.unwrap().unwrap();
+        served_after.push(served.duration_since(committed));
+    }
+    let slow: Vec<_> = served_after.iter().filter(|took| **took >= Duration::from_millis(250)).collect();
+    assert!(slow.len() <= 2, "served after the room was made: {served_after:?}");
 }

@@ -159,10 +159,19 @@ async fn parameters_are_isolated_between_clients() {
     a.simple_query("set TimeZone = 'Europe/Paris'").await.unwrap();
     assert_eq!(value(&b, "show TimeZone").await, "Asia/Tokyo");
     assert_eq!(value(&a, "show TimeZone").await, "Europe/Paris");
-    // A client without settings gets the server defaults back.
+    // A client without settings gets the server defaults back: what a fresh session
+    // straight to the cluster shows, not a or b's values (a's SET is on the only server).
+    let server_tz = pg.psql("show TimeZone");
+    assert!(!server_tz.is_empty(), "no TimeZone from the cluster");
+    assert!(
+        !["Asia/Tokyo", "Europe/Paris"].contains(&server_tz.as_str()),
+        "the cluster's default TimeZone {server_tz} is one the clients set: a leak would not show"
+    );
     let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     assert_eq!(value(&c, "select current_setting('application_name')").await, "");
-    assert_ne!(value(&c, "show TimeZone").await, "Asia/Tokyo");
+    assert_eq!(value(&c, "show TimeZone").await, server_tz);
+    assert_eq!(value(&c, "show search_path").await, pg.psql("show search_path"));
+    assert_eq!(value(&c, "show statement_timeout").await, "0");
 }
 
 /// A client of database `app` with `option` (`name=value`) set at connect time.
@@ -453,11 +462,17 @@ async fn session_mode_is_transparent() {
     );
     let (a, mut conn) = tokio_postgres::connect(&url, NoTls).await.unwrap();
     let (tx, mut notes) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
+    // The connection's end: the error it ended with (None when it closed without one).
+    let ended = tokio::spawn(async move {
         let mut stream = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
-        while let Some(Ok(m)) = stream.next().await {
-            if let AsyncMessage::Notification(n) = m {
-                let _ = tx.send((n.process_id(), n.channel().to_string(), n.payload().to_string()));
+        loop {
+            match stream.next().await {
+                Some(Ok(AsyncMessage::Notification(n))) => {
+                    let _ = tx.send((n.process_id(), n.channel().to_string(), n.payload().to_string()));
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Some(e),
+                None => return None,
             }
         }
     });
@@ -473,29 +488,44 @@ async fn session_mode_is_transparent() {
     assert_ne!(pid, pid_b);
     b.simple_query("notify chan, 'hello'").await.unwrap();
     let (sender, chan, payload) = tokio::time::timeout(Duration::from_secs(10), notes.recv()).await.unwrap().unwrap();
-    assert_eq!((sender.to_string(), chan.as_str(), payload.as_str()), (pid_b, "chan", "hello"));
+    assert_eq!((sender.to_string(), chan.as_str(), payload.as_str()), (pid_b.clone(), "chan", "hello"));
     // The cancel key carries the server's process id: cancelling through Sluice reaches it.
     let token = a.cancel_token();
-    let sleeper = tokio::spawn(async move { a.simple_query("select pg_sleep(30)").await });
+    let a = std::sync::Arc::new(a);
+    let sleeping = a.clone();
+    let sleeper = tokio::spawn(async move { sleeping.simple_query("select pg_sleep(30)").await });
     assert!(pg.running("pg_sleep(30)"), "the query to cancel never started");
     cancel_processed(s.port, &token).await;
     let r = tokio::time::timeout(Duration::from_secs(10), sleeper).await.unwrap().unwrap();
     assert_eq!(r.err().map(|e| code(&e)).as_deref(), Some("57014"));
-    // pg_terminate_backend on the pid the client sees ends that client.
-    value(&b, &format!("select pg_terminate_backend({pid})")).await;
+    assert_eq!(value(&a, "select pg_backend_pid()").await, pid, "the cancel left the session on its server");
+    // pg_terminate_backend on the pid the client sees ends that client (and only it).
+    assert_eq!(value(&b, &format!("select pg_terminate_backend({pid})")).await, "t");
+    let end = tokio::time::timeout(Duration::from_secs(10), ended).await.expect("a's connection stayed open").unwrap();
+    let end = end.expect("a's connection closed without an error");
+    assert_eq!(code(&end), "08006", "{end}");
+    assert!(a.is_closed());
+    assert!(a.simple_query("select 1").await.is_err(), "a still ran a query");
+    assert_eq!(value(&b, "select pg_backend_pid()").await, pid_b, "b lost its server");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_mode_resets_servers_between_clients() {
     let pg = PgCluster::start();
     let s = pooled(&pg, "session", 1);
-    {
+    let pid_a = {
         let a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
         a.simple_query("set work_mem = '7MB'; prepare p as select 1; create temp table tt(a int)").await.unwrap();
-    }
+        assert_eq!(value(&a, "select count(*) from pg_prepared_statements").await, "1");
+        assert_eq!(value(&a, "select count(*) from pg_class where relname = 'tt' and relpersistence = 't'").await, "1");
+        value(&a, "select pg_backend_pid()").await
+    };
     let b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
-    assert_ne!(value(&b, "show work_mem").await, "7MB");
+    // The same server (a pool of one), reset: a's setting, statement and temp table are gone.
+    assert_eq!(value(&b, "select pg_backend_pid()").await, pid_a, "else no reset is shown");
+    assert_eq!(value(&b, "show work_mem").await, pg.psql("show work_mem"));
     assert_eq!(value(&b, "select count(*) from pg_prepared_statements").await, "0");
+    assert_eq!(value(&b, "select count(*) from pg_class where relname = 'tt' and relpersistence = 't'").await, "0");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -544,7 +574,7 @@ async fn cancel_reaches_a_client_waiting_for_a_server() {
         assert_eq!(code(&e), "57014", "extended: {extended}: {e}");
         let waiting =
             tokio::task::block_in_place(|| clients_waiting(port, Role::SCRAM.name, Role::SCRAM.password, "app"));
-        assert_eq!(waiting, 0);
+        assert_eq!(waiting, Some(0), "SHOW POOLS cl_waiting after the cancel");
     }
     a.simple_query("commit").await.unwrap();
     assert_eq!(value(&b, "select count(*) from t_waited").await, "0", "a cancelled statement ran");
@@ -766,8 +796,8 @@ async fn server_lifetime_zero_uses_each_connection_once() {
     for _ in 0..3 {
         pids.push(value(&c, "select pg_backend_pid()").await);
     }
-    pids.dedup();
-    assert_eq!(pids.len(), 3, "a server connection was used twice: {pids:?}");
+    let distinct: std::collections::BTreeSet<&String> = pids.iter().collect();
+    assert_eq!(distinct.len(), 3, "a server connection was used twice: {pids:?}");
     let closed =
         tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends("usename = 'u_scram'") == 0));
     assert!(closed, "a used connection stayed open");

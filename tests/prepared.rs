@@ -9,15 +9,33 @@ mod common;
 use common::raw::*;
 use common::stmts::*;
 use common::{PgCluster, Sluice};
+/// The first value a simple query returns to `c`.
+fn simple(c: &mut Raw, sql: &str) -> String {
+    c.send(&query(sql));
+    first_value(&c.until_ready())
+}
+
 #[test]
 fn statements_are_shared_and_survive_server_changes() {
     let (_pg, s) = setup(2, &[]);
     let mut clients: Vec<Raw> = (0..6).map(|_| login(&s)).collect();
+    // One after another, the clients all prepare on the one server open (x).
+    let x = simple(&mut clients[0], "select pg_backend_pid()");
     for (i, c) in clients.iter_mut().enumerate() {
         // different names for the same text, and one name for different texts
         assert_eq!(prepare(c, &format!("s{i}"), "select $1::int * 2"), "1Z");
         assert_eq!(prepare(c, "same", &format!("select {i} + $1::int")), "1Z");
+        assert_eq!(simple(c, "select pg_backend_pid()"), x, "client {i} prepared on another server");
     }
+    // `holder` keeps x in a transaction: the first round runs on the pool's other server
+    // (y), which has none of the statements and is given each one as it is first used.
+    let mut holder = login(&s);
+    holder.send(&query("begin"));
+    holder.until_ready();
+    assert_eq!(simple(&mut holder, "select pg_backend_pid()"), x);
+    // One server-side statement per distinct text on each server: 1 + 6.
+    let count = "select count(*) from pg_prepared_statements";
+    assert_eq!(simple(&mut holder, count), "7", "on x");
     for round in 0..3 {
         for (i, c) in clients.iter_mut().enumerate() {
             let m = run(c, &format!("s{i}"), &[&round.to_string()]);
@@ -25,12 +43,25 @@ fn statements_are_shared_and_survive_server_changes() {
             assert_eq!(first_value(&m), (round * 2).to_string());
             assert_eq!(first_value(&run(c, "same", &["10"])), (i + 10).to_string());
         }
+        if round == 0 {
+            let mut c = login(&s);
+            let y = simple(&mut c, "select pg_backend_pid()");
+            assert_ne!(y, x, "the round ran on x, which holder holds");
+            assert_eq!(simple(&mut c, count), "7", "on y after the first round");
+            holder.send(&query("commit"));
+            holder.until_ready();
+        }
     }
-    // One server-side statement per distinct text on each server: 1 + 6.
-    let mut c = login(&s);
-    c.send(&query("select count(*) from pg_prepared_statements"));
-    let n: usize = first_value(&c.until_ready()).parse().unwrap();
-    assert!(n <= 7, "server holds {n} statements for 7 distinct texts");
+    // Later rounds went to either server: neither parsed any text twice.
+    holder.send(&query("begin"));
+    holder.until_ready();
+    let held = simple(&mut holder, "select pg_backend_pid()");
+    let mut other = login(&s);
+    assert_ne!(simple(&mut other, "select pg_backend_pid()"), held);
+    assert_eq!(simple(&mut holder, count), "7", "on {held}");
+    assert_eq!(simple(&mut other, count), "7", "on the server besides {held}");
+    holder.send(&query("commit"));
+    holder.until_ready();
 }
 
 /// Clients whose settings may change what a text parses to (here `TimeZone`, which
@@ -553,12 +584,20 @@ fn a_large_bind_of_a_statement_new_to_its_server() {
 /// unnamed statement afterwards has it parsed again first.
 #[test]
 fn unnamed_statement_survives_sluices_own_queries() {
-    let (_pg, s) = setup(1, &[("server_check_delay", "0.05")]);
+    // The check bumps a sequence, so the test sees that it ran between Parse and Bind.
+    let check = ("server_check_query", "\"select nextval('checks')\"");
+    let (pg, s) = setup(1, &[("server_check_delay", "0.05"), check]);
+    pg.psql("create sequence checks; grant usage on sequence checks to public");
+    let checks = || pg.psql("select case when is_called then last_value else 0 end from checks");
     let mut c = login(&s);
     assert_eq!(prepare(&mut c, "", "select 11"), "1Z");
-    // Ages the idle server past server_check_delay: the next loan checks it first.
+    let before = checks();
+    // Ages the idle server past server_check_delay: the next loan checks it first. (Time
+    // passing is the condition itself: nothing to poll.)
     std::thread::sleep(std::time::Duration::from_millis(200));
     let m = run(&mut c, "", &[]);
     assert_eq!(tags(&m), "2DCZ", "{}", field(&m[0].1, b'M'));
     assert_eq!(first_value(&m), "11");
+    let after: i64 = checks().parse().unwrap();
+    assert_eq!(after, before.parse::<i64>().unwrap() + 1, "the Bind's loan was not checked once");
 }

@@ -113,7 +113,8 @@ fn a_client_that_stops_reading_sluices_own_replies_is_killed_and_its_server_free
     c.send(&query("begin"));
     c.until_ready();
     let mut writer = c.stream().try_clone().expect("a second handle");
-    writer.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
+    // Blocked for 5 s: not a stall of a loaded machine, Sluice stopped reading.
+    writer.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
     let batch: Vec<u8> = (0..8192).flat_map(|_| msg(b'C', b"Sx\0")).collect();
     // Bounded: 400 MB of Closes would be 250 MB of answers, far more than the sockets hold.
     let blocked = (0..(400 << 20) / batch.len()).any(|_| writer.write_all(&batch).is_err());
@@ -121,6 +122,26 @@ fn a_client_that_stops_reading_sluices_own_replies_is_killed_and_its_server_free
     kill_client_of(s.port, "u_trust", "app");
     next_client_is_served(&s);
     assert!(c.closed(), "the stalled client's connection stays open");
+}
+
+/// Writes `bytes` to `w` (whose writes time out) until all went out, the peer closed the
+/// connection (EPIPE, reset), or `patience` passed; returns how many went out. A write
+/// timeout is not taken for the end: on a loaded machine Sluice may stall for a while
+/// and then read on. (Each write goes on where the last stopped, so no message is
+/// sent torn.)
+fn write_until_closed(w: &mut std::net::TcpStream, bytes: &[u8], patience: Duration) -> usize {
+    use std::io::ErrorKind::{Interrupted, TimedOut, WouldBlock};
+    let deadline = std::time::Instant::now() + patience;
+    let mut at = 0;
+    while at < bytes.len() && std::time::Instant::now() < deadline {
+        match w.write(&bytes[at..]) {
+            Ok(0) => break,
+            Ok(n) => at += n,
+            Err(e) if matches!(e.kind(), WouldBlock | TimedOut | Interrupted) => continue,
+            Err(_) => break,
+        }
+    }
+    at
 }
 
 /// A client whose `pg_sleep(secs)` runs on the server, sent through the extended
@@ -144,15 +165,12 @@ fn replies_sluice_owes_behind_a_running_query_are_bounded() {
     let s = sluice(&pg, &[]);
     let mut c = sleeping(&pg, &s, 60);
     let mut writer = c.stream().try_clone().expect("a second handle");
-    writer.set_write_timeout(Some(Duration::from_secs(2))).unwrap();
-    let batch: Vec<u8> = (0..4096).flat_map(|_| msg(b'C', b"Sx\0")).collect();
-    // 40 batches: ten times the bound. Sluice may close the connection while the
-    // client still writes.
-    for _ in 0..40 {
-        if writer.write_all(&batch).is_err() {
-            break;
-        }
-    }
+    writer.set_write_timeout(Some(Duration::from_millis(500))).unwrap();
+    // 40 batches of 4096: ten times the bound. Sluice may close the connection while
+    // the client still writes.
+    let closes: Vec<u8> = (0..40 * 4096).flat_map(|_| msg(b'C', b"Sx\0")).collect();
+    let sent = write_until_closed(&mut writer, &closes, Duration::from_secs(30));
+    assert!(sent > 16_384 * 8, "only {sent} bytes of Closes went out: the bound was never reached");
     c.expect_error("53400", "too many replies waiting behind the server's answers");
     assert!(c.closed(), "the refused client's connection stays open");
     next_client_is_served(&s);

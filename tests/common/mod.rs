@@ -175,15 +175,17 @@ pub fn console_cell_where(
 }
 
 /// Clients of database `db` waiting for a server connection, as the admin console's
-/// `SHOW POOLS` counts them (`cl_waiting`); `user` must be in `admin_users`.
-pub fn clients_waiting(port: u16, user: &str, password: &str, db: &str) -> usize {
-    console_cell(port, user, password, "SHOW POOLS", db, 3).and_then(|v| v.parse().ok()).unwrap_or(0)
+/// `SHOW POOLS` counts them (`cl_waiting`); `user` must be in `admin_users`. None when the
+/// console could not be asked (psql failed), has no row for `db`, or the cell is not a
+/// number, so a failing console never reads as "nobody waits".
+pub fn clients_waiting(port: u16, user: &str, password: &str, db: &str) -> Option<usize> {
+    console_cell(port, user, password, "SHOW POOLS", db, 3).and_then(|v| v.parse().ok())
 }
 
 /// Polls `clients_waiting` until one client of `db` waits for a server; false after 10 s.
 /// Blocks the thread (from an async test: `spawn_blocking` or `block_in_place`).
 pub fn one_client_queued(port: u16, user: &str, password: &str, db: &str) -> bool {
-    wait_until(Duration::from_secs(10), || clients_waiting(port, user, password, db) == 1)
+    wait_until(Duration::from_secs(10), || clients_waiting(port, user, password, db) == Some(1))
 }
 
 /// The one polling loop of the tests: calls `condition` until it holds (true) or `timeout`

@@ -189,23 +189,23 @@ fn newer_protocol_minor_is_negotiated_down() {
 #[test]
 fn malformed_startup_packets_are_rejected() {
     let (_pg, s) = setup(1, "transaction");
-    // The SQLSTATE PostgreSQL sends for each.
-    let cases: Vec<(Vec<u8>, &str)> = vec![
-        (3u32.to_be_bytes().to_vec(), "08P01"),              // length below minimum
-        (0x7fff_ffffu32.to_be_bytes().to_vec(), "08P01"),    // absurd length
-        (startup(&[("user", "u_trust")], 2 << 16), "0A000"), // protocol 2
-        ([12u32.to_be_bytes(), (3u32 << 16).to_be_bytes(), *b"abcd"].concat(), "08P01"), // unterminated
-        (startup(&[("database", "app")], 3 << 16), "28000"), // no user
+    // Each gets the FATAL error PostgreSQL sends for it (docs/behaviour.md: malformed
+    // startup packets 08P01, protocol 2.0 0A000), then the connection is closed.
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("length below minimum", 3u32.to_be_bytes().to_vec(), "08P01"),
+        ("absurd length", 0x7fff_ffffu32.to_be_bytes().to_vec(), "08P01"),
+        ("protocol 2", startup(&[("user", "u_trust")], 2 << 16), "0A000"),
+        ("unterminated", [12u32.to_be_bytes(), (3u32 << 16).to_be_bytes(), *b"abcd"].concat(), "08P01"),
+        ("no user", startup(&[("database", "app")], 3 << 16), "28000"),
     ];
-    for (bytes, want) in cases {
+    for (case, bytes, want) in cases {
         let mut r = Raw::open(s.port);
         r.send(&bytes);
         let m = r.recv();
-        if let Some((tag, body)) = &m {
-            assert_eq!(*tag, b'E', "{m:?}");
-            assert_eq!(sqlstate(body), want, "{bytes:?}");
-        }
-        assert!(r.closed());
+        let Some((b'E', body)) = &m else { panic!("{case}: expected FATAL {want}, got {m:?}") };
+        assert_eq!(sqlstate(body), want, "{case}: {:?}", String::from_utf8_lossy(body));
+        assert_eq!(field(body, b'S'), "FATAL", "{case}: {:?}", String::from_utf8_lossy(body));
+        assert!(r.closed(), "{case}: the connection stayed open");
     }
     let mut ok = trust(&s);
     ok.send(&query("select 1"));
