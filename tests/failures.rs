@@ -793,3 +793,63 @@ async fn room_under_a_shared_limit_is_made_at_once() {
     let slow: Vec<_> = served_after.iter().filter(|took| **took >= Duration::from_millis(250)).collect();
     assert!(slow.len() <= 2, "served after the room was made: {served_after:?}");
 }
+
+/// PostgreSQL ending a server (pg_terminate_backend) just after the answer that ended a
+/// client's transaction, read by Sluice together with that answer (Sluice is stopped
+/// meanwhile so both wait in its socket): the client lost nothing, so in transaction
+/// mode it keeps its connection, and its next query runs on another server; in session
+/// mode, its own server gone, it gets 08006.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_ended_right_after_a_transaction_ends_no_pooled_client() {
+    for mode in ["transaction", "session"] {
+        let pg = PgCluster::start();
+        let s = sluice(&pg, &[("pool_mode", &format!("\"{mode}\""))], 2);
+        let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+        let pid = value(&c, "select pg_backend_pid()").await;
+        let sleeping = tokio::spawn(async move {
+            let r = c.simple_query("select pg_sleep(0.3)").await.map(drop);
+            (c, r)
+        });
+        let running = format!("pid = {pid} and state = 'active' and query like 'select pg_sleep%'");
+        assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(&running) == 1)));
+        // Stopped until the query is answered and the server ended behind its answer.
+        let _stopped = StoppedProcess::new(s.pid());
+        let idle = format!("pid = {pid} and state = 'idle'");
+        assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(&idle) == 1)));
+        pg.psql(&format!("select pg_terminate_backend({pid})"));
+        drop(_stopped);
+        let (c, r) = tokio::time::timeout(Duration::from_secs(10), sleeping).await.expect("no answer").unwrap();
+        assert!(r.is_ok(), "{mode}: the query's answer was lost: {r:?}");
+        let next = c.simple_query("select pg_backend_pid()").await;
+        match mode {
+            "transaction" => {
+                let rows = next.unwrap_or_else(|e| panic!("the client was ended with its server: {e:?}"));
+                let row = rows.iter().find_map(|m| match m {
+                    tokio_postgres::SimpleQueryMessage::Row(r) => Some(r),
+                    _ => None,
+                });
+                assert_ne!(row.expect("a row").get(0), Some(pid.as_str()), "the ended server was lent again");
+            }
+            _ => assert!(next.is_err() || c.is_closed(), "session mode went on without its server"),
+        }
+    }
+}
+
+/// A process stopped (SIGSTOP) until dropped.
+struct StoppedProcess(i32);
+
+impl StoppedProcess {
+    fn new(pid: u32) -> Self {
+        let pid = i32::try_from(pid).expect("a pid");
+        // SAFETY: kill(2) on the test's own Sluice process.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        StoppedProcess(pid)
+    }
+}
+
+impl Drop for StoppedProcess {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}

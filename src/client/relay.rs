@@ -505,9 +505,17 @@ impl Session {
             server.broken = true;
             return Err(exit);
         }
-        if self.track.server_fatal.is_some() {
+        if let Some(fatal) = self.track.server_fatal.take() {
             server.broken = true;
-            return Err(server_lost(self.track.server_fatal.take()));
+            // Read with the answer that ended the client's transaction (PostgreSQL
+            // ending the server just then): in the pooled modes nothing of the client's
+            // is lost, so the server is closed as it is released and the client stays.
+            let ended = server.tx == TxStatus::Idle && self.track.protocol_idle();
+            if self.mode != PoolMode::Session && ended {
+                tracing::info!(client = self.info.id, server = server.id, "server ended between transactions: {fatal}");
+                return Ok(());
+            }
+            return Err(server_lost(Some(fatal)));
         }
         if self.track.violation {
             self.statement_violation(conn, interrupt, query_deadline).await?;
