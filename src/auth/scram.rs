@@ -395,6 +395,8 @@ fn sasl_prep(password: &str) -> std::borrow::Cow<'_, [u8]> {
         return Cow::Borrowed(password.as_bytes());
     }
     match stringprep::saslprep(password) {
+        // (Mapped to nothing at all: PostgreSQL refuses an empty result, so raw.)
+        Ok(p) if p.is_empty() => Cow::Borrowed(password.as_bytes()),
         Ok(Cow::Borrowed(p)) => Cow::Borrowed(p.as_bytes()),
         Ok(Cow::Owned(p)) => Cow::Owned(p.into_bytes()),
         Err(_) => Cow::Borrowed(password.as_bytes()),

@@ -314,3 +314,13 @@ fn damaged_messages_never_panic() {
         assert_eq!(server_final(&msg).is_ok(), msg == SERVER_FINAL.as_bytes());
     }
 }
+
+/// SASLprep as PostgreSQL runs it: NFKC and the mappings; ASCII as it is; a password
+/// it refuses (a control character) or maps to nothing used as it is.
+#[test]
+fn saslprep_as_postgresql_runs_it() {
+    assert_eq!(&*sasl_prep("clave\u{ba}\u{b2}\u{a0}x"), b"claveo2 x");
+    assert_eq!(&*sasl_prep("plain ascii\x07"), b"plain ascii\x07");
+    assert_eq!(&*sasl_prep("a\u{7}\u{e9}"), "a\u{7}\u{e9}".as_bytes(), "refused: raw");
+    assert_eq!(&*sasl_prep("\u{ad}"), "\u{ad}".as_bytes(), "mapped to nothing: raw");
+}

@@ -510,7 +510,12 @@ impl Session {
             // Read with the answer that ended the client's transaction (PostgreSQL
             // ending the server just then): in the pooled modes nothing of the client's
             // is lost, so the server is closed as it is released and the client stays.
-            let ended = server.tx == TxStatus::Idle && self.track.protocol_idle();
+            // (Not while a probe is due or out, or client input waits to go out: the
+            // client is then owed what will not come, and is told, quoting the FATAL.)
+            let ended = server.tx == TxStatus::Idle
+                && self.track.protocol_idle()
+                && self.to_server.is_empty()
+                && self.track.early_syncs.settled();
             if self.mode != PoolMode::Session && ended {
                 tracing::info!(client = self.info.id, server = server.id, "server ended between transactions: {fatal}");
                 return Ok(());

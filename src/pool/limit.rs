@@ -114,14 +114,17 @@ impl ConnLimit {
     /// Clears the mark unless a pool counting against this limit has clients queued;
     /// call with no pool's lock held. Taken first and set again: a pool marks and queues
     /// under one hold of its lock, which `has_waiters` takes, so a mark set before the
-    /// clear is seen with its queue, and one set after stays.
+    /// clear is seen with its queue, and one set after stays. Room freed while the mark
+    /// was down woke nobody, so the queues are woken (each marks the limit again if it
+    /// is still full).
     pub fn settle(&self) {
         if !self.is_contended() {
             return;
         }
-        let pools = self.take_contended();
-        if pools.iter().any(|p| p.has_waiters()) {
+        let waiting: Vec<_> = self.take_contended().into_iter().filter(|p| p.has_waiters()).collect();
+        if !waiting.is_empty() {
             self.count.lock().contended = true;
+            waiting.iter().for_each(|p| p.wake_waiters());
         }
     }
 }

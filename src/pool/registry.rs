@@ -212,19 +212,21 @@ impl Pools {
     /// limit does at once.
     pub fn rebalance(&self) {
         let pools = self.upkeep();
-        for starved in pools.iter().filter(|p| p.is_starved()) {
-            // One connection a pass per starved pool: its queue takes it before the
-            // next pass looks again.
-            let _ =
-                pools.iter().any(|p| !Arc::ptr_eq(p, starved) && p.can_make_room_for(starved) && p.evict_one_idle());
-        }
         // Marks of limits found full whose queues are gone (a client served by its own
-        // pool's connection after all) would have every check-in wake this pass.
+        // pool's connection after all) would have every check-in wake this pass. First,
+        // so that a connection checked in idle while a mark was down is still evicted
+        // for a starved queue below.
         let mut seen = std::collections::HashSet::new();
         for limit in pools.iter().flat_map(|p| [&p.db_limit, &p.user_limit]) {
             if seen.insert(Arc::as_ptr(limit)) {
                 limit.settle();
             }
+        }
+        for starved in pools.iter().filter(|p| p.is_starved()) {
+            // One connection a pass per starved pool: its queue takes it before the
+            // next pass looks again.
+            let _ =
+                pools.iter().any(|p| !Arc::ptr_eq(p, starved) && p.can_make_room_for(starved) && p.evict_one_idle());
         }
     }
 

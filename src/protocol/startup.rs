@@ -92,8 +92,13 @@ pub fn parse(body: &[u8]) -> Result<StartupPacket, ProtocolError> {
             let (text, spans) = parse_params(rest)?;
             let lossy = matches!(text, std::borrow::Cow::Owned(_));
             let m = StartupMessage { minor, text: text.into(), spans };
-            if lossy && ["user", "database"].iter().any(|k| m.get(k).is_some_and(|v| v.contains('\u{fffd}'))) {
-                return Err(ProtocolError::Malformed("StartupMessage (a user or database name not in UTF-8)"));
+            // Only `application_name` is taken so: other values become settings the
+            // server would read differently (a `search_path`), or names.
+            let mangled =
+                |(k, v): (&str, &str)| k.contains('\u{fffd}') || (k != "application_name" && v.contains('\u{fffd}'));
+            if lossy && m.params().any(mangled) {
+                let what = "StartupMessage (a parameter other than application_name not in UTF-8)";
+                return Err(ProtocolError::Malformed(what));
             }
             Ok(StartupPacket::Startup(m))
         }
@@ -106,7 +111,7 @@ type Spans = Vec<(Range<usize>, Range<usize>)>;
 /// Splits the parameter area: name, NUL, value, NUL, ..., and an empty name ending it.
 /// Bytes that are not UTF-8 (an `application_name` in Latin-1, which PostgreSQL takes
 /// as it comes) read as U+FFFD: the NULs stay where they are, as no multi-byte
-/// character holds one. (The caller refuses such a user or database name.)
+/// character holds one. (The caller refuses them in any other parameter.)
 fn parse_params(buf: &[u8]) -> Result<(std::borrow::Cow<'_, str>, Spans), ProtocolError> {
     let bad = || ProtocolError::Malformed("StartupMessage");
     let text = String::from_utf8_lossy(buf);
@@ -239,9 +244,11 @@ mod tests {
         assert!(parse(&packet(PROTOCOL_3_0, b"user\0bob")).is_err());
         assert!(parse(&packet(PROTOCOL_3_0, b"user\0bob\0\0extra")).is_err());
         assert!(parse(&packet(PROTOCOL_3_0, b"")).is_err());
-        // User and database names must be UTF-8 (the config's are); other values need not.
+        // Only application_name may be other than UTF-8.
         assert!(parse(&packet(PROTOCOL_3_0, b"user\0b\xffb\0\0")).is_err());
         assert!(parse(&packet(PROTOCOL_3_0, b"user\0u\0database\0d\xc3\0\0")).is_err());
+        assert!(parse(&packet(PROTOCOL_3_0, b"user\0u\0search_path\0caf\xe9\0\0")).is_err());
+        assert!(parse(&packet(PROTOCOL_3_0, b"user\0u\0caf\xe9\0x\0\0")).is_err());
         let latin1 = parse(&packet(PROTOCOL_3_0, b"user\0u\0application_name\0caf\xe9\0\0"));
         let Ok(StartupPacket::Startup(m)) = latin1 else { panic!("{latin1:?}") };
         assert_eq!((m.get("user"), m.get("application_name")), (Some("u"), Some("caf\u{fffd}")));

@@ -349,8 +349,10 @@ fn a_server_ending_around_the_probe_is_told_once() {
     let (_pg, _s, mut c, _pid) = copy_setup();
     failed_copy_with_a_sync_inside(&mut c, &query("select pg_terminate_backend(pg_backend_pid())"));
     let rest: Vec<_> = std::iter::from_fn(|| c.recv()).collect();
-    let errors: Vec<_> = rest.iter().filter(|(t, _)| *t == b'E').map(|(_, b)| sqlstate(b)).collect();
-    assert_eq!(errors, ["08006"], "{rest:?}");
+    let errors: Vec<_> = rest.iter().filter(|(t, _)| *t == b'E').collect();
+    assert_eq!(errors.iter().map(|(_, b)| sqlstate(b)).collect::<Vec<_>>(), ["08006"], "{rest:?}");
+    let told = field(&errors[0].1, b'M');
+    assert!(told.contains("57P01"), "the server's reason not quoted: {told}");
 }
 
 /// With a whole COPY behind it (its data and end sent before the probe): it runs.

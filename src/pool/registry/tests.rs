@@ -264,3 +264,25 @@ async fn marks_of_full_limits_last_while_a_queue_needs_room() {
     pools.rebalance();
     assert!(!a_u1.user_limit.is_contended(), "the mark outlived its queue");
 }
+
+/// Room freed while the janitor's pass had a limit's mark down woke nobody (the
+/// freeing found no mark): the pass wakes the queues it finds, so a queued client is
+/// handed the room then, not at a later pass.
+#[tokio::test]
+async fn room_freed_while_a_mark_is_down_reaches_the_queue() {
+    let (pools, [a_u1, _, b_u1]) = pools_with("max_user_connections = 1");
+    assert!(ConnLimit::acquire_pair(&b_u1.db_limit, &b_u1.user_limit));
+    let waiting = tokio::spawn({
+        let pool = a_u1.clone();
+        async move { pool.checkout().await.map(drop) }
+    });
+    while !a_u1.has_waiters() {
+        tokio::task::yield_now().await;
+    }
+    // Freed with no wake-up, as when the freeing's look found the mark down.
+    ConnLimit::release_pair(&b_u1.db_limit, &b_u1.user_limit);
+    assert!(a_u1.has_waiters());
+    pools.rebalance();
+    assert!(!a_u1.has_waiters(), "the queued client was not handed the room");
+    waiting.abort();
+}
