@@ -21,7 +21,6 @@ pub const BUCKETS_US: [u64; 20] = [
 pub struct Histogram {
     buckets: [AtomicU64; BUCKETS_US.len() + 1],
     sum_us: AtomicU64,
-    count: AtomicU64,
 }
 
 impl Histogram {
@@ -30,16 +29,15 @@ impl Histogram {
         let i = BUCKETS_US.iter().position(|&b| us <= b).unwrap_or(BUCKETS_US.len());
         self.buckets[i].fetch_add(1, Relaxed);
         self.sum_us.fetch_add(us, Relaxed);
-        self.count.fetch_add(1, Relaxed);
     }
 
-    /// Per-bucket counts (not cumulative), the sum in µs and the count.
+    /// Per-bucket counts (not cumulative), the sum in µs and the count. The count is
+    /// the buckets' total as read (an observation under way may be in one and not yet
+    /// in the other): Prometheus wants `_count` equal to the `+Inf` bucket, and a
+    /// quantile's rank must fall within the buckets.
     pub fn snapshot(&self) -> HistogramSnapshot {
-        HistogramSnapshot {
-            buckets: self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
-            sum_us: self.sum_us.load(Relaxed),
-            count: self.count.load(Relaxed),
-        }
+        let buckets: Vec<u64> = self.buckets.iter().map(|b| b.load(Relaxed)).collect();
+        HistogramSnapshot { count: buckets.iter().sum(), buckets, sum_us: self.sum_us.load(Relaxed) }
     }
 }
 

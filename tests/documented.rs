@@ -298,3 +298,60 @@ async fn sigterm_exits_after_shutdown_timeout_with_a_transaction_open() {
     assert!(c.simple_query("select 1").await.is_err(), "the client outlived sluice");
     assert_eq!(pg.psql("select count(*) from held_open"), "0", "the open transaction was committed");
 }
+
+/// docs/admin.md `SHOW STATS` (`total_server_assignment_count`, `total_wait_time`): a
+/// session-mode client is assigned its server once, at login, and a login that waited
+/// for one counts its wait, as a transaction's assignment does in the pooled modes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_logins_count_their_assignment_and_wait() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg))
+        .general("pool_mode", "\"session\"")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let first = app_client(s.port).await;
+    let port = s.port;
+    let second = tokio::spawn(async move { app_client(port).await });
+    let a = admin(s.port).await;
+    let waiting = eventually(Duration::from_secs(10), || async {
+        cell(&a, "SHOW POOLS", "database", "app", "cl_waiting").await.as_deref() == Some("1")
+    })
+    .await;
+    assert!(waiting, "the second login did not wait for the one server");
+    drop(first);
+    let second = tokio::time::timeout(Duration::from_secs(10), second).await.expect("never served").unwrap();
+    assert_eq!(value(&second, "select 1").await, "1");
+    let stat = |col: &'static str| {
+        let a = &a;
+        async move { cell(a, "SHOW STATS", "database", "app", col).await.unwrap().parse::<u64>().unwrap() }
+    };
+    assert_eq!(stat("total_server_assignment_count").await, 2);
+    assert!(stat("total_wait_time").await > 0, "the second login's wait not counted");
+}
+
+/// docs/admin.md `SHOW CLIENTS` / `SHOW SERVERS` `request_time`: a session-mode client's
+/// last request, not its login, though it keeps its server (and state) throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_request_time_follows_requests() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg)).general("pool_mode", "\"session\"").start();
+    let c = app_client(s.port).await;
+    let pid = value(&c, "select pg_backend_pid()").await;
+    let a = admin(s.port).await;
+    let row = |sql: &'static str, key: &'static str, at: String| {
+        let a = &a;
+        async move { rows(a, sql).await.into_iter().find(|r| r.get(key) == Some(at.as_str())).expect("a row") }
+    };
+    let times = |r: &tokio_postgres::SimpleQueryRow| {
+        (r.get("connect_time").unwrap().to_string(), r.get("request_time").unwrap().to_string())
+    };
+    // (The times are shown to the second: a second passes first.)
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(value(&c, "select 1").await, "1");
+    let client = row("SHOW CLIENTS", "database", "app".into()).await;
+    let (connected, requested) = times(&client);
+    assert!(requested > connected, "client: request_time {requested} not after connect_time {connected}");
+    let server = row("SHOW SERVERS", "remote_pid", pid).await;
+    let (_, server_requested) = times(&server);
+    assert_eq!(server_requested, requested, "the server's request_time");
+}

@@ -5,6 +5,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncReadExt;
@@ -404,19 +405,23 @@ fn client_params(msg: &StartupMessage) -> Result<ClientParams, Exit> {
 /// A server for a login's round trips (`login_checkout`) carrying the client's
 /// settings; a value the server rejects ends the login with the server's own error, as
 /// a direct connection would. A server found gone by the SET (its end not seen at
-/// check-out, nor checked) is replaced once, as after a failed check.
+/// check-out, nor checked) is replaced once, as after a failed check. Also gives how
+/// long the client waited for the server.
 async fn server_with<'p>(
     app: &App,
     pool: &'p Arc<Pool>,
     info: &ClientInfo,
     conn: &mut ClientConn,
     params: &ClientParams,
-) -> Result<Borrowed<'p>, Exit> {
+) -> Result<(Borrowed<'p>, Duration), Exit> {
     let limit = pool.internal_limits();
     let mut retried = false;
+    let mut waited = Duration::ZERO;
     loop {
+        let asked = Instant::now();
         let mut server = login_checkout(app, pool, info, conn).await?;
-        let Err(e) = server.apply_params(params, limit).await else { return Ok(server) };
+        waited += asked.elapsed();
+        let Err(e) = server.apply_params(params, limit).await else { return Ok((server, waited)) };
         let gone = server.broken;
         server.checkin();
         if !gone || retried {
@@ -436,7 +441,10 @@ async fn start_session_mode(
     params: ClientParams,
     info: Arc<ClientInfo>,
 ) -> Result<Session, Exit> {
-    let server = server_with(app, &pool, &info, conn, &params).await?;
+    let (server, waited) = server_with(app, &pool, &info, conn, &params).await?;
+    // A server assigned, for the session (SHOW STATS, the wait histogram), as a
+    // transaction's is in the pooled modes.
+    pool.stats.waited(waited);
     // The server's process id (notifications carry it; a random one with `peer_id`), a
     // secret of Sluice's.
     let key = app.cancel.register_with_pid(Some(server.cancel_key().0), &info, &pool);
@@ -498,7 +506,7 @@ async fn work_out_reply(
     let mut defaults = learned.defaults();
     let unknown = asked.iter().any(|(k, v)| learned.spelling(k, v).is_none());
     if defaults.is_none() || unknown {
-        let server = server_with(app, pool, info, conn, &asked).await?;
+        let (server, _) = server_with(app, pool, info, conn, &asked).await?;
         for (k, v) in asked.iter().filter(|(k, _)| !(per_client && *k == "application_name")) {
             let canon = if is_reported(k) { server.reported(k).unwrap_or(v) } else { v };
             learned.learn_canonical(k, v, canon);

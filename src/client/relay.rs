@@ -387,10 +387,17 @@ impl Session {
         });
         // Part of a message is at the server already (relayed in pieces), its rest to come.
         let partial = self.track.client_scan.mid_message();
+        // Session mode never links again: a request's start is its `request_time`.
+        let session_idle = ctx.is_none() && !self.track.awaiting_server();
         let n = match self.track.scan_client(&conn.buf, splice, ctx) {
             Ok(n) => n,
             Err(e) => return Err(client_input_refused(server, e, partial)),
         };
+        if session_idle && self.track.awaiting_server() {
+            let now = crate::clock::coarse_wall_us();
+            self.info.request_time_us.store(now, std::sync::atomic::Ordering::Relaxed);
+            server.info.request_time_us.store(now, std::sync::atomic::Ordering::Relaxed);
+        }
         let out = splice.finish(&conn.buf, n);
         // What the socket does not take now waits in the backlog (see `relay_loop`).
         let written = if out.is_empty() { Ok(()) } else { self.to_server.write(&mut server.stream, out).await };

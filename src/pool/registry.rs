@@ -264,9 +264,11 @@ impl Pools {
     }
 
     /// Whether a database keeps its place in the map (it has pools); one with none
-    /// left loses its retired counters too: its statistics start again from zero.
-    pub(super) fn keep_database(&self, db: &str, pools: &HashMap<String, Arc<Pool>>) -> bool {
-        if pools.is_empty() {
+    /// left loses its retired counters too, its statistics starting again from zero,
+    /// unless it is a `[databases]` entry (`configured`: SHOW STATS keeps its row, whose
+    /// totals must not go back, as when a reload changed its own `user`).
+    pub(super) fn keep_database(&self, db: &str, pools: &HashMap<String, Arc<Pool>>, configured: bool) -> bool {
+        if pools.is_empty() && !configured {
             self.retired.lock().remove(db);
         }
         !pools.is_empty()
@@ -399,7 +401,7 @@ impl Pools {
                 kept
             });
         }
-        map.retain(|db, pools| self.keep_database(db, pools));
+        map.retain(|db, pools| self.keep_database(db, pools, cfg.databases.contains_key(db)));
         let why = "lookups no longer run as this user";
         self.lookups.lock().retain(|key, pool| keep_updated(pool, lookup_settings(cfg, users, &side, key), why));
     }

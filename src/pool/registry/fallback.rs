@@ -75,7 +75,8 @@ impl Pools {
             if pools.is_empty() {
                 found.drop_database(db, listed_at);
             }
-            self.keep_database(db, pools)
+            // (A database the fallback serves is no `[databases]` entry.)
+            self.keep_database(db, pools, false)
         });
         unused.retain(|(lookup, k), _| match lookup {
             true => lookups.contains_key(k),

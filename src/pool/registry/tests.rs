@@ -83,8 +83,8 @@ fn a_databases_own_login_survives_a_reload_that_keeps_it() {
 }
 
 /// A pool dropped by a reload (its user taken away) leaves its SHOW STATS counters
-/// with its database while the database has other pools, so the totals never go
-/// back; with the database's last pool they go too.
+/// with its database, so the totals never go back, also when the database's last pool
+/// goes (a configured database keeps its SHOW STATS row); they go with the database.
 #[test]
 fn a_dropped_pools_counters_stay_with_its_database() {
     let cfg = |users: &str| {
@@ -108,7 +108,11 @@ fn a_dropped_pools_counters_stay_with_its_database() {
     assert_eq!(retired(&pools), [("a".to_string(), 5)]);
     let none = cfg("");
     pools.reload(&none, &UserStore::from_config(&none).unwrap());
-    assert_eq!(retired(&pools), []);
+    assert_eq!(retired(&pools), [("a".to_string(), 10)], "the last pool's counters went");
+    let gone = Config::parse("[databases.b]\nhost = \"127.0.0.1\"\n", Path::new("sluice.toml")).unwrap();
+    pools.get(&both, &users, "a", "u1").expect("a pool again");
+    pools.reload(&gone, &UserStore::from_config(&gone).unwrap());
+    assert_eq!(retired(&pools), [], "a database removed keeps counters");
 }
 
 /// A refresh of a pool's login read before a reload is refused (the caller reads
