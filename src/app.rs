@@ -369,6 +369,12 @@ pub async fn run(app: Arc<App>, listeners: Vec<Listener>, signals: Signals) {
     for p in app.pools.upkeep() {
         p.close("Sluice is shutting down");
     }
+    // The sessions end now (each told 57P01): their servers are closed, a running
+    // query's cancel sent first, before the process goes (a query left running would
+    // hold its locks on PostgreSQL with no pooler), for at most `STOPPING_LIMIT`.
+    if tokio::time::timeout(STOPPING_LIMIT, wait_for_no_clients(&app)).await.is_err() {
+        warn!("{} clients still ending after {}s: exiting", app.client_count(), STOPPING_LIMIT.as_secs());
+    }
     // The accept loops end at Stopping, dropping their listeners (which removes the Unix
     // socket file) before the runtime is left behind (`main`).
     for a in accepting {
@@ -376,6 +382,9 @@ pub async fn run(app: Arc<App>, listeners: Vec<Listener>, signals: Signals) {
     }
     info!("shut down");
 }
+
+/// How long the exit waits for the sessions to end at the last phase of a shutdown.
+const STOPPING_LIMIT: Duration = Duration::from_secs(5);
 
 async fn wait_for_no_clients(app: &App) {
     loop {

@@ -355,3 +355,39 @@ async fn session_mode_request_time_follows_requests() {
     let (_, server_requested) = times(&server);
     assert_eq!(server_requested, requested, "the server's request_time");
 }
+
+/// docs/behaviour.md ("Signals"): at the shutdown's last phase a running query is
+/// cancelled before the process exits, not left running on PostgreSQL (holding its
+/// locks with no pooler): with `shutdown_timeout` out, and with the last client leaving
+/// during the drain while its query runs. The client in the first case gets 57P01.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_running_at_exit_are_cancelled_first() {
+    for leaves in [false, true] {
+        let pg = PgCluster::start();
+        let timeout = if leaves { "30" } else { "1" };
+        let mut s = Sluice::builder(&pg).general("shutdown_timeout", timeout).start();
+        let (c, end) = client_with_end(s.port).await;
+        let sleeping = tokio::spawn(async move { c.simple_query("select pg_sleep(30)").await.map(drop) });
+        let running = "state = 'active' and query = 'select pg_sleep(30)'";
+        assert!(tokio::task::block_in_place(|| wait_until(Duration::from_secs(10), || pg.backends(running) == 1)));
+        s.terminate();
+        if leaves {
+            // The client's socket closes while its query runs (its app stopping too:
+            // no Terminate).
+            end.abort();
+        }
+        let status = tokio::task::block_in_place(|| s.wait_exit(Duration::from_secs(15)));
+        assert!(status.is_some_and(|st| st.success()), "leaves {leaves}: no clean exit: {status:?}");
+        // Checked once the process is gone: nothing is left to send the cancel after.
+        let gone = tokio::task::block_in_place(|| wait_until(Duration::from_secs(2), || pg.backends(running) == 0));
+        assert!(gone, "leaves {leaves}: the query still runs after Sluice exited");
+        let r = tokio::time::timeout(Duration::from_secs(5), sleeping).await.expect("no answer").unwrap();
+        if !leaves {
+            let e = r.expect_err("the query ran to its end");
+            let ended = tokio::time::timeout(Duration::from_secs(5), end).await.expect("no end").unwrap();
+            // (The FATAL reaches the query's caller or the connection's task.)
+            let told = [Some(code(&e)), ended.as_ref().err().map(code)];
+            assert!(told.contains(&Some("57P01".to_string())), "no 57P01: {e:?} / {ended:?}");
+        }
+    }
+}

@@ -15,7 +15,7 @@ use super::needs::client_need;
 use super::relay::send_to_client;
 use super::track::Track;
 use super::{ClientConn, Exit, WAITING_INPUT_LIMIT};
-use crate::app::App;
+use crate::app::{App, Phase};
 use crate::cancel::CancelKey;
 use crate::config::{PoolMode, secs};
 use crate::params::ClientSettings;
@@ -447,16 +447,25 @@ impl Session {
         self.give_back(true);
     }
 
-    /// After the client left: roll back, reset, and return or close the server.
+    /// After the client left: roll back, reset, and return or close the server. While
+    /// Sluice shuts down, a running query's cancel is waited for (the process must not
+    /// exit before it is sent), and at the last phase the server is closed at once
+    /// (PostgreSQL rolls back what a Terminate leaves open) rather than rolled back and
+    /// reset first.
     async fn cleanup(&mut self) {
         self.flush_stats();
         self.distrust_unsure_server();
         let Some(server) = self.server.as_deref() else { return };
-        if server.broken || !self.track.protocol_idle() {
+        let phase = self.app.current_phase();
+        if server.broken || !self.track.protocol_idle() || phase == Phase::Stopping {
             self.info.server_id.store(0, SeqCst);
             // A query is still running or the protocol state is unknown.
             if !self.track.protocol_idle() {
-                server.cancel_in_background(self.pool.settings().cancel_timeout);
+                let limit = self.pool.settings().cancel_timeout;
+                match phase {
+                    Phase::Running => server.cancel_in_background(limit),
+                    _ => Box::pin(server.cancel_now(limit)).await,
+                }
             }
             return self.give_back(false);
         }

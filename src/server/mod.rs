@@ -267,8 +267,16 @@ impl ServerConn {
     /// connection is being closed: nothing waits for the answer), giving up after
     /// `limit` (`cancel_wait_timeout`).
     pub fn cancel_in_background(&self, limit: Option<Duration>) {
+        tokio::spawn(self.cancel_now(limit));
+    }
+
+    /// Sends the server a cancel of whatever it runs, giving up after `limit`; done
+    /// once the server has processed it (or the forwarding gave up).
+    pub fn cancel_now(&self, limit: Option<Duration>) -> impl Future<Output = ()> + Send + 'static {
         let (addr, at, (pid, secret)) = (self.addr().clone(), self.info.peer(), self.cancel_key());
-        tokio::spawn(async move { addr.cancel(at, pid, secret, limit).await });
+        async move {
+            let _ = addr.cancel(at, pid, secret, limit).await;
+        }
     }
 
     /// A SET or RESET ran on this connection. Settings this server reports
