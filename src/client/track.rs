@@ -38,6 +38,10 @@ pub struct Track {
     pub pending: u32,
     /// Extended-protocol messages sent since the last Sync.
     pub unsynced: bool,
+    /// The last message the server reads is a simple Query or FunctionCall: its
+    /// ReadyForQuery ends the implicit transaction of unsynced extended messages before
+    /// it, as a Sync would (PostgreSQL finishes the transaction command).
+    pub(super) last_simple: bool,
     pub(super) client_scan: Scanner,
     pub(super) server_scan: Scanner,
     /// Simple Query messages end the client (`disable_pqexec`); kept across links.
@@ -155,6 +159,7 @@ impl Track {
             query_times,
             pending,
             unsynced,
+            last_simple,
             client_scan,
             server_scan,
             refuse_query: _,
@@ -186,6 +191,7 @@ impl Track {
         query_times.clear();
         *pending = 0;
         *unsynced = false;
+        *last_simple = false;
         client_scan.restart();
         server_scan.restart();
         *terminated = false;
@@ -260,6 +266,7 @@ impl Track {
             refuse_query,
             pending,
             unsynced,
+            last_simple,
             terminated,
             ext,
             copy_in,
@@ -296,6 +303,12 @@ impl Track {
                     } else {
                         no_reply = ext.on_client_forwarded(m.tag);
                     }
+                }
+                match m.tag {
+                    _ if ignored => {}
+                    fe::QUERY | fe::FUNCTION_CALL if !no_reply => *last_simple = true,
+                    fe::QUERY | fe::FUNCTION_CALL | fe::COPY_DATA | fe::COPY_DONE | fe::COPY_FAIL | fe::TERMINATE => {}
+                    _ => *last_simple = false,
                 }
                 match m.tag {
                     // Taken as ignored; answered after all if the COPY fails before the
@@ -398,6 +411,7 @@ impl Track {
             server_scan,
             pending,
             unsynced,
+            last_simple,
             violation,
             server_fatal,
             tx,
@@ -491,6 +505,11 @@ impl Track {
                         *pending = pending.saturating_sub(1);
                         *tx = Some(status);
                         stats.queries += 1;
+                        // The answer to a Query or FunctionCall sent after unsynced
+                        // extended messages: their implicit transaction ended with it.
+                        if *pending == 0 && *last_simple {
+                            *unsynced = false;
+                        }
                         if *pending > 0 {
                             *timed_from = Some(Instant::now());
                         } else {

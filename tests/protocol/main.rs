@@ -589,3 +589,21 @@ fn a_fatal_for_an_overlong_server_message_starts_at_a_boundary() {
         assert!(c.closed(), "n = {n}");
     }
 }
+
+/// A simple Query after extended messages answered through a Flush (asyncpg prepares
+/// with Parse/Describe/Flush): PostgreSQL ends their implicit transaction with the
+/// Query's, answering ReadyForQuery Idle, so the server goes back to the pool then
+/// (a pool of one serves the next client at once).
+#[test]
+fn a_query_after_unsynced_extended_messages_ends_their_transaction() {
+    let (_pg, s) = setup(1, "transaction");
+    let mut c = trust(&s);
+    c.send(&[parse("", "select 1"), flush()].concat());
+    assert_eq!(tags(&c.take(1)), "1");
+    c.send(&query("select 2"));
+    let m = c.until_ready();
+    assert_eq!((tags(&m), first_value(&m)), ("TDCZ".to_string(), "2".to_string()));
+    assert_eq!(from_another_client(&s, "select 3"), "3", "the server was kept");
+    c.send(&query("select 4"));
+    assert_eq!(first_value(&c.until_ready()), "4");
+}

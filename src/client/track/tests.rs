@@ -11,6 +11,7 @@ fn reset_leaves_nothing_of_the_previous_link() {
     t.query_times.push(Duration::from_micros(5));
     t.pending = 2;
     t.unsynced = true;
+    t.last_simple = true;
     t.terminated = true;
     t.violation = true;
     t.server_fatal = Some("57P01".into());
