@@ -414,8 +414,40 @@ impl std::ops::BitOrAssign for TextEffects {
 
 /// The first word of a statement text (letters only), without allocating.
 fn first_word(sql: &[u8]) -> &[u8] {
-    let word = sql.trim_ascii_start();
+    let word = skip_blank(sql);
     &word[..word.iter().position(|b| !b.is_ascii_alphabetic()).unwrap_or(word.len())]
+}
+
+/// `sql` past white space and comments, as PostgreSQL reads them: `--` to the end of
+/// the line, `/* ... */` nested. (Query tags put comments ahead of statements: a
+/// `/* app */ SET ROLE ...` is a SET.) An unterminated comment is left in place.
+fn skip_blank(sql: &[u8]) -> &[u8] {
+    let mut s = sql.trim_ascii_start();
+    loop {
+        if s.starts_with(b"--") {
+            s = memchr::memchr(b'\n', s).map_or(&[][..], |i| &s[i + 1..]);
+        } else if s.starts_with(b"/*") {
+            let Some(end) = block_comment_end(s) else { return s };
+            s = &s[end..];
+        } else {
+            return s;
+        }
+        s = s.trim_ascii_start();
+    }
+}
+
+/// Where the block comment `s` starts with ends (past its `*/`), nested ones counted.
+fn block_comment_end(s: &[u8]) -> Option<usize> {
+    let (mut depth, mut i) = (0usize, 0);
+    while i + 1 < s.len() {
+        match (s[i], s[i + 1]) {
+            (b'/', b'*') => (depth, i) = (depth + 1, i + 2),
+            (b'*', b'/') if depth == 1 => return Some(i + 2),
+            (b'*', b'/') => (depth, i) = (depth - 1, i + 2),
+            _ => i += 1,
+        }
+    }
+    None
 }
 
 /// Whether a setting is one of the few known not to change what statements parse to.
@@ -454,7 +486,10 @@ impl SetTarget<'_> {
         let word = first_word(sql);
         let set = word.eq_ignore_ascii_case(b"set");
         if !set && !word.eq_ignore_ascii_case(b"reset") {
-            return if more_than_one_statement(sql) { SetTarget::Unknown } else { SetTarget::Nothing };
+            // A text that does not start with a word (after comments: an unterminated
+            // one, a parenthesis) is not read further: it may hold anything.
+            let unread = word.is_empty() && !skip_blank(sql).is_empty();
+            return if unread || more_than_one_statement(sql) { SetTarget::Unknown } else { SetTarget::Nothing };
         }
         if more_than_one_statement(sql) {
             return SetTarget::Unknown;
@@ -464,7 +499,8 @@ impl SetTarget<'_> {
         if set {
             let scope = first_word(rest);
             // A word of its own (`SET session_authorization` names a setting).
-            let alone = rest.trim_ascii_start().get(scope.len()).is_some_and(|b| b.is_ascii_whitespace());
+            let alone =
+                skip_blank(rest).get(scope.len()).is_some_and(|b| b.is_ascii_whitespace() || *b == b'/' || *b == b'-');
             local = alone && scope.eq_ignore_ascii_case(b"local");
             if local || (alone && scope.eq_ignore_ascii_case(b"session")) {
                 rest = after_word(rest);
@@ -531,13 +567,13 @@ impl SetTarget<'_> {
 
 /// What follows the first word.
 fn after_word(sql: &[u8]) -> &[u8] {
-    let sql = sql.trim_ascii_start();
+    let sql = skip_blank(sql);
     &sql[first_word(sql).len()..]
 }
 
 /// A setting name at the start of `sql` (unquoted identifier); empty otherwise.
 fn setting_name(sql: &[u8]) -> &[u8] {
-    let name = sql.trim_ascii_start();
+    let name = skip_blank(sql);
     let end = name.iter().position(|b| !(b.is_ascii_alphanumeric() || *b == b'_' || *b == b'.')).unwrap_or(name.len());
     let (name, rest) = name.split_at(end);
     // Followed by `=`, `TO`, a value or the end: anything else (a quoted name) counts.

@@ -391,3 +391,26 @@ async fn queries_running_at_exit_are_cancelled_first() {
         }
     }
 }
+
+/// docs/behaviour.md (Parameters): settings given at connect time are set again after
+/// another client's SET, also when that SET comes behind a comment (a query tag, as
+/// Rails or sqlcommenter prepend them): `/* ... */ SET statement_timeout = 0` by one
+/// client leaves the next client, on the same server, with its own value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_behind_a_comment_does_not_reach_the_next_client() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).database("app", &[("pool_size", "1")]).start();
+    let client = || async {
+        let mut cfg = tokio_postgres::Config::new();
+        cfg.host("127.0.0.1").port(s.port).user(Role::SCRAM.name).password(Role::SCRAM.password).dbname("app");
+        cfg.options("-c statement_timeout=5000");
+        let (c, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("login");
+        tokio::spawn(conn);
+        c
+    };
+    let (a, b) = (client().await, client().await);
+    for sql in ["/* app:web */ SET statement_timeout = 0", "-- tagged\nSET statement_timeout = 0"] {
+        a.simple_query(sql).await.unwrap();
+        assert_eq!(value(&b, "show statement_timeout").await, "5s", "after {sql:?}");
+    }
+}

@@ -122,9 +122,26 @@ fn sets_of_the_role_are_seen() {
         "select 1; set Role x",
         "SET \"role\" = 'tenant'",
         "set session_authorization = 'bob'",
+        // Behind comments (query tags), nested too, and between the words.
+        "/* app:web */ SET ROLE tenant",
+        "-- tagged\n  SET ROLE tenant",
+        "/* a /* nested */ comment */ set role tenant",
+        "SET /* x */ ROLE tenant",
+        "/* unterminated SET ROLE tenant",
+        "(set role tenant)",
     ] {
         assert!(sets_role(sql), "{sql}");
     }
+    assert_eq!(
+        SetTarget::of(b"/* c */ SET statement_timeout = 0"),
+        SetTarget::Setting { reset: false, local: false, name: b"statement_timeout" }
+    );
+    assert_eq!(
+        SetTarget::of(b"SET /* c */ LOCAL role x"),
+        SetTarget::Setting { reset: false, local: true, name: b"role" }
+    );
+    assert_eq!(SetTarget::of(b"/* c */ select 1"), SetTarget::Nothing);
+    assert_eq!(SetTarget::of(b"-- only a comment"), SetTarget::Nothing);
     for sql in ["SET LOCAL ROLE tenant", "RESET ROLE", "SET work_mem = '1MB'", "select 1", "select 1; set x = 1"] {
         assert!(!sets_role(sql), "{sql}");
     }
