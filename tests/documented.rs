@@ -414,3 +414,46 @@ async fn a_set_behind_a_comment_does_not_reach_the_next_client() {
         assert_eq!(value(&b, "show statement_timeout").await, "5s", "after {sql:?}");
     }
 }
+
+/// docs/config.md `server_reset_query`: a reset query other than `DISCARD ALL` (from an
+/// older PgBouncer setup) resets only what it resets. `RESET ALL` run after every
+/// transaction leaves prepared statements in place (a client's statement runs again
+/// without 42P05); `DEALLOCATE ALL` at the end of a session leaves the settings, so the
+/// next session gets the server reset before its own are set (not the last client's
+/// time zone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_query_other_than_discard_all_is_taken_for_what_it_does() {
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg)
+        .general("server_reset_query", "\"RESET ALL\"")
+        .general("server_reset_query_always", "true")
+        .general("pool_mode", "\"transaction\"")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let c = app_client(s.port).await;
+    let stmt = c.prepare("select 41 + 1").await.unwrap();
+    for _ in 0..3 {
+        let row = c.query_one(&stmt, &[]).await.expect("the statement ran again after RESET ALL");
+        assert_eq!(row.get::<_, i32>(0), 42);
+    }
+    let pg2 = PgCluster::start();
+    let s = Sluice::builder(&pg2)
+        .general("server_reset_query", "\"DEALLOCATE ALL\"")
+        .general("pool_mode", "\"session\"")
+        .database("app", &[("pool_size", "1")])
+        .start();
+    let default = pg2.psql("show timezone");
+    assert_ne!(default, "Asia/Tokyo");
+    let mut cfg = tokio_postgres::Config::new();
+    cfg.host("127.0.0.1").port(s.port).user(Role::SCRAM.name).password(Role::SCRAM.password).dbname("app");
+    cfg.options("-c TimeZone=Asia/Tokyo");
+    let (a, conn) = cfg.connect(tokio_postgres::NoTls).await.expect("login");
+    let conn = tokio::spawn(conn);
+    let pid = value(&a, "select pg_backend_pid()").await;
+    assert_eq!(value(&a, "show timezone").await, "Asia/Tokyo");
+    drop(a);
+    let _ = conn.await;
+    let b = app_client(s.port).await;
+    assert_eq!(value(&b, "select pg_backend_pid()").await, pid, "the same server");
+    assert_eq!(value(&b, "show timezone").await, default, "the last session's setting stayed");
+}

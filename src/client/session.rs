@@ -442,7 +442,7 @@ impl Session {
                 // so it is closed, as in `cleanup`.
                 return self.give_back(false);
             }
-            server.was_reset();
+            server.was_reset(&settings.reset_query);
         }
         self.give_back(true);
     }
@@ -482,7 +482,7 @@ impl Session {
         }
         if reset && !settings.reset_query.is_empty() {
             match server.exec(&settings.reset_query, limit).await {
-                Ok(()) => server.was_reset(),
+                Ok(()) => server.was_reset(&settings.reset_query),
                 Err(_) => return self.give_back(false),
             }
         }

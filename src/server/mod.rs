@@ -337,11 +337,30 @@ impl ServerConn {
         self.applied = None;
     }
 
-    /// The reset query ran: the connection carries no client settings and no prepared
-    /// statements.
-    pub fn was_reset(&mut self) {
-        self.applied = Some(ClientParams::default());
-        self.prepared.clear();
+    /// The reset query (`query`) ran. `DISCARD ALL` (the default) leaves the connection
+    /// with no client settings and no prepared statements. Any other (`RESET ALL`,
+    /// `DEALLOCATE ALL`, from an older PgBouncer setup) leaves what it does not reset,
+    /// the role after `RESET ALL` say: the settings are taken as unknown (the next loan
+    /// resets them in full and sets its own), and the statements as gone only where it
+    /// deallocates them all.
+    pub fn was_reset(&mut self, query: &str) {
+        let words: Vec<String> = query
+            .split(|c: char| c.is_whitespace() || c == ';')
+            .filter(|w| !w.is_empty())
+            .map(str::to_ascii_uppercase)
+            .collect();
+        let words: Vec<&str> = words.iter().map(String::as_str).collect();
+        if words == ["DISCARD", "ALL"] {
+            self.applied = Some(ClientParams::default());
+            self.prepared.clear();
+            return;
+        }
+        self.applied = None;
+        let all =
+            |w: &[&str]| w == ["DISCARD", "ALL"] || w == ["DEALLOCATE", "ALL"] || w == ["DEALLOCATE", "PREPARE", "ALL"];
+        if (2..=3).any(|n| words.windows(n).any(all)) {
+            self.prepared.clear();
+        }
     }
 
     /// Whether the connection is idle at the protocol level with no transaction open.
