@@ -310,17 +310,33 @@ impl App {
     }
 }
 
-/// Binds every configured listener; failing to bind any of them is an error.
+/// Binds every configured listener; failing to bind one is an error, but for an
+/// address from `*` or a host name that the system lacks (its family turned off, an
+/// IPv6 `localhost` without `::1`), which is skipped with a warning, as in PgBouncer,
+/// as long as one of `listen_addr`'s addresses is bound.
 pub fn bind(cfg: &Config) -> Result<Vec<Listener>, AppError> {
     let g = &cfg.general;
     let mut out = Vec::new();
     let ips = cfg
         .listen_ips()
         .map_err(|e| AppError::Listen { what: "listen_addr".into(), source: std::io::Error::other(e) })?;
+    let mut skipped = None;
     for ip in &ips {
-        let l = Listener::tcp(*ip, g.listen_port, TcpOptions::of(g), g.listen_backlog, g.so_reuseport)
-            .map_err(|source| AppError::Listen { what: format!("{ip} port {}", g.listen_port), source })?;
-        out.push(l);
+        let what = || format!("{ip} port {}", g.listen_port);
+        match Listener::tcp(*ip, g.listen_port, TcpOptions::of(g), g.listen_backlog, g.so_reuseport) {
+            Ok(l) => out.push(l),
+            Err(source)
+                if !cfg.listed_as_address(ip)
+                    && matches!(source.raw_os_error(), Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL)) =>
+            {
+                warn!("cannot listen on {}: {source}; skipped (an address of `*` or a host name)", what());
+                skipped = Some(AppError::Listen { what: what(), source });
+            }
+            Err(source) => return Err(AppError::Listen { what: what(), source }),
+        }
+    }
+    if let Some(e) = skipped.filter(|_| out.is_empty()) {
+        return Err(e);
     }
     if !g.unix_socket_dir.is_empty() {
         // Checked at load (`config::validate`): octal, at most 0777.

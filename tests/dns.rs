@@ -32,8 +32,13 @@ impl HostsLine {
 
     /// Points the name at `addr`.
     fn point_to(&self, addr: &str) {
+        self.point_to_all(&[addr]);
+    }
+
+    /// Points the name at every one of `addrs`, a line each.
+    fn point_to_all(&self, addrs: &[&str]) {
         let mut text = Self::others(&self.name);
-        text.push_str(&format!("{addr} {}\n", self.name));
+        addrs.iter().for_each(|addr| text.push_str(&format!("{addr} {}\n", self.name)));
         write_hosts(&text);
     }
 
@@ -144,4 +149,22 @@ async fn connections_follow_a_host_name_to_its_new_address() {
     assert_eq!((hosts[0].get("hostname"), hosts[0].get("addrs")), (Some(name.as_str()), Some("127.0.0.3")));
     assert!(hosts[0].get("ttl").is_some_and(|t| t == "0" || t == "1"), "ttl {:?}", hosts[0].get("ttl"));
     assert!(common::console::rows(&console, "SHOW DNS_ZONES").await.is_empty());
+}
+
+/// A `listen_addr` host name resolving to an address this machine lacks (192.0.2.1,
+/// TEST-NET-1) beside one it has: the one it lacks is skipped with a warning, as in
+/// PgBouncer, and Sluice serves on the other (an IPv6 `localhost` without `::1`, say).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_name_with_an_address_the_machine_lacks_still_listens() {
+    let pg = PgCluster::start();
+    let Some(line) = HostsLine::new("127.0.0.1") else {
+        assert!(std::env::var_os("SLUICE_REQUIRE_ROOT").is_none(), "{HOSTS} is not writable as root");
+        eprintln!("skipped: this test writes {HOSTS} (run it as root, as CI does)");
+        return;
+    };
+    line.point_to_all(&["192.0.2.1", "127.0.0.1"]);
+    let s = Sluice::builder(&pg).general("listen_addr", &format!("[{}]", toml_str(&line.name))).start();
+    let c = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
+    assert_eq!(value(&c, "select 1").await, "1");
+    assert!(s.log().contains("cannot listen on 192.0.2.1"), "{}", s.log());
 }

@@ -457,3 +457,23 @@ async fn a_reset_query_other_than_discard_all_is_taken_for_what_it_does() {
     assert_eq!(value(&b, "select pg_backend_pid()").await, pid, "the same server");
     assert_eq!(value(&b, "show timezone").await, default, "the last session's setting stayed");
 }
+
+/// docs/config.md `tcp_defer_accept`: a connection that sends nothing waits in the
+/// kernel about a second (PgBouncer's value), then is taken up and so bounded by
+/// `client_login_timeout` (here 1 s): closed with its FATAL within seconds, not after
+/// the minute a larger value keeps it out of sight.
+#[test]
+fn a_silent_connection_is_taken_up_within_seconds() {
+    use std::io::Read;
+    let pg = PgCluster::start();
+    let s = Sluice::builder(&pg).general("client_login_timeout", "1").start();
+    let mut silent = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    silent.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let _ = silent.read_to_end(&mut got);
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(10), "closed only after {took:?}");
+    assert_eq!(got.first(), Some(&b'E'), "no FATAL: {got:?}");
+    assert!(String::from_utf8_lossy(&got).contains("client_login_timeout"), "{got:?}");
+}

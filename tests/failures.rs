@@ -218,11 +218,15 @@ fn client_vanishing_mid_transaction_leaves_nothing_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_client_conn_gives_53300() {
     let pg = PgCluster::start();
-    let s = sluice(&pg, &[("max_client_conn", "2")], 2);
+    let s = sluice(&pg, &[("max_client_conn", "2"), ("admin_users", r#"["u_scram"]"#)], 2);
     let _a = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let _b = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await;
     let e = try_connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "app").await.err().unwrap();
     assert_eq!(code(&e), "53300");
+    // The console is let in all the same (and counted), as in PgBouncer.
+    let console = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "pgbouncer").await;
+    let clients = common::console::rows(&console, "SHOW CLIENTS").await;
+    assert_eq!(clients.len(), 3, "the console's client is listed beside the two");
 }
 
 /// A new client of `app` running `select 1` in the background: the task gives the

@@ -69,14 +69,16 @@ pub async fn login(app: &Arc<App>, conn: &mut ClientConn, deadline: LoginDeadlin
         return refused_shutting_down();
     }
     let cfg = app.config.load_full();
-    if app.client_count() > cfg.general.max_client_conn {
-        return Err(Exit::fatal(sqlstate::TOO_MANY_CONNECTIONS, "no more connections allowed (max_client_conn)"));
-    }
     let user = msg.get("user").filter(|u| !u.is_empty()).ok_or_else(|| {
         Exit::fatal(sqlstate::INVALID_AUTHORIZATION, "no PostgreSQL user name specified in startup packet")
     })?;
     let database = clip_name(msg.get("database").filter(|d| !d.is_empty()).unwrap_or(user));
     let user = clip_name(user);
+    // The console is never refused for it (counted all the same), as in PgBouncer: an
+    // operator must be able to look and act when clients fill the limit.
+    if app.client_count() > cfg.general.max_client_conn && !admin::is_admin_database(&cfg, database) {
+        return Err(Exit::fatal(sqlstate::TOO_MANY_CONNECTIONS, "no more connections allowed (max_client_conn)"));
+    }
     no_replication(&msg)?;
     if admin::is_admin_database(&cfg, database) {
         let admin = admin_login(app, conn, &cfg, user, database, &msg, deadline).await;

@@ -52,7 +52,9 @@ impl Ident {
             if fields.is_empty() {
                 continue;
             }
-            if fields[0].first().is_some_and(|t| !t.quoted && t.text.starts_with("include")) {
+            if fields[0].first().is_some_and(|t| {
+                !t.quoted && matches!(t.text.as_str(), "include" | "include_if_exists" | "include_dir")
+            }) {
                 return Err(at("-", "include lines are not supported: list the entries in this file".into()));
             }
             let words: Vec<_> = fields.into_iter().map(|mut f| (f.len() == 1).then(|| f.remove(0))).collect();
@@ -87,8 +89,11 @@ mod tests {
 
     #[test]
     fn maps_let_system_names_log_in_as_the_users_listed() {
-        let text = "# MAP  SYSTEM  USER\nweb  www-data  app\nweb  www-data  reports\nops  \"root\"  all\n";
+        let text = "# MAP  SYSTEM  USER\nweb  www-data  app\nweb  www-data  reports\nops  \"root\"  all\n\
+                    include_app  www-data  app\n";
         let ident = Ident::parse(text, Path::new("ident.conf")).unwrap();
+        // A map whose name starts with "include" is a map, not an include line.
+        assert!(UserMap { ident: &ident, name: "include_app" }.allows("www-data", "app"));
         let web = UserMap { ident: &ident, name: "web" };
         assert!(web.allows("www-data", "app") && web.allows("www-data", "reports"));
         assert!(!web.allows("www-data", "postgres") && !web.allows("root", "app"));

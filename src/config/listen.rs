@@ -27,6 +27,15 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Whether `ip` is an entry of `listen_addr` of its own (not from `*` or a host
+    /// name): one that cannot be bound is an error at start-up, where those are skipped
+    /// with a warning when the system lacks the address or its family, as in PgBouncer.
+    pub fn listed_as_address(&self, ip: &IpAddr) -> bool {
+        self.general.listen_addr.iter().filter_map(|a| listed_ip(a)).any(|l| l == *ip)
+    }
+}
+
 /// The addresses a host name in `listen_addr` resolves to (`localhost`: 127.0.0.1 and
 /// ::1 where the system has it), each once, in the resolver's order.
 fn resolve_listen(name: &str) -> Result<Vec<IpAddr>, String> {

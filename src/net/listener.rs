@@ -74,10 +74,12 @@ pub struct TcpOptions {
 }
 
 /// How long a connection with no data yet waits in the kernel under `TCP_DEFER_ACCEPT`
-/// (PgBouncer's fixed value); after it, it is accepted anyway, and `client_login_timeout`
-/// takes over.
+/// (PgBouncer's value: 1, which Linux turns into about a second, the first SYN-ACK
+/// retransmission); after it, it is accepted anyway, and `client_login_timeout` takes
+/// over. (A larger value keeps a silent connection out of sight, of SHOW CLIENTS and of
+/// the login timeout, for a minute or more.)
 #[cfg(target_os = "linux")]
-const DEFER_ACCEPT_SECS: libc::c_int = 45;
+const DEFER_ACCEPT_SECS: libc::c_int = 1;
 
 impl TcpOptions {
     pub fn of(g: &crate::config::General) -> Self {
