@@ -425,7 +425,8 @@ fn skip_blank(sql: &[u8]) -> &[u8] {
     let mut s = sql.trim_ascii_start();
     loop {
         if s.starts_with(b"--") {
-            s = memchr::memchr(b'\n', s).map_or(&[][..], |i| &s[i + 1..]);
+            // (PostgreSQL ends it at either of `\n` and `\r`.)
+            s = memchr::memchr2(b'\n', b'\r', s).map_or(&[][..], |i| &s[i + 1..]);
         } else if s.starts_with(b"/*") {
             let Some(end) = block_comment_end(s) else { return s };
             s = &s[end..];
@@ -487,8 +488,9 @@ impl SetTarget<'_> {
         let set = word.eq_ignore_ascii_case(b"set");
         if !set && !word.eq_ignore_ascii_case(b"reset") {
             // A text that does not start with a word (after comments: an unterminated
-            // one, a parenthesis) is not read further: it may hold anything.
-            let unread = word.is_empty() && !skip_blank(sql).is_empty();
+            // one) is not read further: it may hold anything. (Not one that starts with
+            // a parenthesis, `(SELECT ...) UNION ...`: no SET can.)
+            let unread = word.is_empty() && skip_blank(sql).first().is_some_and(|b| *b != b'(');
             return if unread || more_than_one_statement(sql) { SetTarget::Unknown } else { SetTarget::Nothing };
         }
         if more_than_one_statement(sql) {

@@ -464,7 +464,8 @@ impl Session {
                 let limit = self.pool.settings().cancel_timeout;
                 match phase {
                     Phase::Running => server.cancel_in_background(limit),
-                    _ => Box::pin(server.cancel_now(limit)).await,
+                    // Bounded even with no limit set: the shutdown waits for it.
+                    _ => Box::pin(server.cancel_now(Some(limit.unwrap_or(SHUTDOWN_CANCEL_LIMIT)))).await,
                 }
             }
             return self.give_back(false);
@@ -523,6 +524,10 @@ impl Session {
         }
     }
 }
+
+/// How long a cancel waited for while shutting down may take when
+/// `cancel_wait_timeout` sets no limit.
+const SHUTDOWN_CANCEL_LIMIT: Duration = Duration::from_secs(10);
 
 impl Session {
     /// The client's cancels stop reaching `server` (its `server_id` goes to 0), and

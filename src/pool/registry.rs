@@ -402,6 +402,8 @@ impl Pools {
             });
         }
         map.retain(|db, pools| self.keep_database(db, pools, cfg.databases.contains_key(db)));
+        // A configured database kept its counters with no pool left: not once removed.
+        self.retired.lock().retain(|db, _| cfg.databases.contains_key(db) || map.contains_key(db));
         let why = "lookups no longer run as this user";
         self.lookups.lock().retain(|key, pool| keep_updated(pool, lookup_settings(cfg, users, &side, key), why));
     }

@@ -128,7 +128,7 @@ fn sets_of_the_role_are_seen() {
         "/* a /* nested */ comment */ set role tenant",
         "SET /* x */ ROLE tenant",
         "/* unterminated SET ROLE tenant",
-        "(set role tenant)",
+        "-- a tag ending in a carriage return\rSET ROLE tenant",
     ] {
         assert!(sets_role(sql), "{sql}");
     }
@@ -142,6 +142,7 @@ fn sets_of_the_role_are_seen() {
     );
     assert_eq!(SetTarget::of(b"/* c */ select 1"), SetTarget::Nothing);
     assert_eq!(SetTarget::of(b"-- only a comment"), SetTarget::Nothing);
+    assert_eq!(SetTarget::of(b"(select 1) union (select 2)"), SetTarget::Nothing);
     for sql in ["SET LOCAL ROLE tenant", "RESET ROLE", "SET work_mem = '1MB'", "select 1", "select 1; set x = 1"] {
         assert!(!sets_role(sql), "{sql}");
     }

@@ -355,9 +355,12 @@ impl ServerConn {
             self.prepared.clear();
             return;
         }
-        self.applied = None;
         let all =
             |w: &[&str]| w == ["DISCARD", "ALL"] || w == ["DEALLOCATE", "ALL"] || w == ["DEALLOCATE", "PREPARE", "ALL"];
+        // `DEALLOCATE ALL` alone leaves the settings as they were recorded.
+        if !all(&words) {
+            self.applied = None;
+        }
         if (2..=3).any(|n| words.windows(n).any(all)) {
             self.prepared.clear();
         }
