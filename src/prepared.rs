@@ -421,8 +421,19 @@ fn first_word(sql: &[u8]) -> &[u8] {
 /// `sql` past white space and comments, as PostgreSQL reads them: `--` to the end of
 /// the line, `/* ... */` nested. (Query tags put comments ahead of statements: a
 /// `/* app */ SET ROLE ...` is a SET.) An unterminated comment is left in place.
+#[inline]
 fn skip_blank(sql: &[u8]) -> &[u8] {
-    let mut s = sql.trim_ascii_start();
+    let s = sql.trim_ascii_start();
+    // (Every Query and Parse passes here: one byte looked at for the usual text.)
+    match s.first() {
+        Some(b'-' | b'/') => skip_comments(s),
+        _ => s,
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn skip_comments(mut s: &[u8]) -> &[u8] {
     loop {
         if s.starts_with(b"--") {
             // (PostgreSQL ends it at either of `\n` and `\r`.)
