@@ -477,3 +477,36 @@ fn a_silent_connection_is_taken_up_within_seconds() {
     assert_eq!(got.first(), Some(&b'E'), "no FATAL: {got:?}");
     assert!(String::from_utf8_lossy(&got).contains("client_login_timeout"), "{got:?}");
 }
+
+/// docs/admin.md `PAUSE`: one cut short because a reload removed the database says so
+/// (`57014`, naming the removal), not "ended by RESUME", which nobody sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_cut_short_by_a_removal_says_why() {
+    let pg = PgCluster::start();
+    let s = with_console(Sluice::builder(&pg))
+        .general("pool_mode", "\"session\"")
+        .database("gone", &[("dbname", "\"app\"")])
+        .start();
+    let held = connect(s.port, Role::SCRAM.name, Role::SCRAM.password, "gone").await;
+    assert_eq!(value(&held, "select 1").await, "1");
+    let port = s.port;
+    let pausing = tokio::spawn(async move {
+        let a = admin(port).await;
+        a.simple_query("PAUSE gone").await.map(drop)
+    });
+    let a = admin(s.port).await;
+    let paused = eventually(Duration::from_secs(10), || async {
+        cell(&a, "SHOW DATABASES", "name", "gone", "paused").await.as_deref() == Some("1")
+    })
+    .await;
+    assert!(paused, "PAUSE not in effect");
+    let cfg = s.config();
+    let start = cfg.find("[databases.gone]").expect("the section");
+    let end = cfg[start + 1..].find("\n[").map_or(cfg.len(), |i| start + 2 + i);
+    s.write_config(&format!("{}{}", &cfg[..start], &cfg[end..]));
+    s.reload();
+    let e = tokio::time::timeout(Duration::from_secs(10), pausing).await.expect("PAUSE still waits").unwrap();
+    let e = e.expect_err("PAUSE completed with the client's server held");
+    assert_eq!(code(&e), "57014");
+    assert!(message(&e).contains("its database was removed by a reload"), "{e}");
+}

@@ -284,7 +284,12 @@ pub async fn run(app: &Arc<App>, cmd: &Command, by: &str) -> Result<(), AdminErr
             for p in app.pools.of(db.as_deref()) {
                 p.wait_until(|p| p.counts().total == 0 || !p.is_paused()).await;
                 if !p.is_paused() {
-                    return Err(AdminError::new(sqlstate::QUERY_CANCELED, "PAUSE ended by RESUME before it completed"));
+                    // (A closed pool is unpaused too: a reload removed it, say.)
+                    let message = match p.closed_why() {
+                        Some(why) => format!("PAUSE ended before it completed: {why}"),
+                        None => "PAUSE ended by RESUME before it completed".into(),
+                    };
+                    return Err(AdminError::new(sqlstate::QUERY_CANCELED, message));
                 }
             }
             Ok(())

@@ -14,6 +14,11 @@ impl Pool {
         self.paused.load(SeqCst)
     }
 
+    /// Why the pool was closed (`close`), if it was.
+    pub fn closed_why(&self) -> Option<&'static str> {
+        self.inner.lock().closed
+    }
+
     /// Sets the flag first (a check-out reads it under the pool's lock, which `pause`
     /// takes after this), then wakes whoever waits on it (`wait_until`).
     pub(super) fn set_paused(&self, on: bool) {
