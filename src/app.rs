@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use tokio::sync::{Notify, watch};
@@ -57,6 +57,8 @@ pub struct App {
     pub peer_pools: crate::cancel::PeerPools,
     clients: AtomicUsize,
     no_clients: Notify,
+    /// Notified when a reload or SET puts a new config in place (`set_config`).
+    config_changed: Notify,
     phase: watch::Sender<Phase>,
     /// The TCP listening sockets: a reload or admin SET that changes the TCP options
     /// (`tcp_keepalive`...) changes them at once (accepted connections inherit them).
@@ -117,6 +119,7 @@ impl App {
             peer_pools: Default::default(),
             clients: AtomicUsize::new(0),
             no_clients: Notify::new(),
+            config_changed: Notify::new(),
             phase: watch::channel(Phase::Running).0,
             listeners: parking_lot::Mutex::new(TcpListeners { options, sockets: Vec::new() }),
             config_writes: parking_lot::Mutex::new(()),
@@ -268,6 +271,7 @@ impl App {
     fn set_config(&self, cfg: Arc<Config>) {
         let options = TcpOptions::of(&cfg.general);
         self.config.store(cfg);
+        self.config_changed.notify_waiters();
         let mut listeners = self.listeners.lock();
         if std::mem::replace(&mut listeners.options, options) != options {
             for l in listeners.sockets.iter().filter_map(Weak::upgrade) {
@@ -365,16 +369,22 @@ pub async fn run(app: Arc<App>, listeners: Vec<Listener>, signals: Signals) {
     let mut phase = app.phase();
     let _ = phase.wait_for(|p| *p != Phase::Running).await;
     crate::net::notify::service_manager("STOPPING=1");
+    let mut drain_start = None;
     loop {
         let now = *phase.borrow_and_update();
-        // SHUTDOWN WAIT_FOR_CLIENTS waits for ever; SIGTERM for shutdown_timeout.
-        let limit = if now == Phase::Draining { secs(app.config.load().general.shutdown_timeout) } else { None };
         if now == Phase::Stopping {
             break;
         }
+        // SHUTDOWN WAIT_FOR_CLIENTS waits for ever; SIGTERM for shutdown_timeout from the
+        // drain's start, as a reload or SET sets it now (read again when they come).
+        let changed = app.config_changed.notified();
+        let started = (now == Phase::Draining).then(|| *drain_start.get_or_insert_with(Instant::now));
+        let timeout = secs(app.config.load().general.shutdown_timeout);
+        let limit = started.zip(timeout).map(|(s, t)| (s + t).saturating_duration_since(Instant::now()));
         tokio::select! {
             _ = wait_for_no_clients(&app) => break,
             _ = phase.changed() => {}
+            _ = changed => {}
             _ = crate::clock::sleep_opt(limit) => {
                 warn!("shutdown_timeout reached with {} clients left", app.client_count());
                 break;

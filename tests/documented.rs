@@ -510,3 +510,22 @@ async fn a_pause_cut_short_by_a_removal_says_why() {
     assert_eq!(code(&e), "57014");
     assert!(message(&e).contains("its database was removed by a reload"), "{e}");
 }
+
+/// docs/config.md `shutdown_timeout`: a reload during the drain that lowers it applies
+/// to that drain (counted from its start), as a SET would: an operator can cut short a
+/// drain held by an open transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_during_the_drain_applies_its_shutdown_timeout() {
+    let pg = PgCluster::start();
+    let mut s = Sluice::builder(&pg).general("shutdown_timeout", "60").start();
+    let c = app_client(s.port).await;
+    c.simple_query("begin").await.unwrap();
+    s.terminate();
+    assert_eq!(value(&c, "select 1").await, "1", "the transaction goes on during the drain");
+    s.reload_replacing("shutdown_timeout = 60", "shutdown_timeout = 1");
+    let reloaded = Instant::now();
+    let status = tokio::task::block_in_place(|| s.wait_exit(Duration::from_secs(20)));
+    assert!(status.is_some_and(|st| st.success()), "no clean exit: {status:?}");
+    assert!(reloaded.elapsed() < Duration::from_secs(10), "the drain kept its 60 s: {:?}", reloaded.elapsed());
+    assert!(s.log().contains("shutdown_timeout reached with 1 clients left"), "{}", s.log());
+}
