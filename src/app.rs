@@ -57,6 +57,8 @@ pub struct App {
     pub peer_pools: crate::cancel::PeerPools,
     clients: AtomicUsize,
     no_clients: Notify,
+    /// Background work the exit waits for (`BackgroundGuard`).
+    background: AtomicUsize,
     /// Notified when a reload or SET puts a new config in place (`set_config`).
     config_changed: Notify,
     phase: watch::Sender<Phase>,
@@ -90,6 +92,18 @@ struct TcpListeners {
     sockets: Vec<Weak<tokio::net::TcpListener>>,
 }
 
+/// Work the exit waits for beside the clients (a cancel a session left to a task of its
+/// own), for as long as it lives (`App::track_background`).
+pub struct BackgroundGuard(Arc<App>);
+
+impl Drop for BackgroundGuard {
+    fn drop(&mut self) {
+        if self.0.background.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.no_clients.notify_waiters();
+        }
+    }
+}
+
 /// Counts a connected client for as long as it lives.
 pub struct ClientGuard(Arc<App>);
 
@@ -119,6 +133,7 @@ impl App {
             peer_pools: Default::default(),
             clients: AtomicUsize::new(0),
             no_clients: Notify::new(),
+            background: AtomicUsize::new(0),
             config_changed: Notify::new(),
             phase: watch::channel(Phase::Running).0,
             listeners: parking_lot::Mutex::new(TcpListeners { options, sockets: Vec::new() }),
@@ -139,6 +154,12 @@ impl App {
 
     pub fn client_count(&self) -> usize {
         self.clients.load(Ordering::Acquire)
+    }
+
+    /// Counts background work the exit waits for, until the guard is dropped.
+    pub fn track_background(self: &Arc<Self>) -> BackgroundGuard {
+        self.background.fetch_add(1, Ordering::AcqRel);
+        BackgroundGuard(self.clone())
     }
 
     pub fn track_client(self: &Arc<Self>) -> ClientGuard {
@@ -412,10 +433,12 @@ pub async fn run(app: Arc<App>, listeners: Vec<Listener>, signals: Signals) {
 /// How long the exit waits for the sessions to end at the last phase of a shutdown.
 const STOPPING_LIMIT: Duration = Duration::from_secs(5);
 
+/// Waits until no client is left, nor background work (`BackgroundGuard`: a cancel of a
+/// query whose client left, which must be sent before the process goes).
 async fn wait_for_no_clients(app: &App) {
     loop {
         let notified = app.no_clients.notified();
-        if app.client_count() == 0 {
+        if app.client_count() == 0 && app.background.load(Ordering::Acquire) == 0 {
             return;
         }
         notified.await;

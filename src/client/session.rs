@@ -463,7 +463,14 @@ impl Session {
             if !self.track.protocol_idle() {
                 let limit = self.pool.settings().cancel_timeout;
                 match phase {
-                    Phase::Running => server.cancel_in_background(limit),
+                    // Counted: a shutdown coming meanwhile waits for it.
+                    Phase::Running => {
+                        let (cancel, guard) = (server.cancel_now(limit), self.app.track_background());
+                        tokio::spawn(async move {
+                            cancel.await;
+                            drop(guard);
+                        });
+                    }
                     // Bounded even with no limit set: the shutdown waits for it.
                     _ => Box::pin(server.cancel_now(Some(limit.unwrap_or(SHUTDOWN_CANCEL_LIMIT)))).await,
                 }
