@@ -378,16 +378,35 @@ fn witness_answer(c: &mut Raw) -> Result<Option<String>, String> {
 }
 
 /// Terminates a random third of the test user's backends, over and over, until `stop`
-/// (over one connection straight to PostgreSQL, as that user, kept for the whole run: a
-/// psql per round could time out connecting on a loaded machine).
+/// (over one connection straight to PostgreSQL, as that user, kept for the run: a psql
+/// per round could time out connecting on a loaded machine). Should PostgreSQL restart
+/// its backends meanwhile (a crash-restart ends this connection too: 57P02), it logs in
+/// again once PostgreSQL takes logins.
 fn kill_servers(pg: &PgCluster, stop: &AtomicBool) -> usize {
-    let mut c = Raw::login(pg.port, "u_trust", "app");
     let sql = "select count(pg_terminate_backend(pid)) from pg_stat_activity \
                where usename = 'u_trust' and pid <> pg_backend_pid() and random() < 0.3";
     let mut killed = 0;
+    let mut c = None;
     while !stop.load(Ordering::Relaxed) {
-        c.send(&query(sql));
-        killed += first_value(&c.until_ready()).parse::<usize>().unwrap();
+        if c.is_none() {
+            c = try_login(pg.port, "u_trust", "app").ok().flatten().map(|(raw, _)| raw);
+            if c.is_none() {
+                // Refused while PostgreSQL recovers: again shortly.
+                thread::sleep(Duration::from_millis(200));
+                continue;
+            }
+        }
+        let conn = c.as_mut().expect("logged in");
+        conn.send(&query(sql));
+        let answer: Vec<_> = std::iter::from_fn(|| conn.recv()).take_while(|(t, _)| *t != b'Z').collect();
+        match answer.iter().find(|(t, _)| *t == b'D') {
+            Some(_) => killed += first_value(&answer).parse::<usize>().unwrap(),
+            None => {
+                // Ended: connect again.
+                c = None;
+                continue;
+            }
+        }
         // Pace the kills so that most requests still get through.
         thread::sleep(Duration::from_millis(30));
     }
