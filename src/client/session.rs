@@ -442,7 +442,7 @@ impl Session {
                 // so it is closed, as in `cleanup`.
                 return self.give_back(false);
             }
-            server.was_reset(&settings.reset_query);
+            server.was_reset(settings.reset_effect);
         }
         self.give_back(true);
     }
@@ -490,7 +490,7 @@ impl Session {
         }
         if reset && !settings.reset_query.is_empty() {
             match server.exec(&settings.reset_query, limit).await {
-                Ok(()) => server.was_reset(&settings.reset_query),
+                Ok(()) => server.was_reset(settings.reset_effect),
                 Err(_) => return self.give_back(false),
             }
         }

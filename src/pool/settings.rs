@@ -31,6 +31,8 @@ pub struct PoolSettings {
     /// The query of the check: "" an empty query (`server_check_query = "<empty>"`).
     pub check_query: String,
     pub reset_query: String,
+    /// What `reset_query` leaves on a connection, worked out once.
+    pub reset_effect: crate::server::ResetEffect,
     pub reset_query_always: bool,
     /// Bounds of Sluice's own queries on a server (`internal_query_timeout`,
     /// `cancel_wait_timeout`).
@@ -117,6 +119,7 @@ pub(super) fn settings_with(
             q => q.to_string(),
         },
         reset_query: g.server_reset_query.clone(),
+        reset_effect: crate::server::ResetEffect::of(&g.server_reset_query),
         reset_query_always: g.server_reset_query_always,
         internal: crate::server::QueryBounds {
             query: secs(g.internal_query_timeout),

@@ -78,6 +78,37 @@ pub struct QueryBounds {
     pub cancel: Option<Duration>,
 }
 
+/// What a `server_reset_query` leaves on a connection. `DISCARD ALL` (the default)
+/// leaves no client settings and no prepared statements; `DEALLOCATE ALL` alone leaves
+/// the settings as recorded and no statements; any other (`RESET ALL`, from an older
+/// PgBouncer setup) leaves what it does not reset, the role after `RESET ALL` say: the
+/// settings are unknown (the next loan resets them in full and sets its own), and the
+/// statements gone only where it deallocates them all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetEffect {
+    Everything,
+    Statements,
+    Unknown { statements: bool },
+}
+
+impl ResetEffect {
+    pub fn of(query: &str) -> ResetEffect {
+        let words: Vec<String> = query
+            .split(|c: char| c.is_whitespace() || c == ';')
+            .filter(|w| !w.is_empty())
+            .map(str::to_ascii_uppercase)
+            .collect();
+        let words: Vec<&str> = words.iter().map(String::as_str).collect();
+        let all =
+            |w: &[&str]| w == ["DISCARD", "ALL"] || w == ["DEALLOCATE", "ALL"] || w == ["DEALLOCATE", "PREPARE", "ALL"];
+        match words.as_slice() {
+            ["DISCARD", "ALL"] => ResetEffect::Everything,
+            w if all(w) => ResetEffect::Statements,
+            w => ResetEffect::Unknown { statements: (2..=3).any(|n| w.windows(n).any(all)) },
+        }
+    }
+}
+
 /// A row of Sluice's own query: each column's text, None for NULL.
 pub type Row = Vec<Option<Vec<u8>>>;
 
@@ -337,31 +368,18 @@ impl ServerConn {
         self.applied = None;
     }
 
-    /// The reset query (`query`) ran. `DISCARD ALL` (the default) leaves the connection
-    /// with no client settings and no prepared statements. Any other (`RESET ALL`,
-    /// `DEALLOCATE ALL`, from an older PgBouncer setup) leaves what it does not reset,
-    /// the role after `RESET ALL` say: the settings are taken as unknown (the next loan
-    /// resets them in full and sets its own), and the statements as gone only where it
-    /// deallocates them all.
-    pub fn was_reset(&mut self, query: &str) {
-        let words: Vec<String> = query
-            .split(|c: char| c.is_whitespace() || c == ';')
-            .filter(|w| !w.is_empty())
-            .map(str::to_ascii_uppercase)
-            .collect();
-        let words: Vec<&str> = words.iter().map(String::as_str).collect();
-        if words == ["DISCARD", "ALL"] {
-            self.applied = Some(ClientParams::default());
-            self.prepared.clear();
-            return;
+    /// The reset query ran, with `effect` (`ResetEffect::of` the query, worked out once
+    /// per pool settings).
+    pub fn was_reset(&mut self, effect: ResetEffect) {
+        match effect {
+            ResetEffect::Everything => self.applied = Some(ClientParams::default()),
+            ResetEffect::Statements => {}
+            ResetEffect::Unknown { .. } => self.applied = None,
         }
-        let all =
-            |w: &[&str]| w == ["DISCARD", "ALL"] || w == ["DEALLOCATE", "ALL"] || w == ["DEALLOCATE", "PREPARE", "ALL"];
-        // `DEALLOCATE ALL` alone leaves the settings as they were recorded.
-        if !all(&words) {
-            self.applied = None;
-        }
-        if (2..=3).any(|n| words.windows(n).any(all)) {
+        if matches!(
+            effect,
+            ResetEffect::Everything | ResetEffect::Statements | ResetEffect::Unknown { statements: true }
+        ) {
             self.prepared.clear();
         }
     }
@@ -381,5 +399,23 @@ impl ServerConn {
     /// Peeks at complete frames buffered from the server: used by tests and asserts.
     pub fn buffered_header(&self) -> Option<Header> {
         Header::peek(&self.buf).ok().flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ResetEffect;
+
+    #[test]
+    fn reset_queries_are_read_for_what_they_reset() {
+        for q in ["DISCARD ALL", "discard all;", " Discard  All ; "] {
+            assert_eq!(ResetEffect::of(q), ResetEffect::Everything, "{q}");
+        }
+        for q in ["DEALLOCATE ALL", "deallocate prepare all"] {
+            assert_eq!(ResetEffect::of(q), ResetEffect::Statements, "{q}");
+        }
+        assert_eq!(ResetEffect::of("RESET ALL"), ResetEffect::Unknown { statements: false });
+        assert_eq!(ResetEffect::of("RESET ALL; DEALLOCATE ALL"), ResetEffect::Unknown { statements: true });
+        assert_eq!(ResetEffect::of("SELECT 1; DISCARD ALL"), ResetEffect::Unknown { statements: true });
     }
 }
